@@ -1,0 +1,66 @@
+"""All KV-cache surgery lives here: new, length, crop, keep-by-index, read-only forwards.
+
+The cache only ever holds exact causal K/V of accepted tokens. A draft or verification forward
+appends K/V for everything it ran; afterwards the runtime either crops back (read-only pass) or
+keeps an ordered list of positions (the accepted tree path). Each layer is edited on its own
+device, so a model split over several devices needs nothing special.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def length(cache: DynamicCache) -> int:
+    return cache.get_seq_length()
+
+
+def crop(cache: DynamicCache, n: int) -> None:
+    """Keep the first `n` positions of every layer."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > n:
+            layer.keys = layer.keys[..., :n, :]
+            layer.values = layer.values[..., :n, :]
+
+
+def keep(cache: DynamicCache, positions: torch.Tensor | list[int]) -> None:
+    """Keep exactly `positions` (ordered) of every layer, in that order.
+
+    Example: a cache of length 7 after keep([0, 1, 2, 4, 6]) has length 5 and holds what were
+    positions 0, 1, 2, 4, 6 (the prefix plus an accepted tree path).
+    """
+    idx = torch.as_tensor(positions, dtype=torch.long)
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            i = idx.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, i)
+            layer.values = layer.values.index_select(-2, i)
+
+
+def commit(cache: DynamicCache, prefix_len: int, accepted: torch.Tensor | list[int]) -> None:
+    """After a forward over new tokens: keep the prefix plus `accepted` offsets into the new part.
+
+    Offsets that form a contiguous run starting at 0 become a plain crop (no copy).
+    """
+    acc = [int(a) for a in accepted]
+    if acc == list(range(len(acc))):
+        crop(cache, prefix_len + len(acc))
+    else:
+        keep(cache, list(range(prefix_len)) + [prefix_len + a for a in acc])
+
+
+@contextmanager
+def read_only(cache: DynamicCache):
+    """Run forwards that read the cache but leave no K/V behind."""
+    n = length(cache)
+    try:
+        yield cache
+    finally:
+        crop(cache, n)

@@ -1,0 +1,208 @@
+"""`NemotronLabsDiffusionModel`: the Ministral-3 backbone under `encoder.` plus `diffusion_head`.
+
+One set of weights, two readings. With a causal mask the logits at position i predict token
+i+1 (AR, verification); with mask tokens attending bidirectionally inside a block the logits at
+position i are the marginal of the token *at* i (drafting). Which reading applies is decided
+only by the float additive 4-D mask and the explicit position ids the caller passes, so the
+runtime owns attention completely; the backbone is transformers' own `Ministral3Model`,
+unmodified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, Ministral3Model, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.utils import ModelOutput
+
+from .config import NemotronLabsDiffusionConfig
+
+
+@dataclass
+class DiffusionLMOutput(ModelOutput):
+    logits: torch.Tensor | None = None
+    cache: Cache | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+class NemotronLabsDiffusionModel(PreTrainedModel):
+    config_class = NemotronLabsDiffusionConfig
+    base_model_prefix = "encoder"
+    _no_split_modules = ["Ministral3DecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False  # tree masks are arbitrary 4-D tensors
+    _supports_flex_attn = False  # transformers' flex path crashes on 4-D tensor masks (docs/model.md)
+    _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.inv_freq"]
+
+    def __init__(self, config: NemotronLabsDiffusionConfig):
+        super().__init__(config)
+        self.encoder = Ministral3Model(config)
+        self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        *,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> DiffusionLMOutput:
+        """Run the backbone and the head.
+
+        `attention_mask`, when given, must be a float additive mask of shape
+        [batch, 1, q_len, cache_len + q_len] (0 = attend, -inf = blocked). Without it the call is
+        causal. `position_ids` default to cache_len .. cache_len + q_len - 1.
+        """
+        past = cache.get_seq_length() if cache is not None else 0
+        q_len = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(past, past + q_len, device=input_ids.device).unsqueeze(0)
+        top = int(position_ids.max()) if position_ids.numel() else 0
+        if top >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"position {top} is beyond max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        if attention_mask is not None:
+            if attention_mask.dim() != 4 or not attention_mask.is_floating_point():
+                raise ValueError("attention_mask must be a float additive 4-D mask [b, 1, q, kv]")
+            if attention_mask.shape[-2:] != (q_len, past + q_len):
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}; expected [..., {q_len}, {past + q_len}]"
+                )
+            attention_mask = attention_mask.to(self.encoder.embed_tokens.weight.dtype)
+        if use_cache is None:
+            use_cache = cache is not None
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        out = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.diffusion_head(hidden)
+        return DiffusionLMOutput(
+            logits=logits, cache=cache if use_cache else None, hidden_states=hidden if output_hidden_states else None
+        )
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """Load a checkpoint directory; every mismatch is an error that names the file or tensor."""
+        path = os.fspath(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            check_checkpoint_dir(path)
+        kwargs.setdefault("attn_implementation", "sdpa")
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(path, *args, output_loading_info=True, **kwargs)
+        problems = []
+        for key in ("missing_keys", "mismatched_keys"):
+            if info.get(key):
+                problems.append(f"{key.replace('_', ' ')}: {sorted(map(str, info[key]))[:8]}")
+        unexpected = [k for k in info.get("unexpected_keys", []) if "rotary_emb" not in k]
+        if unexpected:
+            problems.append(f"unexpected keys: {sorted(unexpected)[:8]}")
+        if problems:
+            raise ValueError(f"checkpoint {path} does not match the model: " + "; ".join(problems))
+        return (model, info) if want_info else model
+
+
+def check_checkpoint_dir(path: str) -> None:
+    """Fail fast, naming the file, key or tensor, before transformers builds anything."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{path} has no config.json; not a checkpoint directory")
+    with open(cfg_path) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+    if raw.get("model_type") != NemotronLabsDiffusionConfig.model_type:
+        raise ValueError(
+            f"{cfg_path}: model_type is {raw.get('model_type')!r}, expected "
+            f"{NemotronLabsDiffusionConfig.model_type!r}"
+        )
+    vocab, mask = raw.get("vocab_size"), raw.get("mask_token_id")
+    if vocab is not None and mask is not None and not 0 <= mask < vocab:
+        raise ValueError(f"{cfg_path}: mask_token_id {mask} is outside the vocabulary [0, {vocab})")
+    _check_tensor_shapes(path, raw)
+
+
+def expected_shapes(raw: dict) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape for a config dict, exactly as the NLD checkpoints name them."""
+    h, v, f = raw["hidden_size"], raw["vocab_size"], raw["intermediate_size"]
+    nq, nkv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    d = raw.get("head_dim") or h // nq
+    shapes = {"encoder.embed_tokens.weight": (v, h), "encoder.norm.weight": (h,), "diffusion_head.weight": (v, h)}
+    for i in range(raw["num_hidden_layers"]):
+        p = f"encoder.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (nq * d, h)
+        shapes[p + "self_attn.k_proj.weight"] = (nkv * d, h)
+        shapes[p + "self_attn.v_proj.weight"] = (nkv * d, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, nq * d)
+        shapes[p + "mlp.gate_proj.weight"] = (f, h)
+        shapes[p + "mlp.up_proj.weight"] = (f, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, f)
+    return shapes
+
+
+def _check_tensor_shapes(path: str, raw: dict) -> None:
+    from safetensors import safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif os.path.isfile(single):
+        files = ["model.safetensors"]
+    else:
+        return  # other formats: let transformers report
+    found: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name in files:
+        fp = os.path.join(path, name)
+        if not os.path.isfile(fp):
+            raise FileNotFoundError(f"{fp} is listed in the index but missing")
+        with safe_open(fp, framework="pt") as sf:
+            for key in sf.keys():
+                found[key] = (tuple(sf.get_slice(key).get_shape()), name)
+    for key, shape in expected_shapes(raw).items():
+        if key not in found:
+            raise ValueError(f"{path}: tensor {key!r} is missing from the checkpoint")
+        if found[key][0] != shape:
+            raise ValueError(f"{path}/{found[key][1]}: tensor {key!r} has shape {found[key][0]}, expected {shape}")
+
+
+def register() -> None:
+    """Make `AutoConfig` / `AutoModel` resolve model_type 'nemotron_labs_diffusion' locally."""
+    try:
+        AutoConfig.register(NemotronLabsDiffusionConfig.model_type, NemotronLabsDiffusionConfig)
+    except ValueError:
+        pass  # already registered
+    try:
+        AutoModel.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel)
+    except ValueError:
+        pass

@@ -1,0 +1,57 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from selfspec.config import NemotronLabsDiffusionConfig  # noqa: E402
+from selfspec.model import NemotronLabsDiffusionModel  # noqa: E402
+
+
+def tiny_config(**overrides) -> NemotronLabsDiffusionConfig:
+    kw = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        mask_token_id=4,
+        block_size=8,
+        tie_word_embeddings=False,
+        architectures=["NemotronLabsDiffusionModel"],
+    )
+    kw.update(overrides)
+    return NemotronLabsDiffusionConfig(**kw)
+
+
+def tiny_model(seed: int = 0, **overrides) -> NemotronLabsDiffusionModel:
+    torch.manual_seed(seed)
+    model = NemotronLabsDiffusionModel(tiny_config(**overrides))
+    # Sharpen the random weights so argmaxes are well separated (no float near-ties).
+    with torch.no_grad():
+        model.diffusion_head.weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture
+def model():
+    return tiny_model()
