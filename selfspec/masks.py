@@ -1,0 +1,101 @@
+"""Pure builders of float additive attention masks (0 = attend, -inf = blocked).
+
+Every mask here is a float tensor: boolean masks are silently wrong under eager attention.
+Builders take plain index tensors and return masks without touching a model, so a serving
+engine can lift them unchanged and tests can check them against brute force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEG = float("-inf")
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bool `allowed` [..., q, k] -> float additive mask of the same shape."""
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, NEG)
+
+
+def joint_training_allowed(n: int, block: int, offset: int = 0) -> torch.Tensor:
+    """Allowed-attention matrix [2n, 2n] for the joint AR + diffusion objective.
+
+    The input is [x_t (noisy) | x_0 (clean)], both at positions 0..n-1, blocks
+    blk(i) = (i + offset) // block. Noisy -> noisy: same block; noisy -> clean: strictly earlier
+    block; clean -> clean: causal; clean never sees noisy.
+
+    Example: n=4, block=2, offset=1 gives blocks [0, 1, 1, 2]; noisy token 1 sees noisy 1, 2 and
+    clean 0; clean token 2 sees clean 0, 1, 2.
+    """
+    i = torch.arange(n)
+    blk = (i + offset) // block
+    same = blk[:, None] == blk[None, :]
+    earlier = blk[None, :] < blk[:, None]
+    causal = i[None, :] <= i[:, None]
+    top = torch.cat([same, earlier], dim=1)
+    bottom = torch.cat([torch.zeros(n, n, dtype=torch.bool), causal], dim=1)
+    return torch.cat([top, bottom], dim=0)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One forward's queries: tree nodes first, then one mask group per owner node.
+
+    `mask` [1, 1, q, prefix_len + q] float additive; `positions` [1, q]; group j occupies query
+    rows n + j*G .. n + (j+1)*G - 1 and is owned by tree node `owners[j]`.
+    """
+
+    mask: torch.Tensor
+    positions: torch.Tensor
+    n_nodes: int
+    owners: torch.Tensor
+    group_size: int
+
+    def group_rows(self, j: int) -> slice:
+        start = self.n_nodes + j * self.group_size
+        return slice(start, start + self.group_size)
+
+
+def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor,
+                    owners: torch.Tensor | None = None, group_size: int = 0,
+                    dtype: torch.dtype = torch.float32) -> Layout:
+    """The combined tree-and-block mask of a one-pass round (or a plain tree if no groups).
+
+    Node v sits at position prefix_len + depth(v) and sees the prefix, its ancestors and itself.
+    Group j (G masks, owned by node u) sits at positions prefix_len + depth(u) + 1 .. + G and sees
+    the prefix, u's ancestors, u itself and all masks of its own group, nothing else.
+
+    Example: prefix 2, chain of 2 nodes [-1, 0], one group of G=2 on node 1. Allowed matrix
+    (columns: p0 p1 | n0 n1 | g0 g1), positions [2, 3, 4, 5]:
+        n0: 1 1 | 1 0 | 0 0
+        n1: 1 1 | 1 1 | 0 0
+        g0: 1 1 | 1 1 | 1 1
+        g1: 1 1 | 1 1 | 1 1
+    """
+    from .tree import ancestors
+
+    n = parents.shape[0]
+    owners = torch.zeros(0, dtype=torch.long) if owners is None else owners.long()
+    m, G = owners.shape[0], group_size if owners.shape[0] else 0
+    anc = ancestors(parents, depths)
+    q = n + m * G
+    allowed = torch.zeros(q, prefix_len + q, dtype=torch.bool)
+    allowed[:, :prefix_len] = True
+    allowed[:n, prefix_len : prefix_len + n] = anc
+    pos = [prefix_len + depths]
+    if m:
+        gid = torch.arange(m).repeat_interleave(G)
+        allowed[n:, prefix_len : prefix_len + n] = anc[owners].repeat_interleave(G, 0)
+        allowed[n:, prefix_len + n :] = gid[:, None] == gid[None, :]
+        slot = torch.arange(G).repeat(m)
+        pos.append(prefix_len + depths[owners].repeat_interleave(G) + 1 + slot)
+    return Layout(additive(allowed, dtype)[None, None], torch.cat(pos)[None], n, owners, G)
+
+
+def draft_block(prefix_len: int, block_len: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-pass draft: [seed, M x (B-1)] at prefix_len.., fully bidirectional, prefix visible."""
+    mask = torch.zeros(1, 1, block_len, prefix_len + block_len, dtype=dtype)
+    return mask, torch.arange(prefix_len, prefix_len + block_len)[None]
