@@ -1,0 +1,244 @@
+"""The decoding engine: AR, linear and PRESTO drafts under the two-pass or one-pass schedule.
+
+Every round starts from the same state: the KV cache holds the accepted prefix (length c) and
+`root`, the last emitted token, is not in the cache yet. A drafter turns diffusion marginals
+into a tree rooted at `root` (AR: the root alone; linear: a chain; PRESTO: a tree). The
+schedule lays out the forward(s) with pure mask builders (`masks.tree_and_groups`,
+`masks.draft_block`), the verifier walks the tree (`verify.walk`), and the cache keeps the
+accepted path (`cache.commit`). Emitted per round: the accepted draft nodes plus the bonus.
+
+two-pass: draft forward over [root, M x (B-1)] (cache read-only), then a tree-verify forward.
+one-pass: one forward over [tree | a mask group per node]; the accepted endpoint's group gives
+          the next round's marginals (its first slot is the bonus position, filled exactly).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from . import cache as kv
+from .config import DecodeConfig
+from .masks import draft_block, tree_and_groups
+from .sampling import draft_logprobs, select
+from .scoring import NgramRho, make_extra_score
+from .tree import Tree, build_tree, chain, root_only
+from .verify import oracle_length, walk
+
+
+@dataclass
+class Stats:
+    """Measurements of one generation (returned as a value, never printed)."""
+
+    new_tokens: int = 0
+    rounds: int = 0
+    forwards: int = 0  # decode forwards, prefill excluded (two-pass counts both passes)
+    prefill_forwards: int = 0
+    round_tokens: int = 0  # tokens committed by verification rounds (prefill's first token excluded)
+    accept_lengths: list[int] = field(default_factory=list)
+    oracle_lengths: list[int] = field(default_factory=list)
+    forward_seconds: float = 0.0
+    seconds: float = 0.0
+    verify_tokens: int = 0  # query tokens run in decode forwards (tree nodes + mask slots)
+
+    @property
+    def tau(self) -> float:
+        return self.round_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tpf(self) -> float:
+        return self.round_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def oracle_tau(self) -> float | None:
+        return sum(self.oracle_lengths) / len(self.oracle_lengths) if self.oracle_lengths else None
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "rounds": self.rounds,
+            "forwards": self.forwards,
+            "prefill_forwards": self.prefill_forwards,
+            "tau": round(self.tau, 4),
+            "tpf": round(self.tpf, 4),
+            "oracle_tau": None if self.oracle_tau is None else round(self.oracle_tau, 4),
+            "accept_hist": dict(sorted(Counter(self.accept_lengths).items())),
+            "seconds": round(self.seconds, 4),
+            "forward_seconds": round(self.forward_seconds, 4),
+            "other_seconds": round(self.seconds - self.forward_seconds, 4),
+            "overhead_share": round(1 - self.forward_seconds / self.seconds, 4) if self.seconds else 0.0,
+            "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
+        }
+
+
+def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
+    """Every request error, raised before any model work."""
+    if len(prompt_ids) == 0:
+        raise ValueError("empty prompt: at least one token is needed")
+    limit = model.config.max_position_embeddings
+    need = len(prompt_ids) + cfg.max_new_tokens + (0 if cfg.mode == "ar" else max(cfg.block_length, cfg.group))
+    if need > limit:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft lookahead "
+            f"needs {need} positions; the model has max_position_embeddings={limit}"
+        )
+    if cfg.mode == "presto" and cfg.rho == "learned":
+        raise ValueError("rho 'learned' needs a trained predictor file (presto_predictor.safetensors); none is loaded")
+
+
+class Decoder:
+    """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes."""
+
+    def __init__(self, model, prompt_ids, cfg: DecodeConfig, *, eos_token_id=None,
+                 generator: torch.Generator | None = None):
+        check_request(model, prompt_ids, cfg)
+        self.model, self.cfg = model, cfg
+        self.prompt = [int(t) for t in prompt_ids]
+        eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
+        self.eos = set([eos] if isinstance(eos, int) else (eos or []))
+        self.mask_id = int(model.config.mask_token_id)
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.gen = generator
+        self.stats = Stats()
+        self.rho = NgramRho(model.config.vocab_size, self.prompt) if cfg.mode == "presto" and cfg.rho == "ngram" else None
+        self.extra = make_extra_score(self.rho, cfg.lam) if cfg.mode == "presto" else None
+        self.k = cfg.tree_top_k if cfg.mode == "presto" else 1
+        self.oracle_k = cfg.tree_top_k
+        self._pending_oracle: list[tuple[int, torch.Tensor]] = []
+        self.emitted: list[int] = []
+
+    # -- model calls -------------------------------------------------------------------------
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(
+                tokens.to(self.device)[None],
+                position_ids=positions.to(self.device),
+                attention_mask=None if mask is None else mask.to(self.device, self.dtype),
+                cache=cache,
+                use_cache=True,
+            ).logits[0]
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        self.stats.forward_seconds += time.perf_counter() - t0
+        return out
+
+    def _targets(self, logits: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
+                      generator=self.gen).cpu()
+
+    def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lq = draft_logprobs(logits, self.mask_id)
+        vals, toks = lq.topk(max(self.k, self.oracle_k), dim=-1)
+        return vals.cpu(), toks.cpu()
+
+    # -- drafting ----------------------------------------------------------------------------
+    def _draft(self, root: int, cands, remaining: int) -> Tree:
+        if self.cfg.mode == "ar" or cands is None or remaining <= 1:
+            return root_only(root)
+        vals, toks = cands
+        depth = min(toks.shape[0], remaining - 1)
+        self._pending_oracle.append((len(self.emitted), toks[:depth, : self.oracle_k]))
+        if self.cfg.mode == "linear":
+            return chain([root] + toks[:depth, 0].tolist())
+        ctx = self.prompt + self.emitted
+        history = (ctx[-2] if len(ctx) > 1 else -1, root)
+        return build_tree(root, vals[:, : self.k], toks[:, : self.k], budget=self.cfg.budget,
+                          extra_score=self.extra, history=history, max_depth=depth)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def __iter__(self):
+        t_start = time.perf_counter()
+        try:
+            yield from self._run()
+        finally:
+            self.stats.seconds = time.perf_counter() - t_start
+            self._finish_oracle()
+
+    def _emit(self, tokens: list[int]) -> tuple[list[int], bool]:
+        """Truncate at eos (inclusive) and at max_new_tokens; returns (chunk, finished)."""
+        room = self.cfg.max_new_tokens - len(self.emitted)
+        out, done = [], False
+        for t in tokens[:room]:
+            out.append(t)
+            if t in self.eos:
+                done = True
+                break
+        done = done or len(self.emitted) + len(out) >= self.cfg.max_new_tokens
+        self.emitted.extend(out)
+        self.stats.new_tokens = len(self.emitted)
+        if self.rho is not None and out:
+            self.rho.extend(out)
+        return out, done
+
+    def _run(self):
+        cfg, model = self.cfg, self.model
+        cache = kv.new_cache(model)
+        one_pass = cfg.mode != "ar" and cfg.schedule == "one-pass"
+        G = cfg.group if one_pass else 0
+        prompt = torch.tensor(self.prompt)
+        L = len(self.prompt)
+        # prefill: the prompt causally (plus, for one-pass, one mask group after it)
+        if one_pass:
+            lay = tree_and_groups(0, torch.arange(L) - 1, torch.arange(L), torch.tensor([L - 1]), G)
+            logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache)
+            kv.crop(cache, L)
+            root = int(self._targets(logits[L - 1 : L])[0])
+            cands = self._candidates(logits[L + 1 :])
+        else:
+            logits = self._forward(prompt, torch.arange(L)[None], None, cache)
+            root = int(self._targets(logits[-1:])[0])
+            cands = None
+        self.stats.prefill_forwards = 1
+        chunk, done = self._emit([root])
+        yield chunk
+        while not done:
+            c = kv.length(cache)
+            remaining = cfg.max_new_tokens - len(self.emitted) + 1  # +1: the root is already out
+            if not one_pass and cfg.mode != "ar":
+                block = torch.cat([torch.tensor([root]), torch.full((cfg.block_length - 1,), self.mask_id)])
+                mask, pos = draft_block(c, cfg.block_length)
+                with kv.read_only(cache):
+                    logits = self._forward(block, pos, mask, cache)
+                self.stats.forwards += 1
+                self.stats.verify_tokens += cfg.block_length
+                cands = self._candidates(logits[1:])
+            tree = self._draft(root, cands, remaining)
+            n = len(tree)
+            owners = torch.arange(n) if one_pass else None
+            lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
+            q_tokens = torch.cat([tree.tokens, torch.full((lay.mask.shape[-2] - n,), self.mask_id)])
+            mask = None if n == 1 and not one_pass else lay.mask
+            logits = self._forward(q_tokens, lay.positions, mask, cache)
+            self.stats.forwards += 1
+            self.stats.verify_tokens += q_tokens.shape[0]
+            path, bonus = walk(tree, self._targets(logits[:n]))
+            if one_pass:
+                end = path[-1]  # every node owns a group: group index == node index
+                cands = self._candidates(logits[lay.group_rows(end)][1:])
+            kv.commit(cache, c, path)
+            root = bonus
+            self.stats.rounds += 1
+            self.stats.accept_lengths.append(len(path))
+            chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
+            self.stats.round_tokens += len(chunk)
+            yield chunk
+
+    def _finish_oracle(self) -> None:
+        for start, cand in self._pending_oracle:
+            cont = self.emitted[start + 1 :]
+            if cont:
+                self.stats.oracle_lengths.append(oracle_length(cand, cont))
+        self._pending_oracle.clear()
+
+
+def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:
+    """All generated ids (prompt excluded) and the stats of the run."""
+    dec = Decoder(model, prompt_ids, cfg, **kw)
+    out = [t for chunk in dec for t in chunk]
+    return out, dec.stats

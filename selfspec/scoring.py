@@ -1,0 +1,87 @@
+"""Prefix-aligned scoring for PRESTO: s = log q_d(t) + lambda * log rho(t | path).
+
+Diffusion marginals q_d are blind to which tokens the tree placed before depth d; rho is a
+prefix-conditioned estimate of how likely the target accepts t after that path. Every rho here
+returns log-probabilities (<= 0), so path scores never increase along a path and the tree
+builder's top set stays prefix-closed.
+
+A rho is a callable `(w2, w1, t, depth) -> log rho` over equal-shaped long tensors, where
+(w2, w1) are the last two tokens before t on its path (context tokens when the path is short).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Rho(Protocol):
+    def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int) -> torch.Tensor: ...
+
+
+class NgramRho:
+    """Interpolated 3-gram over a token context (prompt + generated), vectorised in torch.
+
+    p1(t)       = (c(t) + 1) / (L + V)                       (add-one unigram)
+    p2(t | b)   = (c(b, t) + p1(t)) / (c(b, .) + 1)          (Dirichlet backoff, weight 1)
+    p3(t | a,b) = (c(a, b, t) + p2(t | b)) / (c(a, b, .) + 1)
+    Counts come from sorted n-gram keys and `searchsorted`, so a lookup costs no Python loop.
+    Optional `corpus` ids add fixed counts from a larger text.
+
+    Example: context [5, 6, 7, 5, 6] -> p3(7 | 5, 6) = (1 + p2) / 2 >= 0.5; an unseen
+    continuation gets only the smoothed backoff mass.
+    """
+
+    def __init__(self, vocab_size: int, context: torch.Tensor | list[int] | None = None):
+        self.V = int(vocab_size)
+        self.ctx = torch.as_tensor(context if context is not None else [], dtype=torch.long)
+        self._index()
+
+    def extend(self, tokens: list[int] | torch.Tensor) -> None:
+        self.ctx = torch.cat([self.ctx, torch.as_tensor(tokens, dtype=torch.long).reshape(-1)])
+        self._index()
+
+    def _index(self) -> None:
+        c, V = self.ctx, self.V
+        self.k1 = c.sort().values
+        self.k2 = (c[:-1] * V + c[1:]).sort().values if c.numel() > 1 else c[:0]
+        self.h1 = c[:-1].sort().values if c.numel() > 1 else c[:0]  # unigram as a history
+        self.k3 = (c[:-2] * V * V + c[1:-1] * V + c[2:]).sort().values if c.numel() > 2 else c[:0]
+        self.h2 = self.k2[:0] if c.numel() < 3 else (c[:-2] * V + c[1:-1]).sort().values
+
+    @staticmethod
+    def _count(keys: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        if keys.numel() == 0:
+            return torch.zeros(q.shape, dtype=torch.float32)
+        q = q.contiguous()
+        return (torch.searchsorted(keys, q, right=True) - torch.searchsorted(keys, q)).float()
+
+    def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        V = self.V
+        p1 = (self._count(self.k1, t) + 1) / (self.ctx.numel() + V)
+        w1c = w1.clamp(min=0)
+        p2 = (self._count(self.k2, w1c * V + t) + p1) / (self._count(self.h1, w1c) + 1)
+        p2 = torch.where(w1 >= 0, p2, p1)
+        w2c = w2.clamp(min=0)
+        p3 = (self._count(self.k3, (w2c * V + w1c) * V + t) + p2) / (self._count(self.h2, w2c * V + w1c) + 1)
+        p3 = torch.where((w2 >= 0) & (w1 >= 0), p3, p2)
+        return p3.log()
+
+
+class NoRho:
+    """lambda = 0 baseline: contributes nothing."""
+
+    def __call__(self, w2, w1, t, depth=0):
+        return torch.zeros(t.shape)
+
+
+def make_extra_score(rho, lam: float):
+    """The term added to log q in the tree builder, or None when it is identically zero."""
+    if lam == 0 or rho is None or isinstance(rho, NoRho):
+        return None
+
+    def extra(w2, w1, t, depth):
+        return lam * rho(w2, w1, t, depth)
+
+    return extra

@@ -1,0 +1,150 @@
+"""Draft trees as plain data, and the priority-based construction that builds them.
+
+A tree is three equal-length tensors: `tokens`, `parents` (-1 for the root) and `depths`. Nodes
+are stored in breadth-first order (every parent precedes its children), node 0 is the root: the
+exact token the previous round emitted, which is not in the KV cache yet. A linear draft is a
+degenerate tree (a chain).
+
+Example (root 7, two candidates at depth 1, one child under the first):
+
+    tokens  = [7, 11, 12, 13]
+    parents = [-1, 0, 0, 1]
+    depths  = [0, 1, 1, 2]
+    paths: 7 -> 11 -> 13 and 7 -> 12
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: torch.Tensor  # [n] long
+    parents: torch.Tensor  # [n] long, -1 for the root
+    depths: torch.Tensor  # [n] long
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max()) if len(self) else 0
+
+
+def root_only(token: int) -> Tree:
+    z = torch.zeros(1, dtype=torch.long)
+    return Tree(torch.tensor([token]), z - 1, z)
+
+
+def chain(tokens: list[int] | torch.Tensor) -> Tree:
+    """A linear draft: node i is the child of node i-1. chain([5, 6, 7]) has parents [-1, 0, 1]."""
+    t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    n = t.shape[0]
+    return Tree(t, torch.arange(n) - 1, torch.arange(n))
+
+
+def ancestors(parents: torch.Tensor, depths: torch.Tensor | None = None) -> torch.Tensor:
+    """Ancestor-or-self matrix [n, n] (bool): row v is True at v and every ancestor of v.
+
+    Requires parents to precede children. Vectorised per depth: a row is its parent's row
+    plus itself. Example: parents [-1, 0, 0, 1] -> row 3 is [T, T, F, T].
+    """
+    n = parents.shape[0]
+    anc = torch.eye(n, dtype=torch.bool)
+    if depths is None:
+        depths = _depths(parents)
+    for d in range(1, int(depths.max()) + 1 if n else 0):
+        rows = (depths == d).nonzero().squeeze(-1)
+        anc[rows] |= anc[parents[rows]]
+    return anc
+
+
+def _depths(parents: torch.Tensor) -> torch.Tensor:
+    par = parents.tolist()
+    dep = [0] * len(par)
+    for i, p in enumerate(par):
+        dep[i] = 0 if p < 0 else dep[p] + 1
+    return torch.tensor(dep, dtype=torch.long)
+
+
+def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:
+    """Node indices from the root to v: path_to([-1, 0, 0, 1], 3) == [0, 1, 3]."""
+    par = parents.tolist() if isinstance(parents, torch.Tensor) else parents
+    out = []
+    while v >= 0:
+        out.append(v)
+        v = par[v]
+    return out[::-1]
+
+
+ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budget: int,
+               extra_score: ScoreFn | None = None, history: tuple[int, int] | None = None,
+               max_depth: int | None = None) -> Tree:
+    """Priority-based construction: the `budget` best draft nodes under the root, by path score.
+
+    cand_lq / cand_tok [D, K] are the top-K log marginals and their tokens for depths 1..D
+    (`logq.topk(K)`), so the candidate space is K tokens per depth. A child t at depth d under a node with
+    path score S gets S + log q_d(t) + extra_score(w2, w1, t, d), where (w2, w1) are the last two
+    tokens of its history (the context, then the path) and extra_score is lambda * log rho (<= 0).
+    Scores never increase along a path, so the global top-`budget` set is prefix-closed; ties
+    prefer shallower nodes. Beam search with a beam of `budget` per depth and global retention
+    finds exactly that set: every member's ancestors are members, at most `budget` per depth.
+
+    Example: q = [[.6, .3, .1], [.9, .05, .05]] (D=2, V=3), K=2, budget 2, no extra score:
+        candidate paths 0 (.6), 1 (.3), 0->0 (.54), 1->0 (.27), ... -> keeps 0 and 0->0.
+    """
+    depth_cap = cand_tok.shape[0] if max_depth is None else min(max_depth, cand_tok.shape[0])
+    k = cand_tok.shape[1]
+    if budget < 1 or depth_cap < 1:
+        return root_only(root)
+    h2, h1 = history if history is not None else (-1, root)
+    # frontier state, one entry per retained node at the current depth
+    f_idx = torch.tensor([0])
+    f_score = torch.zeros(1)
+    f_w2 = torch.tensor([h2])
+    f_w1 = torch.tensor([root])
+    tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
+    count, kth_best = 1, None
+    for d in range(1, depth_cap + 1):
+        p = f_idx.shape[0]
+        child_tok = cand_tok[d - 1].expand(p, k)
+        s = cand_lq[d - 1].expand(p, k)
+        if extra_score is not None:
+            s = s + extra_score(f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, d)
+        child = (f_score[:, None] + s).reshape(-1)
+        if kth_best is not None and float(child.max()) <= kth_best:
+            break  # nothing deeper can enter the global top set
+        keep = torch.topk(child, min(budget, child.shape[0])).indices
+        parent_slot = keep // k
+        new_idx = torch.arange(count, count + keep.shape[0])
+        tok_l.append(child_tok.reshape(-1)[keep])
+        par_l.append(f_idx[parent_slot])
+        dep_l.append(torch.full((keep.shape[0],), d))
+        score_l.append(child[keep])
+        f_w2, f_w1 = f_w1[parent_slot], child_tok.reshape(-1)[keep]
+        f_idx, f_score = new_idx, child[keep]
+        count += keep.shape[0]
+        all_scores = torch.cat(score_l[1:])
+        if all_scores.shape[0] >= budget:
+            kth_best = float(torch.topk(all_scores, budget).values[-1])
+    tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
+    # global top-`budget` non-root nodes by (score desc, depth asc): prefix-closed. Nodes were
+    # appended depth by depth, so index order is depth order and stable sorts give the tie rule.
+    cand = torch.arange(1, count)
+    top = cand[torch.argsort(-scores[1:], stable=True)][:budget]
+    keep = torch.cat([torch.tensor([0]), top.sort().values])
+    remap = torch.full((count + 1,), -1, dtype=torch.long)  # slot -1 (last) maps the root's parent
+    remap[keep] = torch.arange(keep.shape[0])
+    return Tree(tokens[keep], remap[parents[keep]], depths[keep])
+
+
+def is_prefix_closed(tree: Tree) -> bool:
+    par = tree.parents.tolist()
+    return par[0] == -1 and all(0 <= p < i for i, p in enumerate(par) if i > 0)
