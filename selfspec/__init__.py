@@ -1,9 +1,29 @@
-"""selfspec: self-speculative decoding (AR, linear, PRESTO tree) with diffusion language models."""
+"""selfspec: self-speculative decoding (AR, linear, PRESTO tree) with diffusion language models.
+
+    import selfspec
+    model, tok = selfspec.load()                      # the shipped model
+    for delta in selfspec.stream(model, tok, "def add(a, b):\\n", max_new_tokens=32):
+        print(delta, end="")
+"""
 
 from .config import DecodeConfig, NemotronLabsDiffusionConfig
-from .model import NemotronLabsDiffusionModel, register
+from .model import NemotronLabsDiffusionModel, default_model_dir, load, register
+from .runtime import Decoder, Stats, generate_ids
+from .streaming import Generation, generate, stream
 
 register()
 
-__all__ = ["DecodeConfig", "NemotronLabsDiffusionConfig", "NemotronLabsDiffusionModel"]
+__all__ = [
+    "DecodeConfig",
+    "Decoder",
+    "Generation",
+    "NemotronLabsDiffusionConfig",
+    "NemotronLabsDiffusionModel",
+    "Stats",
+    "default_model_dir",
+    "generate",
+    "generate_ids",
+    "load",
+    "stream",
+]
 __version__ = "0.1.0"

@@ -206,3 +206,47 @@ def register() -> None:
         AutoModel.register(NemotronLabsDiffusionConfig, NemotronLabsDiffusionModel)
     except ValueError:
         pass
+
+
+DEFAULT_MODEL_NAME = "pystdlib-nld-9m"
+
+
+def default_model_dir() -> str:
+    """The shipped model: $SELFSPEC_MODEL, else models/<DEFAULT_MODEL_NAME> in this checkout."""
+    env = os.environ.get("SELFSPEC_MODEL")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", DEFAULT_MODEL_NAME)
+
+
+def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, device: str | None = None,
+         device_map=None, max_memory=None):
+    """(model, tokenizer) from a checkpoint directory; no argument loads the shipped model.
+
+    dtype defaults to float32 on CPU (exact greedy ties) and bfloat16 on CUDA.
+    """
+    from .tokenizer import load_tokenizer
+
+    path = os.fspath(path) if path is not None else default_model_dir()
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    if device is None and device_map is None:
+        device = "cpu"
+    on_gpu = (device or "").startswith("cuda") or device_map is not None
+    if dtype is None:
+        dtype = torch.bfloat16 if on_gpu else torch.float32
+    elif isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}")
+        dtype = getattr(torch, dtype)
+    kw = {"dtype": dtype}
+    if device_map is not None:
+        kw["device_map"] = device_map
+        if max_memory is not None:
+            kw["max_memory"] = max_memory
+    check_checkpoint_dir(path)
+    tokenizer = load_tokenizer(path)
+    model = NemotronLabsDiffusionModel.from_pretrained(path, **kw)
+    if device is not None and device_map is None:
+        model = model.to(device)
+    return model.eval(), tokenizer

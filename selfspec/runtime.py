@@ -137,13 +137,23 @@ class Decoder:
         vals, toks = lq.topk(max(self.k, self.oracle_k), dim=-1)
         return vals.cpu(), toks.cpu()
 
+    def _draft_pass(self, root: int, c: int):
+        """Two-pass draft: [root, M x (B-1)] bidirectional over the cache, which it leaves as is."""
+        B = self.cfg.block_length
+        block = torch.cat([torch.tensor([root]), torch.full((B - 1,), self.mask_id)])
+        mask, pos = draft_block(c, B)
+        with kv.read_only(self.cache):
+            logits = self._forward(block, pos, mask, self.cache)
+        self.stats.forwards += 1
+        self.stats.verify_tokens += B
+        return self._candidates(logits[1:])
+
     # -- drafting ----------------------------------------------------------------------------
-    def _draft(self, root: int, cands, remaining: int) -> Tree:
-        if self.cfg.mode == "ar" or cands is None or remaining <= 1:
+    def _draft(self, root: int, cands, room: int) -> Tree:
+        if self.cfg.mode == "ar" or cands is None or room <= 1:
             return root_only(root)
         vals, toks = cands
-        depth = min(toks.shape[0], remaining - 1)
-        self._pending_oracle.append((len(self.emitted), toks[:depth, : self.oracle_k]))
+        depth = min(toks.shape[0], room - 1)
         if self.cfg.mode == "linear":
             return chain([root] + toks[:depth, 0].tolist())
         ctx = self.prompt + self.emitted
@@ -178,7 +188,7 @@ class Decoder:
 
     def _run(self):
         cfg, model = self.cfg, self.model
-        cache = kv.new_cache(model)
+        cache = self.cache = kv.new_cache(model)
         one_pass = cfg.mode != "ar" and cfg.schedule == "one-pass"
         G = cfg.group if one_pass else 0
         prompt = torch.tensor(self.prompt)
@@ -199,18 +209,15 @@ class Decoder:
         yield chunk
         while not done:
             c = kv.length(cache)
-            remaining = cfg.max_new_tokens - len(self.emitted) + 1  # +1: the root is already out
+            room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
             if not one_pass and cfg.mode != "ar":
-                block = torch.cat([torch.tensor([root]), torch.full((cfg.block_length - 1,), self.mask_id)])
-                mask, pos = draft_block(c, cfg.block_length)
-                with kv.read_only(cache):
-                    logits = self._forward(block, pos, mask, cache)
-                self.stats.forwards += 1
-                self.stats.verify_tokens += cfg.block_length
-                cands = self._candidates(logits[1:])
-            tree = self._draft(root, cands, remaining)
+                cands = self._draft_pass(root, c) if room > 1 else None
+            tree = self._draft(root, cands, room)
+            if cfg.mode != "ar":
+                cand_tokens = cands[1][:, : self.oracle_k] if cands is not None else torch.zeros(0, 1, dtype=torch.long)
+                self._pending_oracle.append((len(self.emitted), cand_tokens))
             n = len(tree)
-            owners = torch.arange(n) if one_pass else None
+            owners = torch.arange(n) if one_pass and room > 1 else None
             lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
             q_tokens = torch.cat([tree.tokens, torch.full((lay.mask.shape[-2] - n,), self.mask_id)])
             mask = None if n == 1 and not one_pass else lay.mask
@@ -218,22 +225,20 @@ class Decoder:
             self.stats.forwards += 1
             self.stats.verify_tokens += q_tokens.shape[0]
             path, bonus = walk(tree, self._targets(logits[:n]))
-            if one_pass:
+            if owners is not None:
                 end = path[-1]  # every node owns a group: group index == node index
                 cands = self._candidates(logits[lay.group_rows(end)][1:])
             kv.commit(cache, c, path)
             root = bonus
             self.stats.rounds += 1
-            self.stats.accept_lengths.append(len(path))
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
+            self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
             yield chunk
 
     def _finish_oracle(self) -> None:
-        for start, cand in self._pending_oracle:
-            cont = self.emitted[start + 1 :]
-            if cont:
-                self.stats.oracle_lengths.append(oracle_length(cand, cont))
+        for start, cand in self._pending_oracle[: self.stats.rounds]:
+            self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
         self._pending_oracle.clear()
 
 

@@ -1,0 +1,179 @@
+"""Streaming is the primitive: `stream()` yields text deltas as rounds commit; `generate()`
+drains it. Detokenisation is incremental and never splits a multi-byte character or a merge;
+stop strings are matched across round boundaries (text that could start a stop string is held
+back until it is decided); HF streamers (`TextStreamer`, `TextIteratorStreamer`) get `put` per
+round and `end` once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import DecodeConfig
+from .runtime import Decoder, Stats, check_request
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out.
+
+    Decodes a short window [prefix_offset:] and emits only what extends the already-emitted
+    window text, and only when it does not end in U+FFFD (an unfinished UTF-8 sequence).
+    Example with byte-fallback pieces for "é" (<0xC3>, <0xA9>): push([<0xC3>]) -> "",
+    push([<0xA9>]) -> "é".
+    """
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _decode(self, ids) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :]
+
+
+def _held_suffix(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+@dataclass
+class Generation:
+    """An iterable of text deltas; after iteration holds the text, the ids, the stats and why it stopped."""
+
+    decoder: Decoder
+    tokenizer: object
+    stop: list[str] = field(default_factory=list)
+    streamer: object | None = None
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def stats(self) -> Stats:
+        return self.decoder.stats
+
+    def __iter__(self):
+        detok = IncrementalDetokenizer(self.tokenizer)
+        pending = ""  # decoded but held back (could begin a stop string)
+        eos = self.decoder.eos
+        if self.streamer is not None:
+            self.streamer.put(torch.tensor([self.decoder.prompt]))
+        try:
+            for chunk in self.decoder:
+                self.token_ids.extend(chunk)
+                if self.streamer is not None and chunk:
+                    self.streamer.put(torch.tensor(chunk))
+                pending += detok.push(chunk)
+                hit = self._find_stop(pending)
+                if hit is not None:
+                    cut, stop_len = hit
+                    self._trim_ids_to_stop(detok, len(self.text) + cut + stop_len)
+                    self.finish_reason = "stop_string"
+                    out, pending = pending[:cut], ""
+                    self.text += out
+                    if out:
+                        yield out
+                    return
+                hold = _held_suffix(pending, self.stop)
+                out, pending = pending[: len(pending) - hold], pending[len(pending) - hold :]
+                if out:
+                    self.text += out
+                    yield out
+            pending += detok.flush()
+            if pending:
+                self.text += pending
+                yield pending
+            last = self.token_ids[-1] if self.token_ids else None
+            self.finish_reason = "eos" if last in eos else "length"
+        finally:
+            if self.streamer is not None:
+                self.streamer.end()
+
+    def _find_stop(self, pending: str):
+        best = None
+        for s in self.stop:
+            window = self.text[-(len(s) - 1) :] if len(s) > 1 else ""
+            i = (window + pending).find(s)
+            if i >= 0:
+                cut = i - len(window)
+                if best is None or cut < best[0]:
+                    best = (cut, len(s))
+        return best
+
+    def _trim_ids_to_stop(self, detok: IncrementalDetokenizer, n_chars: int) -> None:
+        """Keep the shortest id prefix whose text covers the stop string."""
+        for k in range(1, len(self.token_ids) + 1):
+            if len(self.tokenizer.decode(self.token_ids[:k], skip_special_tokens=True)) >= n_chars:
+                del self.token_ids[k:]
+                return
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """Plain text -> ids (the tokenizer's own special-token rule); chat messages -> chat template."""
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat messages were given but the tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+    if not prompt:
+        raise ValueError("empty prompt")
+    return list(tokenizer.encode(prompt))
+
+
+def stream(model, tokenizer, prompt, *, max_new_tokens: int = 128, mode: str = "presto",
+           schedule: str = "one-pass", block_length: int = 16, group_size: int | None = None,
+           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, budget: int = 32,
+           tree_top_k: int = 4, lam: float = 0.2, rho: str = "ngram", seed: int | None = None,
+           generator: torch.Generator | None = None, eos_token_id=None, stop: str | list[str] | None = None,
+           streamer=None) -> Generation:
+    """Start a generation; iterate the result for text deltas. All errors are raised here."""
+    cfg = DecodeConfig(mode=mode, schedule=schedule, block_length=block_length, group_size=group_size,
+                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       budget=budget, tree_top_k=tree_top_k, lam=lam, rho=rho)
+    ids = prompt if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int) else encode_prompt(tokenizer, prompt)
+    check_request(model, ids, cfg)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=model.get_input_embeddings().weight.device).manual_seed(seed)
+    if eos_token_id is None:
+        eos_token_id = model.config.eos_token_id
+        if eos_token_id is None:
+            eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    dec = Decoder(model, ids, cfg, eos_token_id=eos_token_id, generator=generator)
+    return Generation(dec, tokenizer, stops, streamer)
+
+
+def generate(model, tokenizer, prompt, **kwargs) -> Generation:
+    """Run to the end; returns the finished `Generation` (.text, .token_ids, .stats)."""
+    gen = stream(model, tokenizer, prompt, **kwargs)
+    for _ in gen:
+        pass
+    return gen

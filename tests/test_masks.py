@@ -1,0 +1,75 @@
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from selfspec import cache as kv
+from selfspec.masks import additive, draft_block, joint_training_allowed, tree_and_groups
+from selfspec.tree import Tree, path_to
+
+from conftest import tiny_model
+
+MODEL = tiny_model(seed=1)
+MASK = MODEL.config.mask_token_id
+
+
+@st.composite
+def trees(draw):
+    n = draw(st.integers(1, 9))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    tokens = draw(st.lists(st.integers(5, 63), min_size=n, max_size=n))
+    owners = sorted(draw(st.sets(st.integers(0, n - 1), max_size=n)))
+    G = draw(st.integers(1, 4))
+    prefix = draw(st.lists(st.integers(5, 63), min_size=1, max_size=6))
+    return Tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths)), torch.tensor(owners, dtype=torch.long), G, prefix
+
+
+def test_worked_example_in_docstring():
+    lay = tree_and_groups(2, torch.tensor([-1, 0]), torch.tensor([0, 1]), torch.tensor([1]), 2)
+    allowed = lay.mask[0, 0] == 0
+    assert allowed.int().tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    assert lay.positions.tolist() == [[2, 3, 4, 5]]
+    assert lay.mask.dtype == torch.float32 and torch.isinf(lay.mask).any()
+
+
+@settings(max_examples=30, deadline=None)
+@given(trees())
+def test_combined_mask_matches_causal_paths_and_standalone_groups(case):
+    tree, owners, G, prefix = case
+    c = len(prefix)
+    cache = kv.new_cache(MODEL)
+    with torch.inference_mode():
+        MODEL(torch.tensor([prefix]), cache=cache)
+        lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
+        q = torch.cat([tree.tokens, torch.full((len(owners) * G,), MASK)])
+        logits = MODEL(q[None], position_ids=lay.positions, attention_mask=lay.mask, cache=cache).logits[0]
+        n = len(tree)
+        for v in range(n):
+            path = tree.tokens[path_to(tree.parents, v)].tolist()
+            ref = MODEL(torch.tensor([prefix + path])).logits[0, -1]
+            assert torch.allclose(logits[v], ref, atol=1e-4), v
+        for j, u in enumerate(owners.tolist()):
+            path = tree.tokens[path_to(tree.parents, u)].tolist()
+            L = c + len(path)
+            allowed = torch.ones(L + G, L + G, dtype=torch.bool)
+            allowed[:L, :L] = torch.ones(L, L, dtype=torch.bool).tril()
+            allowed[:L, L:] = False
+            seq = torch.tensor([prefix + path + [MASK] * G])
+            ref = MODEL(seq, attention_mask=additive(allowed)[None, None]).logits[0, L:]
+            assert torch.allclose(logits[lay.group_rows(j)], ref, atol=1e-4), j
+
+
+def test_draft_block_is_bidirectional_and_sees_the_prefix():
+    mask, pos = draft_block(5, 4)
+    assert mask.shape == (1, 1, 4, 9) and bool((mask == 0).all())
+    assert pos.tolist() == [[5, 6, 7, 8]]
+
+
+def test_joint_training_mask_worked_example():
+    a = joint_training_allowed(4, 2, offset=1)  # blocks [0, 1, 1, 2]
+    noisy1 = a[1].int().tolist()
+    assert noisy1 == [0, 1, 1, 0, 1, 0, 0, 0]
+    clean2 = a[4 + 2].int().tolist()
+    assert clean2 == [0, 0, 0, 0, 1, 1, 1, 0]

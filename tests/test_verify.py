@@ -1,0 +1,33 @@
+import torch
+
+from selfspec.tree import Tree, chain
+from selfspec.verify import oracle_length, walk
+
+
+def _tree(tokens, parents):
+    p = torch.tensor(parents)
+    d = [0] * len(parents)
+    for i, q in enumerate(parents):
+        d[i] = 0 if q < 0 else d[q] + 1
+    return Tree(torch.tensor(tokens), p, torch.tensor(d))
+
+
+def test_walk_worked_example():
+    t = _tree([7, 11, 12, 13], [-1, 0, 0, 1])
+    assert walk(t, torch.tensor([12, 5, 9, 4])) == ([0, 2], 9)
+
+
+def test_walk_follows_the_deepest_matching_branch():
+    t = _tree([7, 11, 12, 13, 14], [-1, 0, 0, 1, 3])
+    assert walk(t, torch.tensor([11, 13, 0, 14, 99])) == ([0, 1, 3, 4], 99)
+
+
+def test_walk_on_a_chain_is_linear_acceptance():
+    t = chain([1, 2, 3, 4])
+    assert walk(t, torch.tensor([2, 3, 9, 9])) == ([0, 1, 2], 9)
+    assert walk(t, torch.tensor([5, 3, 4, 8])) == ([0], 5)
+
+
+def test_oracle_length_worked_example():
+    assert oracle_length(torch.tensor([[3, 4], [5, 6]]), [4, 9, 1]) == 2
+    assert oracle_length(torch.tensor([[3, 4], [5, 6]]), [4, 6, 1]) == 3
