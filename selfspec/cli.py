@@ -8,17 +8,15 @@ import os
 import sys
 
 
-def _add_decode_args(p: argparse.ArgumentParser) -> None:
+def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
-    p.add_argument("--mode", default="presto", choices=["ar", "linear", "presto"])
-    p.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
     p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")
     p.add_argument("--group-size", type=int, default=None, help="one-pass mask-group size (default B)")
+    p.add_argument("--group-nodes", type=int, default=None, help="one-pass: nodes that get a group (default all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-top-k", type=int, default=0, help="sampling top-k (0 = off)")
-    p.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
     p.add_argument("--top-k", type=int, default=4, help="PRESTO candidates per depth")
     p.add_argument("--lam", type=float, default=0.2, help="PRESTO lambda")
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
@@ -28,7 +26,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _decode_kwargs(a) -> dict:
-    return dict(mode=a.mode, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size,
+    return dict(mode=a.mode, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k,
                 budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho)
 
@@ -78,15 +76,16 @@ def main(argv=None) -> int:
     src.add_argument("--prompt-file", help="file whose whole content is the prompt")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
-    _add_decode_args(g)
+    g.add_argument("--mode", default="presto", choices=["ar", "linear", "presto"])
+    g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    g.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
+    _add_common_args(g)
     g.set_defaults(func=cmd_generate)
-    try:
-        from .bench import add_bench_parser
-    except ImportError:
-        add_bench_parser = None
-    if add_bench_parser is not None:
-        add_bench_parser(sub, _add_decode_args)
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub, _add_common_args)
     a = ap.parse_args(argv)
+    a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         return a.func(a)
     except (ValueError, FileNotFoundError) as e:

@@ -65,6 +65,7 @@ class DecodeConfig:
     schedule: str = "one-pass"
     block_length: int = 16
     group_size: int | None = None  # one-pass mask-group size; None = block_length
+    group_nodes: int | None = None  # one-pass: tree nodes that get a group; None = every node
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int = 0  # sampling top-k (0 = off)
@@ -83,6 +84,8 @@ class DecodeConfig:
             raise ValueError(f"block_length must be >= 2, got {self.block_length}")
         if self.group_size is not None and self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.group_nodes is not None and self.group_nodes < 1:
+            raise ValueError(f"group_nodes must be >= 1, got {self.group_nodes}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:

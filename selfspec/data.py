@@ -95,3 +95,21 @@ def write_jsonl(rows: list[dict], path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def main(argv=None) -> None:
+    """python -m selfspec.data --prompts OUT.jsonl [--limit N]: write the held-out prompt set."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m selfspec.data", description=main.__doc__)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--limit", type=int, default=64)
+    a = ap.parse_args(argv)
+    _, held = split_corpus()
+    rows = function_prompts(held, limit=a.limit)
+    write_jsonl(rows, a.prompts)
+    print(f"{len(rows)} prompts from {len(held)} held-out files -> {a.prompts}")
+
+
+if __name__ == "__main__":
+    main()

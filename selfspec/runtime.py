@@ -25,7 +25,7 @@ from .config import DecodeConfig
 from .masks import draft_block, tree_and_groups
 from .sampling import draft_logprobs, select
 from .scoring import NgramRho, make_extra_score
-from .tree import Tree, build_tree, chain, root_only
+from .tree import Tree, build_tree, chain, group_owners, nearest_owner, root_only
 from .verify import oracle_length, walk
 
 
@@ -155,7 +155,7 @@ class Decoder:
         vals, toks = cands
         depth = min(toks.shape[0], room - 1)
         if self.cfg.mode == "linear":
-            return chain([root] + toks[:depth, 0].tolist())
+            return chain([root] + toks[:depth, 0].tolist(), torch.cat([torch.zeros(1), vals[:depth, 0].cumsum(0)]))
         ctx = self.prompt + self.emitted
         history = (ctx[-2] if len(ctx) > 1 else -1, root)
         return build_tree(root, vals[:, : self.k], toks[:, : self.k], budget=self.cfg.budget,
@@ -217,7 +217,7 @@ class Decoder:
                 cand_tokens = cands[1][:, : self.oracle_k] if cands is not None else torch.zeros(0, 1, dtype=torch.long)
                 self._pending_oracle.append((len(self.emitted), cand_tokens))
             n = len(tree)
-            owners = torch.arange(n) if one_pass and room > 1 else None
+            owners = group_owners(tree, cfg.group_nodes) if one_pass and room > 1 else None
             lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
             q_tokens = torch.cat([tree.tokens, torch.full((lay.mask.shape[-2] - n,), self.mask_id)])
             mask = None if n == 1 and not one_pass else lay.mask
@@ -226,8 +226,12 @@ class Decoder:
             self.stats.verify_tokens += q_tokens.shape[0]
             path, bonus = walk(tree, self._targets(logits[:n]))
             if owners is not None:
-                end = path[-1]  # every node owns a group: group index == node index
-                cands = self._candidates(logits[lay.group_rows(end)][1:])
+                # the endpoint's group (or its nearest ancestor's, shifted by the depth gap):
+                # slot 0 sits where the bonus goes, later slots are the next round's depths
+                j, u = nearest_owner(tree.parents, owners, path[-1])
+                skip = 1 + int(tree.depths[path[-1]] - tree.depths[u])
+                rows = logits[lay.group_rows(j)][skip:]
+                cands = self._candidates(rows) if rows.shape[0] else None
             kv.commit(cache, c, path)
             root = bonus
             self.stats.rounds += 1

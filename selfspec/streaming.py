@@ -146,16 +146,17 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def stream(model, tokenizer, prompt, *, max_new_tokens: int = 128, mode: str = "presto",
-           schedule: str = "one-pass", block_length: int = 16, group_size: int | None = None,
-           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, budget: int = 32,
-           tree_top_k: int = 4, lam: float = 0.2, rho: str = "ngram", seed: int | None = None,
-           generator: torch.Generator | None = None, eos_token_id=None, stop: str | list[str] | None = None,
-           streamer=None) -> Generation:
-    """Start a generation; iterate the result for text deltas. All errors are raised here."""
-    cfg = DecodeConfig(mode=mode, schedule=schedule, block_length=block_length, group_size=group_size,
-                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                       budget=budget, tree_top_k=tree_top_k, lam=lam, rho=rho)
+def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torch.Generator | None = None,
+           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, **decode) -> Generation:
+    """Start a generation; iterate the result for text deltas. All errors are raised here.
+
+    `decode` holds the `DecodeConfig` fields (max_new_tokens, mode, schedule, block_length,
+    group_size, group_nodes, temperature, top_k, top_p, budget, tree_top_k, lam, rho).
+    """
+    try:
+        cfg = DecodeConfig(**decode)
+    except TypeError as e:
+        raise ValueError(f"unknown decoding option: {e}") from None
     ids = prompt if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int) else encode_prompt(tokenizer, prompt)
     check_request(model, ids, cfg)
     if generator is None and seed is not None:

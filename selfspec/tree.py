@@ -26,6 +26,7 @@ class Tree:
     tokens: torch.Tensor  # [n] long
     parents: torch.Tensor  # [n] long, -1 for the root
     depths: torch.Tensor  # [n] long
+    scores: torch.Tensor | None = None  # [n] path scores from construction (root 0), if known
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -40,11 +41,11 @@ def root_only(token: int) -> Tree:
     return Tree(torch.tensor([token]), z - 1, z)
 
 
-def chain(tokens: list[int] | torch.Tensor) -> Tree:
+def chain(tokens: list[int] | torch.Tensor, scores: torch.Tensor | None = None) -> Tree:
     """A linear draft: node i is the child of node i-1. chain([5, 6, 7]) has parents [-1, 0, 1]."""
     t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
     n = t.shape[0]
-    return Tree(t, torch.arange(n) - 1, torch.arange(n))
+    return Tree(t, torch.arange(n) - 1, torch.arange(n), scores)
 
 
 def ancestors(parents: torch.Tensor, depths: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,7 +143,35 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     keep = torch.cat([torch.tensor([0]), top.sort().values])
     remap = torch.full((count + 1,), -1, dtype=torch.long)  # slot -1 (last) maps the root's parent
     remap[keep] = torch.arange(keep.shape[0])
-    return Tree(tokens[keep], remap[parents[keep]], depths[keep])
+    return Tree(tokens[keep], remap[parents[keep]], depths[keep], scores[keep])
+
+
+def group_owners(tree: Tree, limit: int | None) -> torch.Tensor:
+    """The nodes that get a mask group in a one-pass round: all, or the `limit` likeliest endpoints.
+
+    A node's endpoint mass is P(reach v) - sum of P(reach c) over its children, with
+    P(reach v) = exp(path score). The root always gets a group, so every endpoint has an
+    ancestor-or-self with a group (the runtime falls back to the nearest one).
+    Example: chain scores [0, -0.1, -2.0] (P = 1, .90, .14), limit 2 -> masses [.10, .77, .14]
+    -> owners [0, 1].
+    """
+    n = len(tree)
+    if limit is None or limit >= n or tree.scores is None:
+        return torch.arange(n)
+    reach = tree.scores.float().exp()
+    child_mass = torch.zeros(n).index_add_(0, tree.parents[1:], reach[1:])
+    mass = (reach - child_mass).clamp(min=0)
+    mass[0] = float("inf")
+    return torch.topk(mass, max(1, limit)).indices.sort().values
+
+
+def nearest_owner(parents: torch.Tensor, owners: torch.Tensor, v: int) -> tuple[int, int]:
+    """(group index, owner node) of v's nearest ancestor-or-self that owns a group."""
+    slot = {int(o): j for j, o in enumerate(owners.tolist())}
+    par = parents.tolist()
+    while v not in slot:
+        v = par[v]
+    return slot[v], v
 
 
 def is_prefix_closed(tree: Tree) -> bool:

@@ -55,3 +55,18 @@ def tiny_model(seed: int = 0, **overrides) -> NemotronLabsDiffusionModel:
 @pytest.fixture
 def model():
     return tiny_model()
+
+
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "pystdlib-nld-9m")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A checkpoint directory: a tiny random model with the shipped tokenizer's vocabulary."""
+    from selfspec.tokenizer import SentencePieceTokenizer
+
+    tok = SentencePieceTokenizer(os.path.join(SHIPPED, "tokenizer.model"))
+    path = tmp_path_factory.mktemp("tiny_ckpt")
+    tiny_model(vocab_size=len(tok)).save_pretrained(path)
+    tok.save_pretrained(str(path))
+    return path

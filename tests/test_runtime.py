@@ -197,3 +197,15 @@ def test_bad_requests_fail_before_any_model_work(kwargs, prompt, match):
     m = Exploding(_model((64, 0)))
     with pytest.raises(ValueError, match=match):
         generate_ids(m, prompt, DecodeConfig(**{"mode": "linear", **kwargs}))
+
+
+@pytest.mark.parametrize("mode", ["linear", "presto"])
+@pytest.mark.parametrize("group_nodes", [1, 2, 5])
+def test_one_pass_with_groups_on_few_nodes_still_matches_ar(mode, group_nodes):
+    for key in [(8, 0), (8, 2), (12, 1)]:
+        m = _model(key)
+        p = _prompt(key[0], seed=4)
+        cfg = DecodeConfig(mode=mode, schedule="one-pass", block_length=8, budget=12, group_nodes=group_nodes, max_new_tokens=40)
+        out, st = generate_ids(m, p, cfg, eos_token_id=[])
+        assert out == _ar(m, p, 40)
+        assert st.forwards == st.rounds

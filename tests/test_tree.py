@@ -85,3 +85,13 @@ def test_budget_below_one_is_rejected_by_the_decode_config():
     for bad in (dict(budget=0), dict(tree_top_k=0), dict(lam=-0.1), dict(group_size=0)):
         with pytest.raises(ValueError):
             DecodeConfig(**bad)
+
+
+def test_group_owners_worked_example_and_fallback():
+    from selfspec.tree import group_owners, nearest_owner
+
+    t = chain([1, 2, 3], torch.tensor([0.0, -0.1, -2.0]))
+    assert group_owners(t, 2).tolist() == [0, 1]
+    assert group_owners(t, None).tolist() == [0, 1, 2]
+    assert nearest_owner(t.parents, torch.tensor([0, 1]), 2) == (1, 1)
+    assert nearest_owner(t.parents, torch.tensor([0]), 2) == (0, 0)

@@ -1,0 +1,77 @@
+import json
+import os
+
+import pytest
+
+from selfspec.bench import read_prompts
+from selfspec.cli import main
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": "def add(a, b):\n"}) + "\n" + json.dumps({"id": "two", "prompt": "class A:\n"}) + "\n")
+    return p
+
+
+def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--budgets", "2", "6",
+               "--max-new-tokens", "10", "--block-length", "4", "--out", str(out)])
+    assert rc == 0
+    stdout = capsys.readouterr().out.strip().splitlines()
+    assert stdout[0].startswith("| mode | schedule | budget | tau")
+    summary = json.loads(stdout[-1])
+    res = json.loads((out / "results.json").read_text())
+    assert summary["n_prompts"] == res["n_prompts"] == 2
+    assert {"torch", "transformers"} <= set(res["versions"])
+    rows = {r["label"]: r for r in res["rows"]}
+    assert set(rows) == {"ar", "linear/two-pass", "linear/one-pass", "presto/two-pass/N=2", "presto/two-pass/N=6",
+                         "presto/one-pass/N=2", "presto/one-pass/N=6"}
+    ar_tps = rows["ar"]["tokens_per_second"]
+    for r in rows.values():
+        assert r["tau"] >= 1
+        assert len(r["records"]) == 2 and r["matches_ar"] == 2  # greedy: every mode equals AR
+        tps = sum(x["new_tokens"] for x in r["records"]) / sum(x["seconds"] for x in r["records"])
+        assert r["tokens_per_second"] == pytest.approx(tps)
+        assert r["speedup_vs_ar"] == pytest.approx(tps / ar_tps)
+        if r["schedule"] == "one-pass":
+            assert r["tpf"] <= r["tau"] + 1e-9
+    lin = rows["linear/one-pass"]["tokens_per_second"]
+    assert rows["presto/one-pass/N=6"]["speedup_vs_linear"] == pytest.approx(rows["presto/one-pass/N=6"]["tokens_per_second"] / lin)
+    pytest.importorskip("matplotlib")
+    for name in ("tau_tps_vs_budget.png", "acceptance_hist.png"):
+        assert os.path.getsize(out / name) > 1000
+
+
+def test_malformed_prompt_lines_are_reported_with_line_numbers(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"prompt": "ok"}\nnot json\n{"prompt": ""}\n{"messages": "x"}\n')
+    with pytest.raises(ValueError) as e:
+        read_prompts(str(p))
+    msg = str(e.value)
+    assert "line 2" in msg and "line 3" in msg and "line 4" in msg and "line 1" not in msg
+
+
+def test_chat_prompts_are_accepted_by_the_reader(tmp_path):
+    p = tmp_path / "chat.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert read_prompts(str(p))[0]["prompt"][0]["content"] == "hi"
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--modes", "ar", "beam"], "unknown mode"),
+    (["--schedules", "zero-pass"], "unknown schedule"),
+    (["--prompts", "/nonexistent.jsonl"], "not found"),
+])
+def test_bench_bad_input_fails_before_model_work(extra, match, prompts, tmp_path, capsys):
+    args = ["bench", "--model", "/nonexistent/model", "--prompts", str(prompts), "--out", str(tmp_path / "o")]
+    assert main(args + extra) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_unwritable_output_folder_is_a_clear_error(prompts, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["bench", "--model", "/nonexistent/model", "--prompts", str(prompts), "--out", str(blocker / "sub")]) == 2
+    assert "cannot be written" in capsys.readouterr().err

@@ -1,0 +1,46 @@
+import json
+
+import pytest
+
+from selfspec.cli import main
+
+
+def test_generate_json_record_has_the_documented_fields(tiny_dir, capsys):
+    rc = main(["generate", "--model", str(tiny_dir), "--prompt", "def f(x):\n", "--max-new-tokens", "12",
+               "--mode", "presto", "--block-length", "4", "--budget", "6", "--json"])
+    assert rc == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "new_tokens", "rounds", "forwards", "tau", "tpf", "seconds",
+                "tokens_per_second", "mode", "schedule", "budget", "rho", "lam", "oracle_tau"):
+        assert key in rec, key
+    assert rec["new_tokens"] == len(rec["token_ids"]) <= 12
+
+
+def test_generate_streams_text_and_matches_ar(tiny_dir, capsys):
+    outs = []
+    for mode in ("ar", "linear"):
+        assert main(["generate", "--model", str(tiny_dir), "--prompt", "import os", "--max-new-tokens", "10",
+                     "--mode", mode, "--schedule", "two-pass", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
+    assert outs[0] == outs[1]
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "import os", "--max-new-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "tau" in captured.err
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--block-length", "1"], "block_length"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--budget", "0"], "budget"),
+])
+def test_bad_options_fail_before_the_model_is_loaded(args, match, capsys):
+    rc = main(["generate", "--model", "/nonexistent/model", "--prompt", "x", *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert match in err and "nonexistent" not in err
+
+
+def test_missing_model_directory_is_a_clear_error(capsys):
+    assert main(["generate", "--model", "/nonexistent/model", "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,23 @@
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci_cmd = [l for l in (ROOT / ".ci/run").read_text().splitlines() if "pytest" in l]
+    assert len(ci_cmd) == 1
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert ci_cmd[0].strip() in [b.strip() for b in blocks[:2]]
+
+
+def test_readme_first_commands_pin_torch_and_run_the_main_job():
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    run, test = blocks[0].strip(), blocks[1].strip()
+    assert "torch==2.13.0" in run and "python -m selfspec generate" in run
+    assert "torch==2.13.0" in test and "pytest" in test
+
+
+def test_modules_stay_small():
+    for p in (ROOT / "selfspec").glob("*.py"):
+        assert len(p.read_text().splitlines()) <= 450, p.name
