@@ -71,6 +71,7 @@ def aggregate(records: list[dict]) -> dict:
     new = sum(r["new_tokens"] for r in records)
     sec = sum(r["seconds"] for r in records)
     fsec = sum(r["forward_seconds"] for r in records)
+    tsec = sum(r["tree_seconds"] for r in records)
     orc = [o for r in records for o in r["oracle_lengths"]]
     hist: dict[int, int] = {}
     for r in records:
@@ -84,6 +85,7 @@ def aggregate(records: list[dict]) -> dict:
         "seconds": sec,
         "forward_seconds": fsec,
         "overhead_share": 1 - fsec / sec if sec else 0.0,
+        "tree_share": tsec / sec if sec else 0.0,
         "oracle_tau": sum(orc) / len(orc) if orc else None,
         "accept_hist": dict(sorted(hist.items())),
         "matches_ar": sum(r.get("matches_ar", True) for r in records),
@@ -92,14 +94,15 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| mode | schedule | budget | tau | TPF | tok/s | vs AR | vs linear | overhead | oracle tau | = AR |"
-    lines = [head, "|" + "---|" * 11]
+    head = "| mode | schedule | budget | tau | TPF | tok/s | vs AR | vs linear | overhead | tree build | oracle tau | = AR |"
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
         lines.append(
             f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {f(r['tau'])} | {f(r['tpf'])} | "
             f"{f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
             f"{'x' if r['speedup_vs_linear'] is not None else ''} | {100 * r['overhead_share']:.1f}% | "
+            f"{100 * r['tree_share']:.1f}% | "
             f"{f(r['oracle_tau'])} | {r['matches_ar']}/{r['prompts']} |"
         )
     return "\n".join(lines)
@@ -177,7 +180,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             out = [t for chunk in dec for t in chunk]
             st = dec.stats
             rec = {"id": p["id"], "token_ids": out, **{k: getattr(st, k) for k in (
-                "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds",
+                "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                 "accept_lengths", "oracle_lengths")}}
             if c.mode == "ar":
                 ar_out[p["id"]] = out
@@ -246,7 +249,7 @@ def cmd_bench(a) -> int:
     summary = {"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
-                                  "oracle_tau", "matches_ar", "overhead_share")} for r in rows]}
+                                  "oracle_tau", "matches_ar", "overhead_share", "tree_share")} for r in rows]}
     print(json.dumps(summary))
     return 0
 

@@ -22,10 +22,14 @@ def length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
+def _layers(cache: DynamicCache):
+    return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
+
+
 def crop(cache: DynamicCache, n: int) -> None:
     """Keep the first `n` positions of every layer."""
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False) and layer.keys.shape[-2] > n:
+    for layer in _layers(cache):
+        if layer.keys.shape[-2] > n:
             layer.keys = layer.keys[..., :n, :]
             layer.values = layer.values[..., :n, :]
 
@@ -37,23 +41,29 @@ def keep(cache: DynamicCache, positions: torch.Tensor | list[int]) -> None:
     positions 0, 1, 2, 4, 6 (the prefix plus an accepted tree path).
     """
     idx = torch.as_tensor(positions, dtype=torch.long)
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            i = idx.to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, i)
-            layer.values = layer.values.index_select(-2, i)
+    for layer in _layers(cache):
+        i = idx.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, i)
+        layer.values = layer.values.index_select(-2, i)
 
 
 def commit(cache: DynamicCache, prefix_len: int, accepted: torch.Tensor | list[int]) -> None:
     """After a forward over new tokens: keep the prefix plus `accepted` offsets into the new part.
 
-    Offsets that form a contiguous run starting at 0 become a plain crop (no copy).
+    Equivalent to keep(prefix + accepted) but copies only the accepted rows, never the prefix;
+    a contiguous run starting at 0 is a plain crop.
     """
     acc = [int(a) for a in accepted]
-    if acc == list(range(len(acc))):
-        crop(cache, prefix_len + len(acc))
-    else:
-        keep(cache, list(range(prefix_len)) + [prefix_len + a for a in acc])
+    end = prefix_len + len(acc)
+    if acc != list(range(len(acc))):
+        # only the new tail moves: gather the accepted rows into place, then crop
+        idx = torch.tensor(acc, dtype=torch.long) + prefix_len
+        with torch.inference_mode():  # runtime caches hold inference tensors
+            for layer in _layers(cache):
+                i = idx.to(layer.keys.device)
+                layer.keys[..., prefix_len:end, :] = layer.keys.index_select(-2, i)
+                layer.values[..., prefix_len:end, :] = layer.values.index_select(-2, i)
+    crop(cache, prefix_len + len(acc))
 
 
 @contextmanager

@@ -74,6 +74,7 @@ class DecodeConfig:
     tree_top_k: int = 4  # PRESTO candidates per depth
     lam: float = 0.2
     rho: str = "ngram"
+    draft_lora: bool = True  # use the checkpoint's linear_spec_lora adapter (if any) on draft rows
 
     def __post_init__(self):
         if self.mode not in MODES:

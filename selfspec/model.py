@@ -106,6 +106,22 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
             logits=logits, cache=cache if use_cache else None, hidden_states=hidden if output_hidden_states else None
         )
 
+    # upstream remote-code API: (ids including the prompt, nfe); see selfspec.compat
+    def ar_generate(self, prompt_ids, **kw):
+        from .compat import ar_generate
+
+        return ar_generate(self, prompt_ids, **kw)
+
+    def linear_spec_generate(self, prompt_ids, **kw):
+        from .compat import linear_spec_generate
+
+        return linear_spec_generate(self, prompt_ids, **kw)
+
+    def presto_spec_generate(self, prompt_ids, **kw):
+        from .compat import presto_spec_generate
+
+        return presto_spec_generate(self, prompt_ids, **kw)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Load a checkpoint directory; every mismatch is an error that names the file or tensor."""
@@ -220,10 +236,13 @@ def default_model_dir() -> str:
 
 
 def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, device: str | None = None,
-         device_map=None, max_memory=None):
+         device_map=None, max_memory=None, draft_lora: bool = True):
     """(model, tokenizer) from a checkpoint directory; no argument loads the shipped model.
 
-    dtype defaults to float32 on CPU (exact greedy ties) and bfloat16 on CUDA.
+    dtype defaults to float32 on CPU (exact greedy ties) and bfloat16 on CUDA. `device_map` /
+    `max_memory` go to accelerate (e.g. device_map="auto" to spread a 14B over several GPUs);
+    weights are initialised on the meta device and streamed from the safetensors shards.
+    A `linear_spec_lora/` adapter is attached for drafting unless `draft_lora=False`.
     """
     from .tokenizer import load_tokenizer
 
@@ -245,8 +264,61 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
         if max_memory is not None:
             kw["max_memory"] = max_memory
     check_checkpoint_dir(path)
+    if max_memory is not None:
+        check_fits(path, dtype, max_memory)
     tokenizer = load_tokenizer(path)
     model = NemotronLabsDiffusionModel.from_pretrained(path, **kw)
     if device is not None and device_map is None:
         model = model.to(device)
+    _merge_generation_eos(model, path)
+    from .lora import load_draft_lora
+
+    if draft_lora:
+        model.draft_lora = load_draft_lora(model, path)
     return model.eval(), tokenizer
+
+
+def _merge_generation_eos(model, path: str) -> None:
+    """eos ids = config's plus generation_config.json's (either may be an int or a list)."""
+    ids = model.config.eos_ids()
+    gpath = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gpath):
+        with open(gpath) as f:
+            extra = json.load(f).get("eos_token_id")
+        for e in [extra] if isinstance(extra, int) else (extra or []):
+            if int(e) not in ids:
+                ids.append(int(e))
+    model.config.eos_token_id = ids[0] if len(ids) == 1 else (ids or None)
+
+
+def _parse_bytes(v) -> int:
+    if isinstance(v, (int, float)):
+        return int(v)
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+    s = str(v).strip().upper()
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(s)
+
+
+def check_fits(path: str, dtype: torch.dtype, max_memory: dict) -> None:
+    """Fail before loading when the weights cannot fit the devices in `max_memory`."""
+    from safetensors import safe_open
+
+    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    numel = 0
+    for name in files:
+        with safe_open(os.path.join(path, name), framework="pt") as sf:
+            for key in sf.keys():
+                n = 1
+                for d in sf.get_slice(key).get_shape():
+                    n *= d
+                numel += n
+    need = numel * torch.empty((), dtype=dtype).element_size()
+    have = sum(_parse_bytes(v) for k, v in max_memory.items() if k != "disk")
+    if need > have:
+        raise ValueError(
+            f"{path}: the weights need {need / 2**30:.3f} GiB in {dtype}, but max_memory allows "
+            f"{have / 2**30:.3f} GiB on {sorted(map(str, max_memory))}; raise max_memory or use a smaller dtype"
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,7 @@ class Stats:
     accept_lengths: list[int] = field(default_factory=list)
     oracle_lengths: list[int] = field(default_factory=list)
     forward_seconds: float = 0.0
+    tree_seconds: float = 0.0  # drafting: turning marginals into the chain / tree
     seconds: float = 0.0
     verify_tokens: int = 0  # query tokens run in decode forwards (tree nodes + mask slots)
 
@@ -69,6 +71,7 @@ class Stats:
             "seconds": round(self.seconds, 4),
             "forward_seconds": round(self.forward_seconds, 4),
             "other_seconds": round(self.seconds - self.forward_seconds, 4),
+            "tree_seconds": round(self.tree_seconds, 4),
             "overhead_share": round(1 - self.forward_seconds / self.seconds, 4) if self.seconds else 0.0,
             "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
         }
@@ -103,6 +106,7 @@ class Decoder:
         self.device = model.get_input_embeddings().weight.device
         self.dtype = model.get_input_embeddings().weight.dtype
         self.gen = generator
+        self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
         self.stats = Stats()
         self.rho = NgramRho(model.config.vocab_size, self.prompt) if cfg.mode == "presto" and cfg.rho == "ngram" else None
         self.extra = make_extra_score(self.rho, cfg.lam) if cfg.mode == "presto" else None
@@ -112,9 +116,12 @@ class Decoder:
         self.emitted: list[int] = []
 
     # -- model calls -------------------------------------------------------------------------
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
+                 draft_rows: slice | None = None) -> torch.Tensor:
+        """One model call; `draft_rows` are the query rows that get the draft LoRA (if loaded)."""
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        lora = self.lora if draft_rows is not None else None
+        with torch.inference_mode(), (lora.on(draft_rows) if lora is not None else nullcontext()):
             out = self.model(
                 tokens.to(self.device)[None],
                 position_ids=positions.to(self.device),
@@ -143,7 +150,7 @@ class Decoder:
         block = torch.cat([torch.tensor([root]), torch.full((B - 1,), self.mask_id)])
         mask, pos = draft_block(c, B)
         with kv.read_only(self.cache):
-            logits = self._forward(block, pos, mask, self.cache)
+            logits = self._forward(block, pos, mask, self.cache, draft_rows=slice(None))
         self.stats.forwards += 1
         self.stats.verify_tokens += B
         return self._candidates(logits[1:])
@@ -196,7 +203,8 @@ class Decoder:
         # prefill: the prompt causally (plus, for one-pass, one mask group after it)
         if one_pass:
             lay = tree_and_groups(0, torch.arange(L) - 1, torch.arange(L), torch.tensor([L - 1]), G)
-            logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache)
+            logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache,
+                                   draft_rows=slice(L, None))
             kv.crop(cache, L)
             root = int(self._targets(logits[L - 1 : L])[0])
             cands = self._candidates(logits[L + 1 :])
@@ -212,7 +220,9 @@ class Decoder:
             room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
             if not one_pass and cfg.mode != "ar":
                 cands = self._draft_pass(root, c) if room > 1 else None
+            t0 = time.perf_counter()
             tree = self._draft(root, cands, room)
+            self.stats.tree_seconds += time.perf_counter() - t0
             if cfg.mode != "ar":
                 cand_tokens = cands[1][:, : self.oracle_k] if cands is not None else torch.zeros(0, 1, dtype=torch.long)
                 self._pending_oracle.append((len(self.emitted), cand_tokens))
@@ -221,7 +231,8 @@ class Decoder:
             lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
             q_tokens = torch.cat([tree.tokens, torch.full((lay.mask.shape[-2] - n,), self.mask_id)])
             mask = None if n == 1 and not one_pass else lay.mask
-            logits = self._forward(q_tokens, lay.positions, mask, cache)
+            logits = self._forward(q_tokens, lay.positions, mask, cache,
+                                   draft_rows=slice(n, None) if owners is not None else None)
             self.stats.forwards += 1
             self.stats.verify_tokens += q_tokens.shape[0]
             path, bonus = walk(tree, self._targets(logits[:n]))

@@ -138,7 +138,10 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat messages were given but the tokenizer has no chat template")
         ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        if hasattr(ids, "keys"):  # transformers v5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return [int(i) for i in (ids[0] if ids and isinstance(ids[0], list) else ids)]
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
     if not prompt:

@@ -23,7 +23,7 @@ def tiny_config(**overrides) -> NemotronLabsDiffusionConfig:
         rope_parameters={
             "rope_type": "yarn",
             "rope_theta": 10000.0,
-            "factor": 4.0,
+            "factor": 32.0,  # = max_position_embeddings / original max (no YaRN warning)
             "original_max_position_embeddings": 8,
             "beta_fast": 32.0,
             "beta_slow": 1.0,

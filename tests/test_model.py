@@ -202,3 +202,14 @@ def test_config_rejects_mask_id_outside_vocab():
 def test_inputs_beyond_max_positions_are_rejected(model):
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(torch.randint(5, 64, (1, 4)), position_ids=torch.tensor([[254, 255, 256, 257]]))
+
+
+def test_commit_moves_only_the_accepted_tail_and_equals_keep(model):
+    ids = torch.randint(5, 64, (1, 12))
+    a, b = kv.new_cache(model), kv.new_cache(model)
+    for c in (a, b):
+        model(ids, cache=c)
+    kv.commit(a, 7, [0, 2, 4])
+    kv.keep(b, list(range(7)) + [7, 9, 11])
+    for x, y in zip(a.layers, b.layers):
+        assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)

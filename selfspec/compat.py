@@ -1,0 +1,55 @@
+"""Upstream-compatible entry points (the remote-code API of NLD checkpoints), over the runtime.
+
+Code written for `AutoModel.from_pretrained(..., trust_remote_code=True)` keeps working after
+`import selfspec` and dropping `trust_remote_code`: the same methods exist on
+`NemotronLabsDiffusionModel` with the same argument names and the same return value,
+`(ids including the prompt [1, L + n], nfe)`, where nfe counts every model forward (prefill
+included). All decoding is lossless: upstream's `threshold` (a confidence shortcut) is
+accepted only at its default 0.0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import DecodeConfig
+from .runtime import generate_ids
+
+
+def _prompt_list(prompt_ids) -> list[int]:
+    t = torch.as_tensor(prompt_ids)
+    if t.dim() == 2:
+        if t.shape[0] != 1:
+            raise ValueError(f"batch size 1 only (as upstream); got prompt_ids of shape {tuple(t.shape)}")
+        t = t[0]
+    return t.tolist()
+
+
+def _run(model, prompt_ids, cfg: DecodeConfig, eos_token_id, mask_token_id=None, generator=None):
+    if mask_token_id is not None and int(mask_token_id) != int(model.config.mask_token_id):
+        raise ValueError(f"mask_token_id {mask_token_id} differs from the checkpoint's {model.config.mask_token_id}")
+    prompt = _prompt_list(prompt_ids)
+    out, st = generate_ids(model, prompt, cfg, eos_token_id=eos_token_id, generator=generator)
+    device = model.get_input_embeddings().weight.device
+    return torch.tensor([prompt + out], device=device), st.forwards + st.prefill_forwards
+
+
+def ar_generate(model, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, eos_token_id=None, **kw):
+    return _run(model, prompt_ids, DecodeConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature), eos_token_id, **kw)
+
+
+def linear_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_length: int = 32, temperature: float = 0.0,
+                         mask_token_id=None, eos_token_id=None, threshold: float = 0.0, schedule: str = "two-pass", **kw):
+    if threshold != 0.0:
+        raise ValueError("threshold != 0 trades exactness for speed; selfspec decodes losslessly only (threshold=0.0)")
+    cfg = DecodeConfig(mode="linear", schedule=schedule, block_length=block_length, max_new_tokens=max_new_tokens,
+                       temperature=temperature)
+    return _run(model, prompt_ids, cfg, eos_token_id, mask_token_id, **kw)
+
+
+def presto_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_length: int = 32, temperature: float = 0.0,
+                         mask_token_id=None, eos_token_id=None, budget: int = 32, top_k: int = 4, lam: float = 0.2,
+                         rho: str = "ngram", schedule: str = "one-pass", **kw):
+    cfg = DecodeConfig(mode="presto", schedule=schedule, block_length=block_length, max_new_tokens=max_new_tokens,
+                       temperature=temperature, budget=budget, tree_top_k=top_k, lam=lam, rho=rho)
+    return _run(model, prompt_ids, cfg, eos_token_id, mask_token_id, **kw)
