@@ -227,7 +227,7 @@ def cmd_bench(a) -> int:
         os.remove(probe)
     except OSError as e:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
-    model, tok = load(a.model, dtype=a.dtype, device=a.device)
+    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     t0 = time.time()
     rows = run_bench(model, tok, prompts, configs, seed=a.seed)
     table = markdown_table(rows)

@@ -22,6 +22,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
+    p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
 
 
@@ -46,7 +47,7 @@ def cmd_generate(a) -> int:
         prompt = a.prompt
     if not prompt:
         raise SystemExit("error: empty prompt")
-    model, tok = load(a.model, dtype=a.dtype, device=a.device)
+    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, **_decode_kwargs(a))
     for delta in gen:
         if not a.json:

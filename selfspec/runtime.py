@@ -88,8 +88,9 @@ def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
             f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft lookahead "
             f"needs {need} positions; the model has max_position_embeddings={limit}"
         )
-    if cfg.mode == "presto" and cfg.rho == "learned":
-        raise ValueError("rho 'learned' needs a trained predictor file (presto_predictor.safetensors); none is loaded")
+    if cfg.mode == "presto" and cfg.rho == "learned" and getattr(model, "presto_predictor", None) is None:
+        raise ValueError("rho 'learned' needs a trained predictor (presto_predictor.safetensors next to the model; "
+                         "make one with `python -m selfspec.predictor collect/train`); none is loaded")
 
 
 class Decoder:
@@ -108,8 +109,16 @@ class Decoder:
         self.gen = generator
         self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
         self.stats = Stats()
-        self.rho = NgramRho(model.config.vocab_size, self.prompt) if cfg.mode == "presto" and cfg.rho == "ngram" else None
-        self.extra = make_extra_score(self.rho, cfg.lam) if cfg.mode == "presto" else None
+        presto = cfg.mode == "presto"
+        self.rho = NgramRho(model.config.vocab_size, self.prompt) if presto and cfg.rho in ("ngram", "learned") else None
+        self.learned = presto and cfg.rho == "learned"
+        if self.learned:
+            from .predictor import LearnedRho
+
+            self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
+        else:
+            self.extra = make_extra_score(self.rho, cfg.lam) if presto else None
+        self.recorder = None  # optional callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram)
         self.k = cfg.tree_top_k if cfg.mode == "presto" else 1
         self.oracle_k = cfg.tree_top_k
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
@@ -139,10 +148,14 @@ class Decoder:
         return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
                       generator=self.gen).cpu()
 
-    def _candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _candidates(self, logits: torch.Tensor):
+        """(top-k log q, their tokens, marginal entropy or None) per draft depth, on the CPU."""
         lq = draft_logprobs(logits, self.mask_id)
         vals, toks = lq.topk(max(self.k, self.oracle_k), dim=-1)
-        return vals.cpu(), toks.cpu()
+        ent = None
+        if self.learned or self.recorder is not None:
+            ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu()
+        return vals.cpu(), toks.cpu(), ent
 
     def _draft_pass(self, root: int, c: int):
         """Two-pass draft: [root, M x (B-1)] bidirectional over the cache, which it leaves as is."""
@@ -159,14 +172,14 @@ class Decoder:
     def _draft(self, root: int, cands, room: int) -> Tree:
         if self.cfg.mode == "ar" or cands is None or room <= 1:
             return root_only(root)
-        vals, toks = cands
+        vals, toks, ent = cands
         depth = min(toks.shape[0], room - 1)
         if self.cfg.mode == "linear":
             return chain([root] + toks[:depth, 0].tolist(), torch.cat([torch.zeros(1), vals[:depth, 0].cumsum(0)]))
         ctx = self.prompt + self.emitted
         history = (ctx[-2] if len(ctx) > 1 else -1, root)
         return build_tree(root, vals[:, : self.k], toks[:, : self.k], budget=self.cfg.budget,
-                          extra_score=self.extra, history=history, max_depth=depth)
+                          extra_score=self.extra, history=history, max_depth=depth, entropy=ent)
 
     # -- the loop ----------------------------------------------------------------------------
     def __iter__(self):
@@ -235,7 +248,12 @@ class Decoder:
                                    draft_rows=slice(n, None) if owners is not None else None)
             self.stats.forwards += 1
             self.stats.verify_tokens += q_tokens.shape[0]
-            path, bonus = walk(tree, self._targets(logits[:n]))
+            targets = self._targets(logits[:n])
+            path, bonus = walk(tree, targets)
+            if self.recorder is not None and cands is not None and len(tree) > 1:
+                ctx = self.prompt + self.emitted
+                self.recorder(tree, cands[0][:, : self.k], cands[1][:, : self.k], targets, cands[2],
+                              (ctx[-2] if len(ctx) > 1 else -1, root), self.rho)
             if owners is not None:
                 # the endpoint's group (or its nearest ancestor's, shifted by the depth gap):
                 # slot 0 sits where the bonus goes, later slots are the next round's depths

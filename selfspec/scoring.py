@@ -5,8 +5,9 @@ prefix-conditioned estimate of how likely the target accepts t after that path. 
 returns log-probabilities (<= 0), so path scores never increase along a path and the tree
 builder's top set stays prefix-closed.
 
-A rho is a callable `(w2, w1, t, depth) -> log rho` over equal-shaped long tensors, where
-(w2, w1) are the last two tokens before t on its path (context tokens when the path is short).
+A token-level rho is a callable `(w2, w1, t, depth) -> log rho` over equal-shaped long tensors,
+where (w2, w1) are the last two tokens before t on its path (context tokens when the path is
+short); a feature-level rho (the learned predictor) reads the whole `tree.Expansion`.
 """
 
 from __future__ import annotations
@@ -77,11 +78,13 @@ class NoRho:
 
 
 def make_extra_score(rho, lam: float):
-    """The term added to log q in the tree builder, or None when it is identically zero."""
+    """The term added to log q in the tree builder (a `tree.ScoreFn`), or None when it is zero.
+
+    `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho) or an object
+    with `log_rho(expansion)` that reads the whole `tree.Expansion` (the learned predictor).
+    """
     if lam == 0 or rho is None or isinstance(rho, NoRho):
         return None
-
-    def extra(w2, w1, t, depth):
-        return lam * rho(w2, w1, t, depth)
-
-    return extra
+    if hasattr(rho, "log_rho"):
+        return lambda x: lam * rho.log_rho(x)
+    return lambda x: lam * rho(x.w2, x.w1, x.t, x.depth)

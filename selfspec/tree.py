@@ -82,18 +82,39 @@ def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:
     return out[::-1]
 
 
-ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+@dataclass(frozen=True)
+class Expansion:
+    """What a score term sees when the builder expands P frontier nodes by K candidates at depth d.
+
+    All tensors are [P, K]: (w2, w1) the last two tokens before the candidate t on its path; lq
+    and rank the candidate's log marginal and its rank at depth d (0 = top-1); parent_lq and
+    parent_rank the same for the parent (0 and -1 for the root); entropy the marginal's entropy
+    at depth d (None when the caller did not compute it).
+    """
+
+    depth: int
+    w2: torch.Tensor
+    w1: torch.Tensor
+    t: torch.Tensor
+    lq: torch.Tensor
+    rank: torch.Tensor
+    parent_lq: torch.Tensor
+    parent_rank: torch.Tensor
+    entropy: float | None = None
+
+
+ScoreFn = Callable[[Expansion], torch.Tensor]
 
 
 def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budget: int,
                extra_score: ScoreFn | None = None, history: tuple[int, int] | None = None,
-               max_depth: int | None = None) -> Tree:
+               max_depth: int | None = None, entropy: torch.Tensor | None = None) -> Tree:
     """Priority-based construction: the `budget` best draft nodes under the root, by path score.
 
     cand_lq / cand_tok [D, K] are the top-K log marginals and their tokens for depths 1..D
     (`logq.topk(K)`), so the candidate space is K tokens per depth. A child t at depth d under a node with
-    path score S gets S + log q_d(t) + extra_score(w2, w1, t, d), where (w2, w1) are the last two
-    tokens of its history (the context, then the path) and extra_score is lambda * log rho (<= 0).
+    path score S gets S + log q_d(t) + extra_score(expansion) (see `Expansion`; the history
+    tokens are the context, then the path), where extra_score is lambda * log rho (<= 0).
     Scores never increase along a path, so the global top-`budget` set is prefix-closed; ties
     prefer shallower nodes. Beam search with a beam of `budget` per depth and global retention
     finds exactly that set: every member's ancestors are members, at most `budget` per depth.
@@ -111,6 +132,8 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     f_score = torch.zeros(1)
     f_w2 = torch.tensor([h2])
     f_w1 = torch.tensor([root])
+    f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)
+    ranks = torch.arange(k, dtype=torch.float32)
     tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
     count, kth_best = 1, None
     for d in range(1, depth_cap + 1):
@@ -118,7 +141,10 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
         child_tok = cand_tok[d - 1].expand(p, k)
         s = cand_lq[d - 1].expand(p, k)
         if extra_score is not None:
-            s = s + extra_score(f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, d)
+            s = s + extra_score(Expansion(
+                d, f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, s, ranks.expand(p, k),
+                f_lq[:, None].expand(p, k), f_rank[:, None].expand(p, k),
+                None if entropy is None else float(entropy[d - 1])))
         child = (f_score[:, None] + s).reshape(-1)
         if kth_best is not None and float(child.max()) <= kth_best:
             break  # nothing deeper can enter the global top set
@@ -130,6 +156,7 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
         dep_l.append(torch.full((keep.shape[0],), d))
         score_l.append(child[keep])
         f_w2, f_w1 = f_w1[parent_slot], child_tok.reshape(-1)[keep]
+        f_lq, f_rank = cand_lq[d - 1][keep % k], ranks[keep % k]
         f_idx, f_score = new_idx, child[keep]
         count += keep.shape[0]
         all_scores = torch.cat(score_l[1:])

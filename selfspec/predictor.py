@@ -1,0 +1,265 @@
+"""Learned prefix-alignment predictor h_phi for PRESTO: rho(t | path) ~= sigmoid(h_phi(features)).
+
+    python -m selfspec.predictor collect [--model DIR] --out runs/predictor [--prompts N]
+    python -m selfspec.predictor train --data runs/predictor [--model DIR]
+
+Collection runs the target's tree verification over prompts from the *training* side of the
+corpus (never the held-out files) and records, for every verified tree node and each of its K
+candidate children, the drafting-time features below and the label "the target's token after
+this node's path is that candidate". Training fits a 2-layer MLP with logistic loss and writes
+`presto_predictor.safetensors` + `presto_predictor.json` next to the model, where `load()` finds
+them. At inference the builder calls the MLP once per expansion step on all [P, K] candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from .tree import Expansion
+
+FEATURES = ["lq", "rank", "entropy", "depth", "parent_lq", "parent_rank", "ngram", "margin", "repeat"]
+FILE, META = "presto_predictor.safetensors", "presto_predictor.json"
+
+
+def features(x: Expansion, ngram) -> torch.Tensor:
+    """[P, K, len(FEATURES)] drafting-time features of every candidate of an expansion step.
+
+    Example: a root with candidates (7, 9) at depth 1, log q (-0.1, -2.5), entropy 1.2, gives rows
+    [-0.1, 0, 1.2, 1, 0, -1, ngram, 0.0, 0] and [-2.5, 1, 1.2, 1, 0, -1, ngram, -2.4, 0].
+    """
+    ng = ngram(x.w2, x.w1, x.t, x.depth) if ngram is not None else torch.zeros(x.t.shape)
+    ent = torch.full(x.t.shape, 0.0 if x.entropy is None else float(x.entropy))
+    cols = [x.lq, x.rank, ent, torch.full(x.t.shape, float(x.depth)), x.parent_lq, x.parent_rank, ng,
+            x.lq - x.lq[:, :1], (x.t == x.w1).float()]
+    return torch.stack([c.float() for c in cols], -1)
+
+
+class Predictor(torch.nn.Module):
+    """2-layer MLP on standardised features -> logit of acceptance."""
+
+    def __init__(self, n_features: int = len(FEATURES), hidden: int = 32):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(n_features))
+        self.register_buffer("std", torch.ones(n_features))
+        self.fc1 = torch.nn.Linear(n_features, hidden)
+        self.fc2 = torch.nn.Linear(hidden, 1)
+
+    def forward(self, f: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1((f - self.mean) / self.std))).squeeze(-1)
+
+    def save(self, dirpath: str, meta: dict) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(dirpath, FILE))
+        with open(os.path.join(dirpath, META), "w") as f:
+            json.dump({"features": FEATURES, "hidden": self.fc1.out_features, **meta}, f, indent=1)
+
+    @classmethod
+    def load(cls, dirpath: str) -> "Predictor | None":
+        """The predictor next to a model, None if there is none; a mismatched file is an error."""
+        wpath, mpath = os.path.join(dirpath, FILE), os.path.join(dirpath, META)
+        if not os.path.isfile(wpath):
+            return None
+        if not os.path.isfile(mpath):
+            raise FileNotFoundError(f"{wpath} exists but {mpath} (feature names, normalisation) is missing")
+        with open(mpath) as f:
+            meta = json.load(f)
+        if meta.get("features") != FEATURES:
+            raise ValueError(f"{mpath}: features {meta.get('features')} do not match this selfspec's {FEATURES}; retrain it")
+        from safetensors.torch import load_file
+
+        p = cls(len(FEATURES), int(meta.get("hidden", 32)))
+        try:
+            p.load_state_dict(load_file(wpath))
+        except RuntimeError as e:
+            raise ValueError(f"{wpath}: tensors do not match a {len(FEATURES)}-feature MLP: {e}") from None
+        p.meta = meta
+        return p.eval()
+
+
+class LearnedRho:
+    """log rho = log sigmoid(h_phi): one batched MLP call per expansion step."""
+
+    def __init__(self, predictor: Predictor, ngram):
+        self.predictor, self.ngram = predictor, ngram
+
+    @torch.inference_mode()
+    def log_rho(self, x: Expansion) -> torch.Tensor:
+        return F.logsigmoid(self.predictor(features(x, self.ngram)))
+
+
+# -- collection ----------------------------------------------------------------------------------
+def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [M, F], labels [M]) for every verified node with a next depth and its K candidates."""
+    D, K = cand_tok.shape
+    nodes = (tree.depths < D).nonzero().squeeze(-1)
+    if nodes.numel() == 0:
+        return torch.zeros(0, len(FEATURES)), torch.zeros(0)
+    dep = tree.depths[nodes]
+    tok = tree.tokens[nodes]
+    par = tree.parents[nodes]
+    w2 = torch.where(par >= 0, tree.tokens[par.clamp(min=0)], torch.tensor(history[0]))
+    own_rank = torch.full((nodes.numel(),), -1.0)
+    own_lq = torch.zeros(nodes.numel())
+    deep = dep > 0
+    if deep.any():
+        hits = cand_tok[dep[deep] - 1] == tok[deep][:, None]  # [m, K]
+        own_rank[deep] = hits.float().argmax(-1).float()
+        own_lq[deep] = cand_lq[dep[deep] - 1].gather(1, hits.long().argmax(-1, keepdim=True)).squeeze(-1)
+    feats, labels = [], []
+    for d in dep.unique().tolist():
+        sel = dep == d
+        p = int(sel.sum())
+        x = Expansion(d + 1, w2[sel][:, None].expand(p, K), tok[sel][:, None].expand(p, K), cand_tok[d].expand(p, K),
+                      cand_lq[d].expand(p, K), torch.arange(K, dtype=torch.float32).expand(p, K),
+                      own_lq[sel][:, None].expand(p, K), own_rank[sel][:, None].expand(p, K),
+                      None if entropy is None else float(entropy[d]))
+        feats.append(features(x, ngram).reshape(-1, len(FEATURES)))
+        labels.append((targets[nodes[sel]][:, None] == cand_tok[d][None, :]).float().reshape(-1))
+    return torch.cat(feats), torch.cat(labels)
+
+
+def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: int = 64, block_length: int = 16,
+            budget: int = 48, top_k: int = 4, shard_size: int = 16) -> int:
+    """Run tree verification over prompts; shards of examples go to `out` (resumable)."""
+    from tqdm import tqdm
+
+    from .config import DecodeConfig
+    from .runtime import Decoder
+
+    os.makedirs(out, exist_ok=True)
+    # lambda = 0 trees (the marginals alone choose), with the n-gram context kept for the features
+    cfg = DecodeConfig(mode="presto", schedule="two-pass", block_length=block_length, budget=budget,
+                       tree_top_k=top_k, lam=0.0, rho="ngram", max_new_tokens=max_new_tokens)
+    shards = [prompts[i : i + shard_size] for i in range(0, len(prompts), shard_size)]
+    total = 0
+    for si, shard in enumerate(tqdm(shards, desc="collect", unit="shard")):
+        path = os.path.join(out, f"shard_{si:04d}.pt")
+        if os.path.isfile(path):
+            continue
+        feats, labels = [], []
+
+        def record(*args):
+            f, lab = round_examples(*args)
+            feats.append(f)
+            labels.append(lab)
+
+        for text in shard:
+            dec = Decoder(model, tokenizer.encode(text), cfg)
+            dec.recorder = record
+            for _ in dec:
+                pass
+        torch.save({"x": torch.cat(feats), "y": torch.cat(labels)}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        total += int(torch.cat(labels).numel())
+    return total
+
+
+# -- training ------------------------------------------------------------------------------------
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve via the rank-sum statistic."""
+    order = scores.argsort()
+    ranks = torch.empty(len(scores))
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float32)
+    pos = labels > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def reliability(prob: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> tuple[list[dict], float]:
+    rows, ece = [], 0.0
+    idx = (prob * bins).clamp(max=bins - 1).long()
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            p, o = float(prob[m].mean()), float(labels[m].mean())
+            rows.append({"bin": b, "n": int(m.sum()), "predicted": round(p, 4), "observed": round(o, 4)})
+            ece += int(m.sum()) / len(prob) * abs(p - o)
+    return rows, ece
+
+
+def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 300, lr: float = 1e-2,
+          val_fraction: float = 0.1, seed: int = 0) -> tuple[Predictor, dict]:
+    """Fit the MLP (full-batch Adam); returns it with held-out AUC, log loss and calibration."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(y), generator=g)
+    n_val = max(1, int(len(y) * val_fraction))
+    va, tr = perm[:n_val], perm[n_val:]
+    torch.manual_seed(seed)
+    model = Predictor(x.shape[1], hidden)
+    model.mean.copy_(x[tr].mean(0))
+    model.std.copy_(x[tr].std(0).clamp(min=1e-4))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = F.binary_cross_entropy_with_logits(model(x[tr]), y[tr])
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        logit = model(x[va])
+        prob = torch.sigmoid(logit)
+        rel, ece = reliability(prob, y[va])
+        metrics = {"train_examples": len(tr), "val_examples": n_val, "positive_rate": round(float(y.mean()), 4),
+                   "val_auc": round(auc(logit, y[va]), 4),
+                   "val_log_loss": round(float(F.binary_cross_entropy_with_logits(logit, y[va])), 4),
+                   "val_ece": round(ece, 4), "reliability": rel}
+    return model.eval(), metrics
+
+
+def main(argv=None):
+    from .data import function_prompts, split_corpus
+    from .model import default_model_dir, load
+
+    ap = argparse.ArgumentParser(prog="python -m selfspec.predictor", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="record (features, accepted?) from tree verification")
+    c.add_argument("--model", default=None)
+    c.add_argument("--out", required=True)
+    c.add_argument("--prompts", type=int, default=256, help="training-side function prompts to use")
+    c.add_argument("--prompt-file", default=None, help="JSONL prompts instead (e.g. for a real checkpoint)")
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--block-length", type=int, default=16)
+    c.add_argument("--budget", type=int, default=48)
+    c.add_argument("--top-k", type=int, default=4)
+    c.add_argument("--device", default=None)
+    c.add_argument("--dtype", default=None)
+    t = sub.add_parser("train", help="fit the MLP and save it next to the model")
+    t.add_argument("--data", required=True)
+    t.add_argument("--model", default=None, help="where to save (default: the shipped model)")
+    t.add_argument("--hidden", type=int, default=32)
+    t.add_argument("--epochs", type=int, default=300)
+    a = ap.parse_args(argv)
+    if a.cmd == "collect":
+        if a.prompt_file:
+            from .bench import read_prompts
+
+            prompts = [p["prompt"] for p in read_prompts(a.prompt_file) if isinstance(p["prompt"], str)]
+        else:
+            train_files, _ = split_corpus()
+            prompts = [p["prompt"] for p in function_prompts(train_files, limit=a.prompts)]
+        model, tok = load(a.model, dtype=a.dtype, device=a.device)
+        n = collect(model, tok, prompts, a.out, max_new_tokens=a.max_new_tokens, block_length=a.block_length,
+                    budget=a.budget, top_k=a.top_k)
+        print(json.dumps({"examples_written": n, "out": a.out}))
+    else:
+        shards = sorted(f for f in os.listdir(a.data) if f.startswith("shard_") and f.endswith(".pt"))
+        if not shards:
+            raise SystemExit(f"error: no shard_*.pt files in {a.data}")
+        parts = [torch.load(os.path.join(a.data, s)) for s in shards]
+        x, y = torch.cat([p["x"] for p in parts]), torch.cat([p["y"] for p in parts])
+        pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs)
+        target = a.model or default_model_dir()
+        pred.save(target, {"metrics": metrics, "data": os.path.abspath(a.data)})
+        print(json.dumps({k: v for k, v in metrics.items() if k != "reliability"}))
+
+
+if __name__ == "__main__":
+    main()

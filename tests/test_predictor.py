@@ -1,0 +1,88 @@
+import json
+
+import pytest
+import torch
+
+from selfspec.config import DecodeConfig
+from selfspec.predictor import FEATURES, LearnedRho, Predictor, auc, collect, round_examples, train
+from selfspec.runtime import generate_ids
+from selfspec.scoring import NgramRho
+from selfspec.tree import Tree
+
+from conftest import tiny_model
+
+
+def test_features_of_a_hand_built_tree():
+    # root 7 -> child 9 (depth 1, rank 1); depth-1 candidates (5, 9), depth-2 candidates (9, 3)
+    tree = Tree(torch.tensor([7, 9]), torch.tensor([-1, 0]), torch.tensor([0, 1]))
+    cand_lq = torch.tensor([[-0.1, -2.5], [-0.5, -1.0]])
+    cand_tok = torch.tensor([[5, 9], [9, 3]])
+    targets = torch.tensor([9, 3])  # target after root is 9 (child accepted), after 7,9 is 3
+    x, y = round_examples(tree, cand_lq, cand_tok, targets, torch.tensor([1.2, 0.7]), (4, 7), None)
+    assert x.shape == (4, len(FEATURES))
+    f = {name: x[:, i].tolist() for i, name in enumerate(FEATURES)}
+    assert f["lq"] == pytest.approx([-0.1, -2.5, -0.5, -1.0])
+    assert f["rank"] == [0, 1, 0, 1]
+    assert f["depth"] == [1, 1, 2, 2]
+    assert f["entropy"] == pytest.approx([1.2, 1.2, 0.7, 0.7])
+    assert f["parent_rank"] == [-1, -1, 1, 1] and f["parent_lq"] == pytest.approx([0, 0, -2.5, -2.5])
+    assert f["margin"] == pytest.approx([0, -2.4, 0, -0.5])
+    assert f["repeat"] == [0, 0, 1, 0]  # candidate 9 under node 9
+    assert y.tolist() == [0, 1, 0, 1]
+
+
+def test_training_on_separable_synthetic_data_reaches_high_auc():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4000, len(FEATURES), generator=g)
+    y = ((x[:, 0] - 0.7 * x[:, 6] + 0.2 * x[:, 3]) > 0).float()
+    pred, metrics = train(x, y, epochs=200)
+    assert metrics["val_auc"] > 0.97
+    assert metrics["val_ece"] < 0.08
+    assert auc(torch.tensor([0.1, 0.9, 0.2, 0.8]), torch.tensor([0.0, 1.0, 0.0, 1.0])) == 1.0
+
+
+def test_predictor_round_trip_and_mismatched_files(tmp_path):
+    pred = Predictor()
+    pred.save(str(tmp_path), {"metrics": {}})
+    again = Predictor.load(str(tmp_path))
+    f = torch.randn(3, len(FEATURES))
+    assert torch.allclose(again(f), pred(f))
+    assert Predictor.load(str(tmp_path / "nowhere")) is None
+    meta = json.loads((tmp_path / "presto_predictor.json").read_text())
+    meta["features"] = meta["features"][:-1]
+    (tmp_path / "presto_predictor.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="do not match"):
+        Predictor.load(str(tmp_path))
+
+
+def test_learned_rho_needs_a_predictor_and_keeps_greedy_exact(tmp_path):
+    model = tiny_model(vocab_size=8)
+    prompt = [5, 6, 7, 5, 6]
+    cfg = DecodeConfig(mode="presto", rho="learned", block_length=6, budget=8, max_new_tokens=24)
+    with pytest.raises(ValueError, match="trained predictor"):
+        generate_ids(model, prompt, cfg, eos_token_id=[])
+    model.presto_predictor = Predictor().eval()
+    ar = generate_ids(model, prompt, DecodeConfig(mode="ar", max_new_tokens=24), eos_token_id=[])[0]
+    for schedule in ("one-pass", "two-pass"):
+        cfg = DecodeConfig(mode="presto", schedule=schedule, rho="learned", block_length=6, budget=8, max_new_tokens=24)
+        assert generate_ids(model, prompt, cfg, eos_token_id=[])[0] == ar
+    rho = LearnedRho(model.presto_predictor, NgramRho(8, prompt))
+    from selfspec.tree import Expansion
+
+    z = torch.zeros(2, 3)
+    x = Expansion(1, z.long(), z.long(), z.long(), z - 1, z, z, z - 1, 0.5)
+    assert (rho.log_rho(x) <= 0).all()
+
+
+def test_collection_writes_resumable_shards(tmp_path):
+    class Tok:
+        def encode(self, text):
+            return [5 + (ord(c) % 3) for c in text]
+
+    model = tiny_model(vocab_size=8)
+    n = collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), max_new_tokens=12, block_length=4,
+                budget=6, top_k=2, shard_size=2)
+    assert n > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["shard_0000.pt", "shard_0001.pt"]
+    assert collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), shard_size=2) == 0  # resumed: nothing to redo
+    data = torch.load(tmp_path / "shard_0000.pt")
+    assert data["x"].shape[1] == len(FEATURES) and data["x"].shape[0] == data["y"].shape[0]
