@@ -20,6 +20,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=4, help="PRESTO candidates per depth")
     p.add_argument("--lam", type=float, default=0.2, help="PRESTO lambda")
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
+    p.add_argument("--no-draft-lora", action="store_true", help="ignore the checkpoint's linear_spec_lora adapter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
@@ -29,7 +30,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
 def _decode_kwargs(a) -> dict:
     return dict(mode=a.mode, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k,
-                budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho)
+                budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
 
 
 def cmd_generate(a) -> int:

@@ -41,15 +41,16 @@ class NgramRho:
 
     def extend(self, tokens: list[int] | torch.Tensor) -> None:
         self.ctx = torch.cat([self.ctx, torch.as_tensor(tokens, dtype=torch.long).reshape(-1)])
-        self._index()
+        self._index()  # a full re-sort: O(L log L) per round, tiny next to a forward
 
     def _index(self) -> None:
         c, V = self.ctx, self.V
-        self.k1 = c.sort().values
+        # unigram and "as a history" counts are dense gathers; longer n-grams use sorted keys
+        self.uni = torch.bincount(c, minlength=V).float()
+        self.hist1 = torch.bincount(c[:-1], minlength=V).float() if c.numel() > 1 else torch.zeros(V)
         self.k2 = (c[:-1] * V + c[1:]).sort().values if c.numel() > 1 else c[:0]
-        self.h1 = c[:-1].sort().values if c.numel() > 1 else c[:0]  # unigram as a history
         self.k3 = (c[:-2] * V * V + c[1:-1] * V + c[2:]).sort().values if c.numel() > 2 else c[:0]
-        self.h2 = self.k2[:0] if c.numel() < 3 else (c[:-2] * V + c[1:-1]).sort().values
+        self.h2 = (c[:-2] * V + c[1:-1]).sort().values if c.numel() > 2 else c[:0]
 
     @staticmethod
     def _count(keys: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -60,13 +61,13 @@ class NgramRho:
 
     def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int = 0) -> torch.Tensor:
         V = self.V
-        p1 = (self._count(self.k1, t) + 1) / (self.ctx.numel() + V)
-        w1c = w1.clamp(min=0)
-        p2 = (self._count(self.k2, w1c * V + t) + p1) / (self._count(self.h1, w1c) + 1)
-        p2 = torch.where(w1 >= 0, p2, p1)
-        w2c = w2.clamp(min=0)
-        p3 = (self._count(self.k3, (w2c * V + w1c) * V + t) + p2) / (self._count(self.h2, w2c * V + w1c) + 1)
-        p3 = torch.where((w2 >= 0) & (w1 >= 0), p3, p2)
+        p1 = (self.uni[t] + 1) / (self.ctx.numel() + V)
+        w1c, w2c = w1.clamp(min=0), w2.clamp(min=0)  # -1 = no such context token (very short prompts)
+        p2 = (self._count(self.k2, w1c * V + t) + p1) / (self.hist1[w1c] + 1)
+        h = w2c * V + w1c
+        p3 = (self._count(self.k3, h * V + t) + p2) / (self._count(self.h2, h) + 1)
+        if bool((w2 < 0).any()) or bool((w1 < 0).any()):
+            p3 = torch.where((w2 >= 0) & (w1 >= 0), p3, torch.where(w1 >= 0, p2, p1))
         return p3.log()
 
 
