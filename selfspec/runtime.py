@@ -44,7 +44,7 @@ class Stats:
     forward_seconds: float = 0.0
     tree_seconds: float = 0.0  # drafting: turning marginals into the chain / tree
     seconds: float = 0.0
-    verify_tokens: int = 0  # query tokens run in decode forwards (tree nodes + mask slots)
+    verify_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
 
     @property
     def tau(self) -> float:
@@ -63,6 +63,7 @@ class Stats:
             "new_tokens": self.new_tokens,
             "rounds": self.rounds,
             "forwards": self.forwards,
+            "query_tokens": self.verify_tokens,
             "prefill_forwards": self.prefill_forwards,
             "tau": round(self.tau, 4),
             "tpf": round(self.tpf, 4),

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch a hub
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from selfspec.config import NemotronLabsDiffusionConfig  # noqa: E402
