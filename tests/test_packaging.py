@@ -21,3 +21,22 @@ def test_readme_first_commands_pin_torch_and_run_the_main_job():
 def test_modules_stay_small():
     for p in (ROOT / "selfspec").glob("*.py"):
         assert len(p.read_text().splitlines()) <= 450, p.name
+
+
+def test_examples_and_benchmark_scripts_compile():
+    import py_compile
+
+    for p in list((ROOT / "examples").glob("*.py")) + list((ROOT / "benchmarks").glob("*.py")):
+        py_compile.compile(str(p), doraise=True)
+
+
+def test_render_mask_example_draws_with_the_project_builder(tmp_path):
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "mask.png"
+    subprocess.run([sys.executable, str(ROOT / "examples/render_mask.py"), "--out", str(out)], check=True, cwd=ROOT)
+    assert out.stat().st_size > 1000
