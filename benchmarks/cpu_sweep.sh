@@ -14,3 +14,5 @@ run linear_b8 --modes linear --schedules two-pass one-pass --block-length 8
 # PRESTO lambda = 0 (naive tree) and n-gram (lambda 0.2), both schedules, budgets 8..64
 run presto_lam0 --modes presto --schedules two-pass one-pass --budgets 8 16 32 64 --rho none --lam 0
 run presto_ngram --modes presto --schedules two-pass one-pass --budgets 8 16 32 64 --rho ngram --lam 0.2
+# one-pass with mask groups on the 4 likeliest endpoints only (the root always has one)
+run presto_groups4 --modes presto --schedules one-pass --budgets 8 16 32 64 --group-nodes 4
