@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -187,12 +187,19 @@ def reliability(prob: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> tup
 
 
 def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 300, lr: float = 1e-2,
-          val_fraction: float = 0.1, seed: int = 0) -> tuple[Predictor, dict]:
-    """Fit the MLP (full-batch Adam); returns it with held-out AUC, log loss and calibration."""
+          val_fraction: float = 0.1, val_index: torch.Tensor | None = None, seed: int = 0) -> tuple[Predictor, dict]:
+    """Fit the MLP (full-batch Adam); returns it with held-out AUC, log loss and calibration.
+
+    `val_index` names the held-out rows (e.g. whole prompts); otherwise a random 10% is used.
+    """
     g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(y), generator=g)
-    n_val = max(1, int(len(y) * val_fraction))
-    va, tr = perm[:n_val], perm[n_val:]
+    if val_index is None:
+        perm = torch.randperm(len(y), generator=g)
+        val_index = perm[: max(1, int(len(y) * val_fraction))]
+    is_val = torch.zeros(len(y), dtype=torch.bool)
+    is_val[val_index] = True
+    va, tr = is_val.nonzero().squeeze(-1), (~is_val).nonzero().squeeze(-1)
+    n_val = len(va)
     torch.manual_seed(seed)
     model = Predictor(x.shape[1], hidden)
     model.mean.copy_(x[tr].mean(0))
@@ -210,7 +217,10 @@ def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 3
         metrics = {"train_examples": len(tr), "val_examples": n_val, "positive_rate": round(float(y.mean()), 4),
                    "val_auc": round(auc(logit, y[va]), 4),
                    "val_log_loss": round(float(F.binary_cross_entropy_with_logits(logit, y[va])), 4),
-                   "val_ece": round(ece, 4), "reliability": rel}
+                   "val_ece": round(ece, 4), "reliability": rel,
+                   # single-feature baselines on the same rows: what the MLP adds
+                   "val_auc_lq_only": round(auc(x[va, FEATURES.index("lq")], y[va]), 4),
+                   "val_auc_ngram_only": round(auc(x[va, FEATURES.index("ngram")], y[va]), 4)}
     return model.eval(), metrics
 
 
@@ -255,9 +265,15 @@ def main(argv=None):
             raise SystemExit(f"error: no shard_*.pt files in {a.data}")
         parts = [torch.load(os.path.join(a.data, s)) for s in shards]
         x, y = torch.cat([p["x"] for p in parts]), torch.cat([p["y"] for p in parts])
-        pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs)
+        # validate on whole shards (whole prompts), not on rows of rounds seen in training
+        n_val_shards = max(1, len(parts) // 8) if len(parts) > 1 else 0
+        val_rows = sum(len(p["y"]) for p in parts[len(parts) - n_val_shards :])
+        val_index = torch.arange(len(y) - val_rows, len(y)) if val_rows else None
+        pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs, val_index=val_index)
+        metrics["val_shards"] = n_val_shards
         target = a.model or default_model_dir()
-        pred.save(target, {"metrics": metrics, "data": os.path.abspath(a.data)})
+        pred.save(target, {"metrics": metrics, "data": a.data,
+                           "command": "python -m selfspec.predictor " + " ".join(sys.argv[1:] if argv is None else argv)})
         print(json.dumps({k: v for k, v in metrics.items() if k != "reliability"}))
 
 
