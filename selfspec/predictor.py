@@ -41,24 +41,32 @@ def features(x: Expansion, ngram) -> torch.Tensor:
 
 
 class Predictor(torch.nn.Module):
-    """2-layer MLP on standardised features -> logit of acceptance."""
+    """2-layer MLP on standardised features (all of FEATURES, or the subset `inputs`) -> logit."""
 
-    def __init__(self, n_features: int = len(FEATURES), hidden: int = 32):
+    def __init__(self, inputs: list[str] = FEATURES, hidden: int = 32):
         super().__init__()
-        self.register_buffer("mean", torch.zeros(n_features))
-        self.register_buffer("std", torch.ones(n_features))
-        self.fc1 = torch.nn.Linear(n_features, hidden)
+        unknown = [i for i in inputs if i not in FEATURES]
+        if unknown or not inputs:
+            raise ValueError(f"predictor inputs must be a non-empty subset of {FEATURES}; got {inputs}")
+        self.inputs = list(inputs)
+        n = len(self.inputs)
+        self.register_buffer("cols", torch.tensor([FEATURES.index(i) for i in self.inputs]), persistent=False)
+        self.register_buffer("mean", torch.zeros(n))
+        self.register_buffer("std", torch.ones(n))
+        self.fc1 = torch.nn.Linear(n, hidden)
         self.fc2 = torch.nn.Linear(hidden, 1)
 
     def forward(self, f: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1((f - self.mean) / self.std))).squeeze(-1)
+        """f [..., len(FEATURES)] -> logits [...]."""
+        x = (f[..., self.cols] - self.mean) / self.std
+        return self.fc2(torch.relu(self.fc1(x))).squeeze(-1)
 
     def save(self, dirpath: str, meta: dict) -> None:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(dirpath, FILE))
         with open(os.path.join(dirpath, META), "w") as f:
-            json.dump({"features": FEATURES, "hidden": self.fc1.out_features, **meta}, f, indent=1)
+            json.dump({"features": FEATURES, "inputs": self.inputs, "hidden": self.fc1.out_features, **meta}, f, indent=1)
 
     @classmethod
     def load(cls, dirpath: str) -> "Predictor | None":
@@ -74,11 +82,12 @@ class Predictor(torch.nn.Module):
             raise ValueError(f"{mpath}: features {meta.get('features')} do not match this selfspec's {FEATURES}; retrain it")
         from safetensors.torch import load_file
 
-        p = cls(len(FEATURES), int(meta.get("hidden", 32)))
+        inputs = meta.get("inputs", FEATURES)
         try:
+            p = cls(inputs, int(meta.get("hidden", 32)))
             p.load_state_dict(load_file(wpath))
-        except RuntimeError as e:
-            raise ValueError(f"{wpath}: tensors do not match a {len(FEATURES)}-feature MLP: {e}") from None
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{wpath}: does not match a {len(inputs)}-input MLP as {mpath} describes: {e}") from None
         p.meta = meta
         return p.eval()
 
@@ -187,7 +196,8 @@ def reliability(prob: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> tup
 
 
 def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 300, lr: float = 1e-2,
-          val_fraction: float = 0.1, val_index: torch.Tensor | None = None, seed: int = 0) -> tuple[Predictor, dict]:
+          val_fraction: float = 0.1, val_index: torch.Tensor | None = None, inputs: list[str] = FEATURES,
+          seed: int = 0) -> tuple[Predictor, dict]:
     """Fit the MLP (full-batch Adam); returns it with held-out AUC, log loss and calibration.
 
     `val_index` names the held-out rows (e.g. whole prompts); otherwise a random 10% is used.
@@ -201,9 +211,9 @@ def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 3
     va, tr = is_val.nonzero().squeeze(-1), (~is_val).nonzero().squeeze(-1)
     n_val = len(va)
     torch.manual_seed(seed)
-    model = Predictor(x.shape[1], hidden)
-    model.mean.copy_(x[tr].mean(0))
-    model.std.copy_(x[tr].std(0).clamp(min=1e-4))
+    model = Predictor(inputs, hidden)
+    model.mean.copy_(x[tr][:, model.cols].mean(0))
+    model.std.copy_(x[tr][:, model.cols].std(0).clamp(min=1e-4))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(epochs):
         opt.zero_grad()
@@ -246,6 +256,7 @@ def main(argv=None):
     t.add_argument("--model", default=None, help="where to save (default: the shipped model)")
     t.add_argument("--hidden", type=int, default=32)
     t.add_argument("--epochs", type=int, default=300)
+    t.add_argument("--exclude", nargs="*", default=[], choices=FEATURES, help="features the MLP does not see")
     a = ap.parse_args(argv)
     if a.cmd == "collect":
         if a.prompt_file:
@@ -269,7 +280,8 @@ def main(argv=None):
         n_val_shards = max(1, len(parts) // 8) if len(parts) > 1 else 0
         val_rows = sum(len(p["y"]) for p in parts[len(parts) - n_val_shards :])
         val_index = torch.arange(len(y) - val_rows, len(y)) if val_rows else None
-        pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs, val_index=val_index)
+        inputs = [f for f in FEATURES if f not in a.exclude]
+        pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs, val_index=val_index, inputs=inputs)
         metrics["val_shards"] = n_val_shards
         target = a.model or default_model_dir()
         pred.save(target, {"metrics": metrics, "data": a.data,

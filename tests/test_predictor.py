@@ -41,6 +41,18 @@ def test_training_on_separable_synthetic_data_reaches_high_auc():
     assert auc(torch.tensor([0.1, 0.9, 0.2, 0.8]), torch.tensor([0.0, 1.0, 0.0, 1.0])) == 1.0
 
 
+def test_a_predictor_on_a_feature_subset_ignores_the_other_columns(tmp_path):
+    pred = Predictor(["ngram", "depth"])
+    f = torch.randn(5, len(FEATURES))
+    g = f.clone()
+    g[:, FEATURES.index("lq")] += 100.0
+    assert torch.equal(pred(f), pred(g))
+    pred.save(str(tmp_path), {})
+    assert Predictor.load(str(tmp_path)).inputs == ["ngram", "depth"]
+    with pytest.raises(ValueError, match="subset"):
+        Predictor(["nope"])
+
+
 def test_predictor_round_trip_and_mismatched_files(tmp_path):
     pred = Predictor()
     pred.save(str(tmp_path), {"metrics": {}})
