@@ -44,7 +44,7 @@ class Stats:
     forward_seconds: float = 0.0
     tree_seconds: float = 0.0  # drafting: turning marginals into the chain / tree
     seconds: float = 0.0
-    verify_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
+    query_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
 
     @property
     def tau(self) -> float:
@@ -63,7 +63,7 @@ class Stats:
             "new_tokens": self.new_tokens,
             "rounds": self.rounds,
             "forwards": self.forwards,
-            "query_tokens": self.verify_tokens,
+            "query_tokens": self.query_tokens,
             "prefill_forwards": self.prefill_forwards,
             "tau": round(self.tau, 4),
             "tpf": round(self.tpf, 4),
@@ -166,7 +166,7 @@ class Decoder:
         with kv.read_only(self.cache):
             logits = self._forward(block, pos, mask, self.cache, draft_rows=slice(None))
         self.stats.forwards += 1
-        self.stats.verify_tokens += B
+        self.stats.query_tokens += B
         return self._candidates(logits[1:])
 
     # -- drafting ----------------------------------------------------------------------------
@@ -177,10 +177,8 @@ class Decoder:
         depth = min(toks.shape[0], room - 1)
         if self.cfg.mode == "linear":
             return chain([root] + toks[:depth, 0].tolist(), torch.cat([torch.zeros(1), vals[:depth, 0].cumsum(0)]))
-        ctx = self.prompt + self.emitted
-        history = (ctx[-2] if len(ctx) > 1 else -1, root)
         return build_tree(root, vals[:, : self.k], toks[:, : self.k], budget=self.cfg.budget,
-                          extra_score=self.extra, history=history, max_depth=depth, entropy=ent)
+                          extra_score=self.extra, history=self._history(), max_depth=depth, entropy=ent)
 
     # -- the loop ----------------------------------------------------------------------------
     def __iter__(self):
@@ -207,25 +205,30 @@ class Decoder:
             self.rho.extend(out)
         return out, done
 
+    def _prefill(self, cache, one_pass: bool, G: int):
+        """The prompt causally (one-pass: plus one mask group after it) -> (first token, marginals)."""
+        prompt = torch.tensor(self.prompt)
+        L = len(self.prompt)
+        if not one_pass:
+            logits = self._forward(prompt, torch.arange(L)[None], None, cache)
+            return int(self._targets(logits[-1:])[0]), None
+        lay = tree_and_groups(0, torch.arange(L) - 1, torch.arange(L), torch.tensor([L - 1]), G)
+        logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache,
+                               draft_rows=slice(L, None))
+        kv.crop(cache, L)  # keep only the prompt's K/V
+        return int(self._targets(logits[L - 1 : L])[0]), self._candidates(logits[L + 1 :])
+
+    def _history(self) -> tuple[int, int]:
+        """The last two committed tokens (the second is the root); -1 where the context is shorter."""
+        tail = self.emitted[-2:] if len(self.emitted) >= 2 else (self.prompt + self.emitted)[-2:]
+        return (tail[0], tail[1]) if len(tail) == 2 else (-1, tail[0])
+
     def _run(self):
         cfg, model = self.cfg, self.model
         cache = self.cache = kv.new_cache(model)
         one_pass = cfg.mode != "ar" and cfg.schedule == "one-pass"
         G = cfg.group if one_pass else 0
-        prompt = torch.tensor(self.prompt)
-        L = len(self.prompt)
-        # prefill: the prompt causally (plus, for one-pass, one mask group after it)
-        if one_pass:
-            lay = tree_and_groups(0, torch.arange(L) - 1, torch.arange(L), torch.tensor([L - 1]), G)
-            logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache,
-                                   draft_rows=slice(L, None))
-            kv.crop(cache, L)
-            root = int(self._targets(logits[L - 1 : L])[0])
-            cands = self._candidates(logits[L + 1 :])
-        else:
-            logits = self._forward(prompt, torch.arange(L)[None], None, cache)
-            root = int(self._targets(logits[-1:])[0])
-            cands = None
+        root, cands = self._prefill(cache, one_pass, G)
         self.stats.prefill_forwards = 1
         chunk, done = self._emit([root])
         yield chunk
@@ -248,13 +251,12 @@ class Decoder:
             logits = self._forward(q_tokens, lay.positions, mask, cache,
                                    draft_rows=slice(n, None) if owners is not None else None)
             self.stats.forwards += 1
-            self.stats.verify_tokens += q_tokens.shape[0]
+            self.stats.query_tokens += q_tokens.shape[0]
             targets = self._targets(logits[:n])
             path, bonus = walk(tree, targets)
             if self.recorder is not None and cands is not None and len(tree) > 1:
-                ctx = self.prompt + self.emitted
                 self.recorder(tree, cands[0][:, : self.k], cands[1][:, : self.k], targets, cands[2],
-                              (ctx[-2] if len(ctx) > 1 else -1, root), self.rho)
+                              self._history(), self.rho)
             if owners is not None:
                 # the endpoint's group (or its nearest ancestor's, shifted by the depth gap):
                 # slot 0 sits where the bonus goes, later slots are the next round's depths
