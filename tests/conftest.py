@@ -6,6 +6,12 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch a hub
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
+from hypothesis import settings  # noqa: E402
+
+# the same examples on every run: a CI failure is always reproducible locally
+settings.register_profile("selfspec", derandomize=True, database=None)
+settings.load_profile("selfspec")
+
 from selfspec.config import NemotronLabsDiffusionConfig  # noqa: E402
 from selfspec.model import NemotronLabsDiffusionModel  # noqa: E402
 
