@@ -71,20 +71,13 @@ class NgramRho:
         return p3.log()
 
 
-class NoRho:
-    """lambda = 0 baseline: contributes nothing."""
-
-    def __call__(self, w2, w1, t, depth=0):
-        return torch.zeros(t.shape)
-
-
 def make_extra_score(rho, lam: float):
     """The term added to log q in the tree builder (a `tree.ScoreFn`), or None when it is zero.
 
     `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho) or an object
     with `log_rho(expansion)` that reads the whole `tree.Expansion` (the learned predictor).
     """
-    if lam == 0 or rho is None or isinstance(rho, NoRho):
+    if lam == 0 or rho is None:  # rho 'none': the naive tree
         return None
     if hasattr(rho, "log_rho"):
         return lambda x: lam * rho.log_rho(x)
