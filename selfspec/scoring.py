@@ -71,14 +71,41 @@ class NgramRho:
         return p3.log()
 
 
+class TokenScore:
+    """lambda * log rho for a token-level rho, as a `tree.ScoreFn`.
+
+    Inside one tree, (w2, w1, t) at depth d ranges over at most K^3 combinations (candidates of
+    depths d-2, d-1 and d), so `table` scores all of them for all depths in one vectorised call
+    and the builder only gathers from it: no rho call per expansion step.
+    """
+
+    def __init__(self, rho, lam: float):
+        self.rho, self.lam = rho, lam
+
+    def __call__(self, x) -> torch.Tensor:
+        return self.lam * self.rho(x.w2, x.w1, x.t, x.depth)
+
+    def table(self, cand_tok: torch.Tensor, root: int, h2: int) -> torch.Tensor:
+        """[D, K, K, K]: entry [d-1, i2, i1, j] scores candidate j of depth d after the i1-th
+        candidate of depth d-1 and the i2-th of depth d-2 (depth 0 is the root, depth -1 the
+        context token before it; their rows repeat one token)."""
+        D, K = cand_tok.shape
+        rows = torch.cat([torch.full((1, K), h2), torch.full((1, K), root), cand_tok])  # depths -1, 0, 1..D
+        w2 = rows[:D][:, :, None, None].expand(D, K, K, K)
+        w1 = rows[1 : D + 1][:, None, :, None].expand(D, K, K, K)
+        t = rows[2:][:, None, None, :].expand(D, K, K, K)
+        return self.lam * self.rho(w2, w1, t, 0)
+
+
 def make_extra_score(rho, lam: float):
     """The term added to log q in the tree builder (a `tree.ScoreFn`), or None when it is zero.
 
-    `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho) or an object
-    with `log_rho(expansion)` that reads the whole `tree.Expansion` (the learned predictor).
+    `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho), wrapped in a
+    tabulating `TokenScore`, or an object with `log_rho(expansion)` that reads the whole
+    `tree.Expansion` (the learned predictor).
     """
     if lam == 0 or rho is None:  # rho 'none': the naive tree
         return None
     if hasattr(rho, "log_rho"):
         return lambda x: lam * rho.log_rho(x)
-    return lambda x: lam * rho(x.w2, x.w1, x.t, x.depth)
+    return TokenScore(rho, lam)

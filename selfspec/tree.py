@@ -134,13 +134,19 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     f_w1 = torch.tensor([root])
     f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)
     ranks = torch.arange(k, dtype=torch.float32)
+    # token-level scores come tabulated per tree; f_i2 / f_i1 index the frontier's last two tokens
+    tab = extra_score.table(cand_tok[:depth_cap], root, h2) if hasattr(extra_score, "table") else None
+    f_i2 = f_i1 = torch.zeros(1, dtype=torch.long)
+    needs_expansion = extra_score is not None and tab is None
     tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
     count, kth_best = 1, None
     for d in range(1, depth_cap + 1):
         p = f_idx.shape[0]
         child_tok = cand_tok[d - 1].expand(p, k)
         s = cand_lq[d - 1].expand(p, k)
-        if extra_score is not None:
+        if tab is not None:
+            s = s + tab[d - 1][f_i2, f_i1]
+        elif extra_score is not None:
             s = s + extra_score(Expansion(
                 d, f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, s, ranks.expand(p, k),
                 f_lq[:, None].expand(p, k), f_rank[:, None].expand(p, k),
@@ -156,12 +162,14 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
         dep_l.append(torch.full((keep.shape[0],), d))
         score_l.append(child[keep])
         f_w2, f_w1 = f_w1[parent_slot], child_tok.reshape(-1)[keep]
-        f_lq, f_rank = cand_lq[d - 1][keep % k], ranks[keep % k]
+        rank_idx = keep % k
+        if needs_expansion:  # parent features for the next step's Expansion
+            f_lq, f_rank = cand_lq[d - 1][rank_idx], ranks[rank_idx]
+        f_i2, f_i1 = f_i1[parent_slot], rank_idx
         f_idx, f_score = new_idx, child[keep]
         count += keep.shape[0]
-        all_scores = torch.cat(score_l[1:])
-        if all_scores.shape[0] >= budget:
-            kth_best = float(torch.topk(all_scores, budget).values[-1])
+        if count - 1 >= budget:
+            kth_best = float(torch.topk(torch.cat(score_l[1:]), budget).values[-1])
     tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
     # global top-`budget` non-root nodes by (score desc, depth asc): prefix-closed. Nodes were
     # appended depth by depth, so index order is depth order and stable sorts give the tie rule.

@@ -95,3 +95,19 @@ def test_group_owners_worked_example_and_fallback():
     assert group_owners(t, None).tolist() == [0, 1, 2]
     assert nearest_owner(t.parents, torch.tensor([0, 1]), 2) == (1, 1)
     assert nearest_owner(t.parents, torch.tensor([0]), 2) == (0, 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(D=st.integers(1, 7), K=st.integers(1, 5), budget=st.integers(1, 40), short=st.booleans(), seed=st.integers(0, 999))
+def test_tabulated_token_scores_build_the_same_tree_as_per_step_scoring(D, K, budget, short, seed):
+    V = 30
+    logq = _random_logq(D, V, seed)
+    vals, toks = logq.topk(K, dim=-1)
+    rho = NgramRho(V, torch.randint(0, V, (60,), generator=torch.Generator().manual_seed(seed)))
+    tabulated = make_extra_score(rho, 0.5)
+    per_step = lambda x: tabulated(x)  # noqa: E731  (no .table: the builder scores each step)
+    history = (-1 if short else 2, 7)
+    a = build_tree(7, vals, toks, budget=budget, extra_score=tabulated, history=history)
+    b = build_tree(7, vals, toks, budget=budget, extra_score=per_step, history=history)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    assert torch.allclose(a.scores, b.scores, atol=1e-5)
