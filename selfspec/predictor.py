@@ -92,8 +92,29 @@ class Predictor(torch.nn.Module):
         return p.eval()
 
 
+def grid_features(cand_lq, cand_tok, root: int, h2: int, entropy, ngram) -> torch.Tensor:
+    """[D, K, K, K, F]: the features of every (depth, grandparent, parent, candidate) combination
+    of one tree, indexed as `scoring.token_grid`; equal to `features` of the matching expansion."""
+    from .scoring import token_grid
+
+    D, K = cand_tok.shape
+    w2, w1, t = token_grid(cand_tok, root, h2)
+    shape = (D, K, K, K)
+    lq = cand_lq[:, None, None, :].expand(shape)
+    rank = torch.arange(K, dtype=torch.float32).expand(shape)
+    ent = (torch.zeros(D) if entropy is None else entropy.float())[:, None, None, None].expand(shape)
+    depth = torch.arange(1, D + 1, dtype=torch.float32)[:, None, None, None].expand(shape)
+    parent_rows_lq = torch.cat([torch.zeros(1, K), cand_lq[:-1]])  # depth 0 (the root) has log q 0
+    parent_lq = parent_rows_lq[:, None, :, None].expand(shape)
+    parent_rank = torch.arange(K, dtype=torch.float32)[None, None, :, None].expand(shape).clone()
+    parent_rank[0] = -1.0  # the root
+    ng = ngram(w2, w1, t, 0) if ngram is not None else torch.zeros(shape)
+    cols = [lq, rank, ent, depth, parent_lq, parent_rank, ng, lq - cand_lq[:, None, None, :1], (t == w1).float()]
+    return torch.stack([c.float() for c in cols], -1)
+
+
 class LearnedRho:
-    """log rho = log sigmoid(h_phi): one batched MLP call per expansion step."""
+    """log rho = log sigmoid(h_phi): one batched MLP call per tree (or per expansion step)."""
 
     def __init__(self, predictor: Predictor, ngram):
         self.predictor, self.ngram = predictor, ngram
@@ -101,6 +122,10 @@ class LearnedRho:
     @torch.inference_mode()
     def log_rho(self, x: Expansion) -> torch.Tensor:
         return F.logsigmoid(self.predictor(features(x, self.ngram)))
+
+    @torch.inference_mode()
+    def log_rho_table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+        return F.logsigmoid(self.predictor(grid_features(cand_lq, cand_tok, root, h2, entropy, self.ngram)))
 
 
 # -- collection ----------------------------------------------------------------------------------

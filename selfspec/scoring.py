@@ -71,6 +71,18 @@ class NgramRho:
         return p3.log()
 
 
+def token_grid(cand_tok: torch.Tensor, root: int, h2: int):
+    """(w2, w1, t), each [D, K, K, K]: entry [d-1, i2, i1, j] is candidate j of depth d after the
+    i1-th candidate of depth d-1 and the i2-th of depth d-2 (depth 0 is the root, depth -1 the
+    context token before it; their rows repeat one token)."""
+    D, K = cand_tok.shape
+    rows = torch.cat([torch.full((1, K), h2), torch.full((1, K), root), cand_tok])  # depths -1, 0, 1..D
+    w2 = rows[:D][:, :, None, None].expand(D, K, K, K)
+    w1 = rows[1 : D + 1][:, None, :, None].expand(D, K, K, K)
+    t = rows[2:][:, None, None, :].expand(D, K, K, K)
+    return w2, w1, t
+
+
 class TokenScore:
     """lambda * log rho for a token-level rho, as a `tree.ScoreFn`.
 
@@ -85,27 +97,31 @@ class TokenScore:
     def __call__(self, x) -> torch.Tensor:
         return self.lam * self.rho(x.w2, x.w1, x.t, x.depth)
 
-    def table(self, cand_tok: torch.Tensor, root: int, h2: int) -> torch.Tensor:
-        """[D, K, K, K]: entry [d-1, i2, i1, j] scores candidate j of depth d after the i1-th
-        candidate of depth d-1 and the i2-th of depth d-2 (depth 0 is the root, depth -1 the
-        context token before it; their rows repeat one token)."""
-        D, K = cand_tok.shape
-        rows = torch.cat([torch.full((1, K), h2), torch.full((1, K), root), cand_tok])  # depths -1, 0, 1..D
-        w2 = rows[:D][:, :, None, None].expand(D, K, K, K)
-        w1 = rows[1 : D + 1][:, None, :, None].expand(D, K, K, K)
-        t = rows[2:][:, None, None, :].expand(D, K, K, K)
-        return self.lam * self.rho(w2, w1, t, 0)
+    def table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+        """[D, K, K, K] scores, indexed as in `token_grid`."""
+        return self.lam * self.rho(*token_grid(cand_tok, root, h2), 0)
+
+
+class FeatureScore:
+    """lambda * log rho for a rho that reads features (`log_rho(expansion)`, `log_rho_table(...)`)."""
+
+    def __init__(self, rho, lam: float):
+        self.rho, self.lam = rho, lam
+
+    def __call__(self, x) -> torch.Tensor:
+        return self.lam * self.rho.log_rho(x)
+
+    def table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+        return self.lam * self.rho.log_rho_table(cand_lq, cand_tok, root, h2, entropy)
 
 
 def make_extra_score(rho, lam: float):
     """The term added to log q in the tree builder (a `tree.ScoreFn`), or None when it is zero.
 
-    `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho), wrapped in a
-    tabulating `TokenScore`, or an object with `log_rho(expansion)` that reads the whole
-    `tree.Expansion` (the learned predictor).
+    `rho` is either a token-level rho `(w2, w1, t, depth) -> log rho` (NgramRho) or a
+    feature-level one with `log_rho` / `log_rho_table` (the learned predictor); both come back
+    as score objects whose `table` the builder evaluates once per tree.
     """
     if lam == 0 or rho is None:  # rho 'none': the naive tree
         return None
-    if hasattr(rho, "log_rho"):
-        return lambda x: lam * rho.log_rho(x)
-    return TokenScore(rho, lam)
+    return FeatureScore(rho, lam) if hasattr(rho, "log_rho") else TokenScore(rho, lam)

@@ -135,7 +135,10 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)
     ranks = torch.arange(k, dtype=torch.float32)
     # token-level scores come tabulated per tree; f_i2 / f_i1 index the frontier's last two tokens
-    tab = extra_score.table(cand_tok[:depth_cap], root, h2) if hasattr(extra_score, "table") else None
+    tab = None
+    if hasattr(extra_score, "table"):
+        tab = extra_score.table(cand_lq[:depth_cap], cand_tok[:depth_cap], root, h2,
+                                None if entropy is None else entropy[:depth_cap])
     f_i2 = f_i1 = torch.zeros(1, dtype=torch.long)
     needs_expansion = extra_score is not None and tab is None
     tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]

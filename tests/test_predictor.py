@@ -1,6 +1,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from selfspec.config import DecodeConfig
@@ -98,3 +100,26 @@ def test_collection_writes_resumable_shards(tmp_path):
     assert collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), shard_size=2) == 0  # resumed: nothing to redo
     data = torch.load(tmp_path / "shard_0000.pt")
     assert data["x"].shape[1] == len(FEATURES) and data["x"].shape[0] == data["y"].shape[0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(D=st.integers(1, 6), K=st.integers(1, 4), budget=st.integers(1, 30), seed=st.integers(0, 999))
+def test_tabulated_learned_scores_build_the_same_tree_as_per_step_scoring(D, K, budget, seed):
+    from selfspec.scoring import make_extra_score
+    from selfspec.tree import build_tree
+
+    g = torch.Generator().manual_seed(seed)
+    logq = (torch.randn(D, 40, generator=g) * 2).log_softmax(-1)
+    vals, toks = logq.topk(K, dim=-1)
+    entropy = torch.rand(D, generator=g) * 3
+    torch.manual_seed(seed)
+    pred = Predictor().eval()
+    with torch.no_grad():
+        pred.fc1.weight.mul_(3.0)
+    rho = LearnedRho(pred, NgramRho(40, torch.randint(0, 40, (50,), generator=g)))
+    tabulated = make_extra_score(rho, 1.0)
+    per_step = lambda x: tabulated(x)  # noqa: E731  (no .table)
+    a = build_tree(9, vals, toks, budget=budget, extra_score=tabulated, history=(3, 9), entropy=entropy)
+    b = build_tree(9, vals, toks, budget=budget, extra_score=per_step, history=(3, 9), entropy=entropy)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    assert torch.allclose(a.scores, b.scores, atol=1e-5)
