@@ -28,15 +28,18 @@ FILE, META = "presto_predictor.safetensors", "presto_predictor.json"
 
 
 def features(x: Expansion, ngram) -> torch.Tensor:
-    """[P, K, len(FEATURES)] drafting-time features of every candidate of an expansion step.
+    """[..., K, len(FEATURES)] drafting-time features of every candidate of an expansion step.
 
+    The candidate axis is last; `x.depth` / `x.entropy` may be scalars or tensors that
+    broadcast (the per-tree table passes one value per depth).
     Example: a root with candidates (7, 9) at depth 1, log q (-0.1, -2.5), entropy 1.2, gives rows
     [-0.1, 0, 1.2, 1, 0, -1, ngram, 0.0, 0] and [-2.5, 1, 1.2, 1, 0, -1, ngram, -2.4, 0].
     """
-    ng = ngram(x.w2, x.w1, x.t, x.depth) if ngram is not None else torch.zeros(x.t.shape)
-    ent = torch.full(x.t.shape, 0.0 if x.entropy is None else float(x.entropy))
-    cols = [x.lq, x.rank, ent, torch.full(x.t.shape, float(x.depth)), x.parent_lq, x.parent_rank, ng,
-            x.lq - x.lq[:, :1], (x.t == x.w1).float()]
+    shape = x.t.shape
+    ng = ngram(x.w2, x.w1, x.t, 0) if ngram is not None else torch.zeros(shape)
+    ent = torch.as_tensor(0.0 if x.entropy is None else x.entropy, dtype=torch.float32).expand(shape)
+    depth = torch.as_tensor(x.depth, dtype=torch.float32).expand(shape)
+    cols = [x.lq, x.rank, ent, depth, x.parent_lq, x.parent_rank, ng, x.lq - x.lq[..., :1], (x.t == x.w1).float()]
     return torch.stack([c.float() for c in cols], -1)
 
 
@@ -98,19 +101,17 @@ def grid_features(cand_lq, cand_tok, root: int, h2: int, entropy, ngram) -> torc
     from .scoring import token_grid
 
     D, K = cand_tok.shape
-    w2, w1, t = token_grid(cand_tok, root, h2)
     shape = (D, K, K, K)
-    lq = cand_lq[:, None, None, :].expand(shape)
-    rank = torch.arange(K, dtype=torch.float32).expand(shape)
-    ent = (torch.zeros(D) if entropy is None else entropy.float())[:, None, None, None].expand(shape)
-    depth = torch.arange(1, D + 1, dtype=torch.float32)[:, None, None, None].expand(shape)
-    parent_rows_lq = torch.cat([torch.zeros(1, K), cand_lq[:-1]])  # depth 0 (the root) has log q 0
-    parent_lq = parent_rows_lq[:, None, :, None].expand(shape)
-    parent_rank = torch.arange(K, dtype=torch.float32)[None, None, :, None].expand(shape).clone()
-    parent_rank[0] = -1.0  # the root
-    ng = ngram(w2, w1, t, 0) if ngram is not None else torch.zeros(shape)
-    cols = [lq, rank, ent, depth, parent_lq, parent_rank, ng, lq - cand_lq[:, None, None, :1], (t == w1).float()]
-    return torch.stack([c.float() for c in cols], -1)
+    ranks = torch.arange(K, dtype=torch.float32)
+    parent_rank = ranks[None, None, :, None].expand(shape).clone()
+    parent_rank[0] = -1.0  # depth-1 candidates hang under the root
+    parent_rows_lq = torch.cat([torch.zeros(1, K), cand_lq[:-1]])  # the root's log q is 0
+    per_depth = lambda v: v[:, None, None, None]  # noqa: E731
+    x = Expansion(per_depth(torch.arange(1, D + 1)), *token_grid(cand_tok, root, h2),
+                  cand_lq[:, None, None, :].expand(shape), ranks.expand(shape),
+                  parent_rows_lq[:, None, :, None].expand(shape), parent_rank,
+                  None if entropy is None else per_depth(entropy.float()))
+    return features(x, ngram)
 
 
 class LearnedRho:

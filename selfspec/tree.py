@@ -89,10 +89,11 @@ class Expansion:
     All tensors are [P, K]: (w2, w1) the last two tokens before the candidate t on its path; lq
     and rank the candidate's log marginal and its rank at depth d (0 = top-1); parent_lq and
     parent_rank the same for the parent (0 and -1 for the root); entropy the marginal's entropy
-    at depth d (None when the caller did not compute it).
+    at depth d (None when the caller did not compute it). A per-tree table (`predictor`) uses
+    the same type with a leading depth axis and per-depth depth/entropy tensors.
     """
 
-    depth: int
+    depth: int | torch.Tensor
     w2: torch.Tensor
     w1: torch.Tensor
     t: torch.Tensor
@@ -100,7 +101,7 @@ class Expansion:
     rank: torch.Tensor
     parent_lq: torch.Tensor
     parent_rank: torch.Tensor
-    entropy: float | None = None
+    entropy: float | torch.Tensor | None = None
 
 
 ScoreFn = Callable[[Expansion], torch.Tensor]
