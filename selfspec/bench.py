@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 
 from .config import MODES, SCHEDULES, DecodeConfig
 
@@ -168,7 +169,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     for c in configs:  # warm-up: first prompt, a few tokens, every config
-        for _ in Decoder(model, encoded[0], DecodeConfig(**{**c.__dict__, "max_new_tokens": warmup_tokens})):
+        for _ in Decoder(model, encoded[0], replace(c, max_new_tokens=warmup_tokens)):
             pass
     rows, ar_out = [], {}
     bar = tqdm(total=len(configs) * len(prompts), desc="bench", file=sys.stderr, disable=not progress)

@@ -152,7 +152,7 @@ class Decoder:
     def _candidates(self, logits: torch.Tensor):
         """(top-k log q, their tokens, marginal entropy or None) per draft depth, on the CPU."""
         lq = draft_logprobs(logits, self.mask_id)
-        vals, toks = lq.topk(max(self.k, self.oracle_k), dim=-1)
+        vals, toks = lq.topk(self.oracle_k, dim=-1)  # the tree uses the first self.k <= oracle_k
         ent = None
         if self.learned or self.recorder is not None:
             ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu()

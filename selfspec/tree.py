@@ -127,7 +127,7 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     k = cand_tok.shape[1]
     if budget < 1 or depth_cap < 1:
         return root_only(root)
-    h2, h1 = history if history is not None else (-1, root)
+    h2 = history[0] if history is not None else -1
     # frontier state, one entry per retained node at the current depth
     f_idx = torch.tensor([0])
     f_score = torch.zeros(1)
@@ -161,13 +161,14 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
         keep = torch.topk(child, min(budget, child.shape[0])).indices
         parent_slot = keep // k
         new_idx = torch.arange(count, count + keep.shape[0])
-        tok_l.append(child_tok.reshape(-1)[keep])
+        kept_tok = child_tok.reshape(-1)[keep]
+        tok_l.append(kept_tok)
         par_l.append(f_idx[parent_slot])
         dep_l.append(torch.full((keep.shape[0],), d))
         score_l.append(child[keep])
-        f_w2, f_w1 = f_w1[parent_slot], child_tok.reshape(-1)[keep]
         rank_idx = keep % k
-        if needs_expansion:  # parent features for the next step's Expansion
+        if needs_expansion:  # what the next step's Expansion needs about its parents
+            f_w2, f_w1 = f_w1[parent_slot], kept_tok
             f_lq, f_rank = cand_lq[d - 1][rank_idx], ranks[rank_idx]
         f_i2, f_i1 = f_i1[parent_slot], rank_idx
         f_idx, f_score = new_idx, child[keep]
