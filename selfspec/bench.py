@@ -13,9 +13,12 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 
 from .config import MODES, SCHEDULES, DecodeConfig
+
+PEERS = ("hf", "hf-lookup")
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -51,6 +54,8 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
     out = []
     if "ar" in modes:
         out.append(DecodeConfig(**{**base, "mode": "ar", "schedule": "two-pass"}))
+    if "auto" in modes:
+        out.append(DecodeConfig(**{**base, "mode": "auto"}))
     for s in schedules:
         if "linear" in modes:
             out.append(DecodeConfig(**{**base, "mode": "linear", "schedule": s}))
@@ -60,51 +65,49 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
 
 
 def label(c: DecodeConfig) -> str:
-    if c.mode == "ar":
-        return "ar"
+    if c.mode in ("ar", "auto"):
+        return c.mode
     return f"{c.mode}/{c.schedule}" + (f"/N={c.budget}" if c.mode == "presto" else "")
 
 
 def aggregate(records: list[dict]) -> dict:
-    rt = sum(r["round_tokens"] for r in records)
-    rounds = sum(r["rounds"] for r in records)
-    fwd = sum(r["forwards"] for r in records)
-    new = sum(r["new_tokens"] for r in records)
-    sec = sum(r["seconds"] for r in records)
-    fsec = sum(r["forward_seconds"] for r in records)
-    tsec = sum(r["tree_seconds"] for r in records)
-    orc = [o for r in records for o in r["oracle_lengths"]]
-    hist: dict[int, int] = {}
-    for r in records:
-        for a in r["accept_lengths"]:
-            hist[a] = hist.get(a, 0) + 1
+    """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once)."""
+    from .runtime import Stats
+
+    keys = ("new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds")
+    st = Stats.total([Stats(**{k: r.get(k, 0) for k in keys}, accept_lengths=r.get("accept_lengths", []),
+                            oracle_lengths=r.get("oracle_lengths", []),
+                            plan_hist=Counter(r.get("plan_hist", {}))) for r in records])
+    sec = st.seconds
     return {
-        "tau": rt / rounds if rounds else 0.0,
-        "tpf": rt / fwd if fwd else 0.0,
-        "tokens_per_second": new / sec if sec else 0.0,
-        "new_tokens": new,
+        "tau": st.tau if st.rounds else None,
+        "tpf": st.tpf if st.forwards else None,
+        "tokens_per_second": st.new_tokens / sec if sec else 0.0,
+        "new_tokens": st.new_tokens,
         "seconds": sec,
-        "forward_seconds": fsec,
-        "overhead_share": 1 - fsec / sec if sec else 0.0,
-        "tree_share": tsec / sec if sec else 0.0,
-        "oracle_tau": sum(orc) / len(orc) if orc else None,
-        "accept_hist": dict(sorted(hist.items())),
+        "forward_seconds": st.forward_seconds,
+        "overhead_share": 1 - st.forward_seconds / sec if sec and st.forward_seconds else None,
+        "tree_share": st.tree_seconds / sec if sec else 0.0,
+        "oracle_tau": st.oracle_tau,
+        "accept_hist": dict(sorted(Counter(st.accept_lengths).items())),
+        "plan_hist": dict(st.plan_hist.most_common()),
         "matches_ar": sum(r.get("matches_ar", True) for r in records),
         "prompts": len(records),
     }
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| mode | schedule | budget | tau | TPF | tok/s | vs AR | vs linear | overhead | tree build | oracle tau | = AR |"
-    lines = [head, "|" + "---|" * 12]
+    head = "| mode | schedule | budget | T | tau | TPF | tok/s | vs AR | vs linear | overhead | tree build | oracle tau | = AR |"
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
         lines.append(
-            f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {f(r['tau'])} | {f(r['tpf'])} | "
-            f"{f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
-            f"{'x' if r['speedup_vs_linear'] is not None else ''} | {100 * r['overhead_share']:.1f}% | "
-            f"{100 * r['tree_share']:.1f}% | "
-            f"{f(r['oracle_tau'])} | {r['matches_ar']}/{r['prompts']} |"
+            f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
+            f"{f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
+            f"{'x' if r['speedup_vs_linear'] is not None else ''} | {pct(r['overhead_share'])} | "
+            f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
         )
     return "\n".join(lines)
 
@@ -159,43 +162,78 @@ def plot(rows: list[dict], out: str) -> list[str]:
 
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
-              warmup_tokens: int = 8, progress: bool = True) -> list[dict]:
-    """Run every config on every prompt; returns one row per config with per-prompt records."""
+              warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
+              profile=None) -> list[dict]:
+    """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
+
+    Runs are interleaved by prompt (every row on prompt 1, then every row on prompt 2, ...), so
+    a machine that slows down or speeds up during the run shifts all rows alike.
+    """
     import torch
     from tqdm import tqdm
 
+    from .peers import HFPeer
     from .runtime import Decoder
     from .streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
-    for c in configs:  # warm-up: first prompt, a few tokens, every config
-        for _ in Decoder(model, encoded[0], replace(c, max_new_tokens=warmup_tokens)):
-            pass
-    rows, ar_out = [], {}
-    bar = tqdm(total=len(configs) * len(prompts), desc="bench", file=sys.stderr, disable=not progress)
-    for c in configs:
-        records = []
-        for p, ids in zip(prompts, encoded):
-            gen = torch.Generator(device=model.get_input_embeddings().weight.device).manual_seed(seed)
-            dec = Decoder(model, ids, c, generator=gen)
-            out = [t for chunk in dec for t in chunk]
-            st = dec.stats
-            rec = {"id": p["id"], "token_ids": out, **{k: getattr(st, k) for k in (
-                "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
-                "accept_lengths", "oracle_lengths")}}
-            if c.mode == "ar":
-                ar_out[p["id"]] = out
-            elif c.temperature == 0 and p["id"] in ar_out:
-                rec["matches_ar"] = out == ar_out[p["id"]]
-            records.append(rec)
+    temps = sorted({c.temperature for c in configs})
+    base = configs[0]
+    runners = [("cfg", c) for c in configs]
+    for name in peers:
+        lookup = 10 if name == "hf-lookup" else 0
+        hp = HFPeer(model, prompt_lookup=lookup)
+        runners += [("peer", (hp, t)) for t in temps]
+    eos = Decoder(model, encoded[0], configs[0]).eos
+    for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
+        if kind == "cfg":
+            for _ in Decoder(model, encoded[0], replace(r, max_new_tokens=warmup_tokens), profile=profile):
+                pass
+        else:
+            r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
+                     eos=eos, seed=seed)
+    records = [[] for _ in runners]
+    bar = tqdm(total=len(runners) * len(prompts), desc="bench", file=sys.stderr, disable=not progress)
+    for p, ids in zip(prompts, encoded):
+        for i, (kind, r) in enumerate(runners):
+            if kind == "cfg":
+                gen = torch.Generator(device=model.get_input_embeddings().weight.device).manual_seed(seed)
+                dec = Decoder(model, ids, r, generator=gen, profile=profile)
+                out = [t for chunk in dec for t in chunk]
+                st = dec.stats
+                rec = {"id": p["id"], "token_ids": out, **{k: getattr(st, k) for k in (
+                    "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
+                    "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
+            else:
+                out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
+                                    top_k=base.top_k, eos=eos, seed=seed)
+                rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
+            records[i].append(rec)
             bar.update(1)
-        rows.append({"label": label(c), "mode": c.mode, "schedule": None if c.mode == "ar" else c.schedule,
-                     "budget": c.budget if c.mode == "presto" else None, "config": c.__dict__,
-                     **aggregate(records), "records": records})
     bar.close()
-    ar_tps = next((r["tokens_per_second"] for r in rows if r["mode"] == "ar"), None)
+    rows = []
+    for (kind, r), recs in zip(runners, records):
+        if kind == "cfg":
+            meta = {"label": label(r), "mode": r.mode, "schedule": None if r.mode in ("ar", "auto") else r.schedule,
+                    "budget": r.budget if r.mode == "presto" else None, "temperature": r.temperature, "config": r.__dict__}
+        else:
+            meta = {"label": r[0].label(), "mode": r[0].label(), "schedule": None, "budget": None,
+                    "temperature": r[1], "config": {"peer": r[0].label(), "temperature": r[1]}}
+        rows.append({**meta, "records": recs})
+    for t in temps:
+        ar = next((r for r in rows if r["mode"] == "ar" and r["temperature"] == t), None)
+        ar_out = {x["id"]: x["token_ids"] for x in ar["records"]} if ar else {}
+        for r in rows:
+            if r["temperature"] == 0 and r["mode"] != "ar" and ar_out:
+                for x in r["records"]:
+                    x["matches_ar"] = x["token_ids"] == ar_out.get(x["id"])
     for r in rows:
-        lin = next((x["tokens_per_second"] for x in rows if x["mode"] == "linear" and x["schedule"] == r["schedule"]), None)
+        r.update(aggregate(r["records"]))
+    for r in rows:
+        t = r["temperature"]
+        ar_tps = next((x["tokens_per_second"] for x in rows if x["mode"] == "ar" and x["temperature"] == t), None)
+        lin = next((x["tokens_per_second"] for x in rows if x["mode"] == "linear" and x["schedule"] == r["schedule"]
+                    and x["temperature"] == t), None)
         r["speedup_vs_ar"] = r["tokens_per_second"] / ar_tps if ar_tps else None
         r["speedup_vs_linear"] = r["tokens_per_second"] / lin if lin and r["mode"] == "presto" else None
     return rows
@@ -217,10 +255,20 @@ def cmd_bench(a) -> int:
     prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
     prompts = read_prompts(prompts_path)
     prompts = prompts[: a.limit] if a.limit else prompts
-    base = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, block_length=a.block_length,
-                group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.top_k, lam=a.lam, rho=a.rho,
-                draft_lora=not a.no_draft_lora)
-    configs = grid(a.modes, a.schedules, a.budgets, base)
+    for name in a.peers:
+        if name not in PEERS:
+            raise ValueError(f"unknown peer {name!r}; expected some of {PEERS}")
+    temps = [a.temperature] if a.temperature is not None else a.temperatures
+    configs = []
+    for t in temps:
+        base = dict(max_new_tokens=a.max_new_tokens, temperature=t, top_p=a.top_p, block_length=a.block_length,
+                    group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.top_k, lam=a.lam, rho=a.rho,
+                    draft_lora=not a.no_draft_lora, budget=max(a.budgets))
+        configs += grid(a.modes, a.schedules, a.budgets, base)
+    if a.profile is not None:
+        from .profile import CostProfile
+
+        CostProfile.load(a.profile)  # a bad file fails before the model loads
     out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))
     try:
         os.makedirs(out, exist_ok=True)
@@ -232,7 +280,7 @@ def cmd_bench(a) -> int:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     t0 = time.time()
-    rows = run_bench(model, tok, prompts, configs, seed=a.seed)
+    rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile)
     table = markdown_table(rows)
     print(table)
     pngs = plot(rows, out)
@@ -252,7 +300,8 @@ def cmd_bench(a) -> int:
     summary = {"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
-                                  "oracle_tau", "matches_ar", "overhead_share", "tree_share")} for r in rows]}
+                                  "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature",
+                                  "plan_hist")} for r in rows]}
     print(json.dumps(summary))
     return 0
 
@@ -261,10 +310,14 @@ def add_bench_parser(sub, add_common_args) -> None:
     b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
-    b.add_argument("--modes", nargs="+", default=["ar", "linear", "presto"])
+    b.add_argument("--modes", nargs="+", default=["ar", "auto", "linear", "presto"])
+    b.add_argument("--peers", nargs="*", default=list(PEERS),
+                   help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup)")
+    b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
+                   help="one row set per temperature (--temperature T runs only T)")
     b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])
     b.add_argument("--budgets", nargs="+", type=int, default=[8, 32])
     b.add_argument("--limit", type=int, default=32,
                    help="use the first N prompts (default 32: the default grid then runs in ~2.5 min on 2 CPU cores; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
-    b.set_defaults(func=cmd_bench, max_new_tokens=64)
+    b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)

@@ -25,10 +25,12 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--profile", default=None,
+                   help="cost-profile JSON for --plan auto (default: measured once per device/model/dtype and cached)")
 
 
 def _decode_kwargs(a) -> dict:
-    return dict(mode=a.mode, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
+    return dict(mode=a.mode, plan=a.plan, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k,
                 budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
 
@@ -38,7 +40,11 @@ def cmd_generate(a) -> int:
     from .model import load
     from .streaming import stream
 
-    DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
+    cfg = DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
+    if a.profile is not None:
+        from .profile import CostProfile
+
+        CostProfile.load(a.profile)
     if a.prompt_file is not None:
         if not os.path.isfile(a.prompt_file):
             raise SystemExit(f"error: prompt file {a.prompt_file} not found")
@@ -49,22 +55,22 @@ def cmd_generate(a) -> int:
     if not prompt:
         raise SystemExit("error: empty prompt")
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
-    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, **_decode_kwargs(a))
+    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **_decode_kwargs(a))
     for delta in gen:
         if not a.json:
             sys.stdout.write(delta)
             sys.stdout.flush()
     s = gen.stats.as_dict()
     if a.json:
-        rec = {"text": gen.text, "token_ids": gen.token_ids, **s, "mode": a.mode,
-               "schedule": None if a.mode == "ar" else a.schedule, "block_length": a.block_length,
+        rec = {"text": gen.text, "token_ids": gen.token_ids, **s, "mode": cfg.mode, "plan": cfg.plan,
+               "schedule": None if cfg.mode in ("ar", "auto") else a.schedule, "block_length": a.block_length,
                "temperature": a.temperature, "finish_reason": gen.finish_reason}
-        if a.mode == "presto":
+        if cfg.mode in ("presto", "auto"):
             rec.update(budget=a.budget, rho=a.rho, lam=a.lam, top_k=a.top_k)
         print(json.dumps(rec))
     else:
         sys.stdout.write("\n")
-        print(f"[{a.mode}/{a.schedule if a.mode != 'ar' else '-'}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
+        print(f"[{cfg.mode}/{a.schedule if cfg.mode not in ('ar', 'auto') else '-'}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
               f"tau {s['tau']:.2f}, TPF {s['tpf']:.2f}, {s['tokens_per_second']:.1f} tok/s", file=sys.stderr)
     return 0
 
@@ -78,7 +84,11 @@ def main(argv=None) -> int:
     src.add_argument("--prompt-file", help="file whose whole content is the prompt")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
-    g.add_argument("--mode", default="presto", choices=["ar", "linear", "presto"])
+    g.add_argument("--plan", default=None, choices=["auto", "fixed"],
+                   help="auto (default): choose every round's layout from this device's cost profile; "
+                        "fixed: the layout the flags give (naming --mode implies fixed)")
+    g.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto"],
+                   help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
     g.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
     _add_common_args(g)
@@ -86,6 +96,9 @@ def main(argv=None) -> int:
     from .bench import add_bench_parser
 
     add_bench_parser(sub, _add_common_args)
+    from .profile import add_profile_parser
+
+    add_profile_parser(sub)
     a = ap.parse_args(argv)
     a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:

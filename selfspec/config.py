@@ -14,7 +14,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import Ministral3Config
 
 DLM_PARADIGMS = ("bidirectional", "autoregressive", "block_diff", "sbd_block_diff")
-MODES = ("ar", "linear", "presto")
+MODES = ("auto", "ar", "linear", "presto")
+PLANS = ("auto", "fixed")
 SCHEDULES = ("two-pass", "one-pass")
 RHOS = ("none", "ngram", "learned")
 
@@ -61,7 +62,10 @@ class NemotronLabsDiffusionConfig(Ministral3Config):
 class DecodeConfig:
     """How to decode. Validated at construction; HF names where HF has one."""
 
-    mode: str = "presto"
+    # plan "auto" (default): the layout of every round is chosen from the device's cost profile
+    # (selfspec.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass)
+    mode: str | None = None
+    plan: str | None = None
     schedule: str = "one-pass"
     block_length: int = 16
     group_size: int | None = None  # one-pass mask-group size; None = block_length
@@ -77,6 +81,13 @@ class DecodeConfig:
     draft_lora: bool = True  # use the checkpoint's linear_spec_lora adapter (if any) on draft rows
 
     def __post_init__(self):
+        if self.plan is not None and self.plan not in PLANS:
+            raise ValueError(f"unknown plan {self.plan!r}; expected one of {PLANS}")
+        if self.mode is None:
+            object.__setattr__(self, "mode", "presto" if self.plan == "fixed" else "auto")
+        if self.plan == "auto" and self.mode != "auto":
+            raise ValueError(f"plan 'auto' chooses the layout itself; drop mode={self.mode!r} or use plan='fixed'")
+        object.__setattr__(self, "plan", "auto" if self.mode == "auto" else "fixed")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {MODES}")
         if self.schedule not in SCHEDULES:

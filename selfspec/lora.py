@@ -28,12 +28,22 @@ class DraftLoRA:
         self.rows: torch.Tensor | slice | None = None
         self.enabled = True
         self._handles = []
+        self.ab: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(model.encoder.layers):
             a, b = weights[i]
             proj = layer.self_attn.o_proj
             a = a.to(proj.weight.device, proj.weight.dtype)
             b = b.to(proj.weight.device, proj.weight.dtype)
+            self.ab.append((a, b))
             self._handles.append(proj.register_forward_hook(self._hook(a, b)))
+
+    def add_delta(self, layer: int, x: torch.Tensor, out: torch.Tensor, rows) -> torch.Tensor:
+        """`out` (o_proj of `x`, [1, q, H]) plus the delta on `rows`: the compact forward's path."""
+        if not self.enabled:
+            return out
+        a, b = self.ab[layer]
+        out[:, rows] += (x[:, rows] @ a.T) @ b.T * self.scale
+        return out
 
     def _hook(self, a, b):
         def hook(module, inputs, output):

@@ -59,21 +59,22 @@ class Layout:
         return slice(start, start + self.group_size)
 
 
-def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor,
-                    owners: torch.Tensor | None = None, group_size: int = 0,
-                    dtype: torch.dtype = torch.float32) -> Layout:
-    """The combined tree-and-block mask of a one-pass round (or a plain tree if no groups).
+def tree_block(parents: torch.Tensor, depths: torch.Tensor, owners: torch.Tensor | None = None,
+               group_size: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The part of a round's mask that is not "see the whole prefix": [q, q] among the new tokens.
 
-    Node v sits at position prefix_len + depth(v) and sees the prefix, its ancestors and itself.
-    Group j (G masks, owned by node u) sits at positions prefix_len + depth(u) + 1 .. + G and sees
-    the prefix, u's ancestors, u itself and all masks of its own group, nothing else.
+    Returns (block, offsets): `block` float additive over the q = n + m*G new tokens (tree nodes,
+    then one group of G masks per owner), `offsets` their positions relative to the prefix length.
+    Node v sits at offset depth(v) and sees its ancestors and itself; group j (owned by node u)
+    sits at offsets depth(u) + 1 .. depth(u) + G and sees u's ancestors, u and its own group.
+    Every new token also sees the whole prefix, which is why the prefix needs no mask columns.
 
-    Example: prefix 2, chain of 2 nodes [-1, 0], one group of G=2 on node 1. Allowed matrix
-    (columns: p0 p1 | n0 n1 | g0 g1), positions [2, 3, 4, 5]:
-        n0: 1 1 | 1 0 | 0 0
-        n1: 1 1 | 1 1 | 0 0
-        g0: 1 1 | 1 1 | 1 1
-        g1: 1 1 | 1 1 | 1 1
+    Example: chain [-1, 0] with one group of G=2 on node 1. Allowed (n0 n1 | g0 g1), offsets
+    [0, 1, 2, 3]:
+        n0: 1 0 | 0 0
+        n1: 1 1 | 0 0
+        g0: 1 1 | 1 1
+        g1: 1 1 | 1 1
     """
     from .tree import ancestors
 
@@ -82,17 +83,33 @@ def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor
     m, G = owners.shape[0], group_size if owners.shape[0] else 0
     anc = ancestors(parents, depths)
     q = n + m * G
-    allowed = torch.zeros(q, prefix_len + q, dtype=torch.bool)
-    allowed[:, :prefix_len] = True
-    allowed[:n, prefix_len : prefix_len + n] = anc
-    pos = [prefix_len + depths]
+    allowed = torch.zeros(q, q, dtype=torch.bool)
+    allowed[:n, :n] = anc
+    offsets = [depths]
     if m:
         gid = torch.arange(m).repeat_interleave(G)
-        allowed[n:, prefix_len : prefix_len + n] = anc[owners].repeat_interleave(G, 0)
-        allowed[n:, prefix_len + n :] = gid[:, None] == gid[None, :]
-        slot = torch.arange(G).repeat(m)
-        pos.append(prefix_len + depths[owners].repeat_interleave(G) + 1 + slot)
-    return Layout(additive(allowed, dtype)[None, None], torch.cat(pos)[None], n, owners, G)
+        allowed[n:, :n] = anc[owners].repeat_interleave(G, 0)
+        allowed[n:, n:] = gid[:, None] == gid[None, :]
+        offsets.append(depths[owners].repeat_interleave(G) + 1 + torch.arange(G).repeat(m))
+    return additive(allowed, dtype), torch.cat(offsets)
+
+
+def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor,
+                    owners: torch.Tensor | None = None, group_size: int = 0,
+                    dtype: torch.dtype = torch.float32) -> Layout:
+    """The full [1, 1, q, prefix_len + q] mask of a round: `tree_block` plus prefix columns of 0.
+
+    The runtime never builds this (its forward keeps the prefix columns in a reused zero
+    buffer); it is the whole picture for tests, pictures and engines that want one tensor.
+    Example: prefix 2, chain [-1, 0], one group of G=2 on node 1 -> rows as in `tree_block`
+    with two leading columns of 1, positions [2, 3, 4, 5].
+    """
+    block, offsets = tree_block(parents, depths, owners, group_size, dtype)
+    q = block.shape[0]
+    owners = torch.zeros(0, dtype=torch.long) if owners is None else owners.long()
+    mask = torch.cat([torch.zeros(q, prefix_len, dtype=dtype), block], 1)
+    G = group_size if owners.shape[0] else 0
+    return Layout(mask[None, None], (prefix_len + offsets)[None], parents.shape[0], owners, G)
 
 
 def draft_block(prefix_len: int, block_len: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .tree import Expansion
+from .scoring import Expansion
 
 FEATURES = ["lq", "rank", "entropy", "depth", "parent_lq", "parent_rank", "ngram", "margin", "repeat"]
 FILE, META = "presto_predictor.safetensors", "presto_predictor.json"

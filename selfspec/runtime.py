@@ -1,42 +1,49 @@
-"""The decoding engine: AR, linear and PRESTO drafts under the two-pass or one-pass schedule.
+"""The decoding engine: AR, linear and PRESTO drafts, two-pass or one-pass, fixed or planned.
 
 Every round starts from the same state: the KV cache holds the accepted prefix (length c) and
-`root`, the last emitted token, is not in the cache yet. A drafter turns diffusion marginals
-into a tree rooted at `root` (AR: the root alone; linear: a chain; PRESTO: a tree). The
-schedule lays out the forward(s) with pure mask builders (`masks.tree_and_groups`,
-`masks.draft_block`), the verifier walks the tree (`verify.walk`), and the cache keeps the
-accepted path (`cache.commit`). Emitted per round: the accepted draft nodes plus the bonus.
+`root`, the last emitted token, is not in the cache yet; `marg` holds diffusion marginals for
+the depths after the root when the previous round left some (one-pass) and None otherwise.
+A round is a fixed sequence of named steps:
 
-two-pass: draft forward over [root, M x (B-1)] (cache read-only), then a tree-verify forward.
-one-pass: one forward over [tree | a mask group per node]; the accepted endpoint's group gives
-          the next round's marginals (its first slot is the bonus position, filled exactly).
+1. layout: `plan="auto"` asks the planner (`planner.Planner`) for this round's `Option`; a
+   fixed mode maps to one option every round;
+2. draft pass (two-pass only): [root, M x (B-1)] bidirectional over the cache -> marginals;
+3. draft: marginals -> a tree rooted at `root` (AR: the root; linear: a chain; PRESTO: the
+   top-N tree of `tree.build_tree`);
+4. groups (one-pass): which nodes get a mask group (`tree.group_owners`);
+5. forward: tree nodes + groups in one call of the compact forward (`forward.FastForward`),
+   mask block from `masks.tree_block`, K/V written in place;
+6. verify: the target's token after every node (`sampling.select`), `verify.walk`;
+7. next marginals (one-pass): the endpoint's group, or its nearest ancestor's shifted by the
+   depth gap (slot 0 of a group is the bonus position, filled exactly);
+8. commit the accepted path (`cache.KVCache.commit`), emit, bookkeeping (oracle, hooks).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from . import cache as kv
 from .config import DecodeConfig
-from .masks import draft_block, tree_and_groups
-from .sampling import draft_logprobs, select
-from .scoring import NgramRho, make_extra_score
-from .tree import Tree, build_tree, chain, group_owners, nearest_owner, root_only
+from .forward import FastForward
+from .masks import tree_block
+from .planner import Forecast, Option, Planner, acceptance, local_scores, log2_budgets
+from .sampling import select
+from .scoring import NgramRho, make_extra_score, path_context
+from .tree import Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only, top_nodes
 from .verify import oracle_length, walk
 
 
 @dataclass
 class Stats:
-    """Measurements of one generation (returned as a value, never printed)."""
+    """Measurements of one generation (returned as a value, never printed); `total` sums runs."""
 
     new_tokens: int = 0
     rounds: int = 0
-    forwards: int = 0  # decode forwards, prefill excluded (two-pass counts both passes)
+    forwards: int = 0  # decode forwards, prefill excluded (a two-pass round counts both passes)
     prefill_forwards: int = 0
     round_tokens: int = 0  # tokens committed by verification rounds (prefill's first token excluded)
     accept_lengths: list[int] = field(default_factory=list)
@@ -45,6 +52,7 @@ class Stats:
     tree_seconds: float = 0.0  # drafting: turning marginals into the chain / tree
     seconds: float = 0.0
     query_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
+    plan_hist: Counter = field(default_factory=Counter)  # round layout -> rounds
 
     @property
     def tau(self) -> float:
@@ -58,6 +66,18 @@ class Stats:
     def oracle_tau(self) -> float | None:
         return sum(self.oracle_lengths) / len(self.oracle_lengths) if self.oracle_lengths else None
 
+    @classmethod
+    def total(cls, runs: list["Stats"]) -> "Stats":
+        out = cls()
+        for s in runs:
+            for k in ("new_tokens", "rounds", "forwards", "prefill_forwards", "round_tokens", "forward_seconds",
+                      "tree_seconds", "seconds", "query_tokens"):
+                setattr(out, k, getattr(out, k) + getattr(s, k))
+            out.accept_lengths += s.accept_lengths
+            out.oracle_lengths += s.oracle_lengths
+            out.plan_hist.update(s.plan_hist)
+        return out
+
     def as_dict(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
@@ -69,6 +89,7 @@ class Stats:
             "tpf": round(self.tpf, 4),
             "oracle_tau": None if self.oracle_tau is None else round(self.oracle_tau, 4),
             "accept_hist": dict(sorted(Counter(self.accept_lengths).items())),
+            "plan_hist": dict(self.plan_hist.most_common()),
             "seconds": round(self.seconds, 4),
             "forward_seconds": round(self.forward_seconds, 4),
             "other_seconds": round(self.seconds - self.forward_seconds, 4),
@@ -83,104 +104,174 @@ def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
     if len(prompt_ids) == 0:
         raise ValueError("empty prompt: at least one token is needed")
     limit = model.config.max_position_embeddings
-    need = len(prompt_ids) + cfg.max_new_tokens + (0 if cfg.mode == "ar" else max(cfg.block_length, cfg.group))
+    need = len(prompt_ids) + cfg.max_new_tokens + lookahead(cfg)
     if need > limit:
         raise ValueError(
             f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft lookahead "
             f"needs {need} positions; the model has max_position_embeddings={limit}"
         )
-    if cfg.mode == "presto" and cfg.rho == "learned" and getattr(model, "presto_predictor", None) is None:
+    if cfg.rho == "learned" and cfg.mode in ("presto", "auto") and getattr(model, "presto_predictor", None) is None:
         raise ValueError("rho 'learned' needs a trained predictor (presto_predictor.safetensors next to the model; "
                          "make one with `python -m selfspec.predictor collect/train`); none is loaded")
+    if not FastForward.supports(model):
+        raise ValueError("selfspec's engine needs every weight on a device (no offloading to disk or the meta "
+                         "device) and no sliding-window attention; this model has one of those")
+
+
+def lookahead(cfg: DecodeConfig) -> int:
+    """Positions a round may use beyond the committed text (draft block or mask group)."""
+    return 0 if cfg.mode == "ar" else max(cfg.block_length, cfg.group)
+
+
+def scratch(cfg: DecodeConfig) -> int:
+    """Cache slots a round may write beyond the committed text (every query token of a round)."""
+    nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
+    return max(cfg.block_length, (nodes + 1) * (cfg.group + 1))
+
+
+def engine(model) -> FastForward:
+    """The model's compact forward, made once and remade if any weight changed in place."""
+    version = sum(p._version for p in model.parameters())
+    ff = getattr(model, "_selfspec_forward", None)
+    if ff is None or ff[1] != version:
+        ff = (FastForward(model), version)
+        model._selfspec_forward = ff
+    return ff[0]
 
 
 class Decoder:
-    """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes."""
+    """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes.
+
+    Hooks: `recorder(tree, top_lq, top_tok, targets, entropy, history, ngram)` after each
+    drafted round (predictor collection); `on_round(info: dict)` after every round (traces;
+    keys: round, c, tree, cands, targets, path, bonus, committed, layout, forward_seconds,
+    query_tokens, lam, oracle_candidates).
+    """
 
     def __init__(self, model, prompt_ids, cfg: DecodeConfig, *, eos_token_id=None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, profile=None):
         check_request(model, prompt_ids, cfg)
         self.model, self.cfg = model, cfg
         self.prompt = [int(t) for t in prompt_ids]
         eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else (eos or []))
         self.mask_id = int(model.config.mask_token_id)
-        self.device = model.get_input_embeddings().weight.device
-        self.dtype = model.get_input_embeddings().weight.dtype
         self.gen = generator
         self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
+        self.ff = engine(model)
         self.stats = Stats()
-        presto = cfg.mode == "presto"
-        self.rho = NgramRho(model.config.vocab_size, self.prompt) if presto and cfg.rho in ("ngram", "learned") else None
-        self.learned = presto and cfg.rho == "learned"
+        trees = cfg.mode in ("presto", "auto")
+        self.rho = NgramRho(model.config.vocab_size, self.prompt) if trees and cfg.rho in ("ngram", "learned") else None
+        self.learned = trees and cfg.rho == "learned"
         if self.learned:
             from .predictor import LearnedRho
 
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:
-            self.extra = make_extra_score(self.rho, cfg.lam) if presto else None
-        self.recorder = None  # optional callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram)
-        self.k = cfg.tree_top_k if cfg.mode == "presto" else 1
-        self.oracle_k = cfg.tree_top_k
+            self.extra = make_extra_score(self.rho, cfg.lam) if trees else None
+        self.recorder = None
+        self.on_round = None
+        self.k = cfg.tree_top_k if trees else 1
+        self.planner = None
+        if cfg.mode == "auto":
+            from .profile import cost_model
+
+            self.planner = Planner(cost_model(model, profile), budgets=log2_budgets(cfg.budget),
+                                   group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
+                                   block_length=cfg.block_length)
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
 
-    # -- model calls -------------------------------------------------------------------------
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
-                 draft_rows: slice | None = None) -> torch.Tensor:
-        """One model call; `draft_rows` are the query rows that get the draft LoRA (if loaded)."""
+    # -- model calls ---------------------------------------------------------------------------------
+    def _forward(self, tokens: torch.Tensor, offsets: torch.Tensor, block, *, draft_from: int | None = None,
+                 causal: bool = False) -> torch.Tensor:
+        """One model call over new tokens at cache.length + offsets; the draft LoRA on rows >= draft_from."""
         t0 = time.perf_counter()
-        lora = self.lora if draft_rows is not None else None
-        with torch.inference_mode(), (lora.on(draft_rows) if lora is not None else nullcontext()):
-            out = self.model(
-                tokens.to(self.device)[None],
-                position_ids=positions.to(self.device),
-                attention_mask=None if mask is None else mask.to(self.device, self.dtype),
-                cache=cache,
-                use_cache=True,
-            ).logits[0]
-        if out.is_cuda:
-            torch.cuda.synchronize(out.device)
+        lora = self.lora if draft_from is not None else None
+        hidden = self.ff(tokens, self.cache.length + offsets, self.cache, block=block, causal=causal, lora=lora,
+                         lora_rows=slice(draft_from, None) if lora is not None else None)
+        if hidden.is_cuda:
+            torch.cuda.synchronize(hidden.device)
         self.stats.forward_seconds += time.perf_counter() - t0
-        return out
+        return hidden
 
-    def _targets(self, logits: torch.Tensor) -> torch.Tensor:
+    def _targets(self, hidden: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
-                      generator=self.gen).cpu()
+        return select(self.ff.logits(hidden), temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                      banned=self.mask_id, generator=self.gen).cpu()
 
-    def _candidates(self, logits: torch.Tensor):
-        """(top-k log q, their tokens, marginal entropy or None) per draft depth, on the CPU."""
-        lq = draft_logprobs(logits, self.mask_id)
-        vals, toks = lq.topk(self.oracle_k, dim=-1)  # the tree uses the first self.k <= oracle_k
-        ent = None
-        if self.learned or self.recorder is not None:
-            ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu()
-        return vals.cpu(), toks.cpu(), ent
+    def _marginals(self, hidden: torch.Tensor) -> Marginals | None:
+        if hidden.shape[0] == 0:
+            return None
+        return Marginals.from_logits(self.ff.logits(hidden), self.cfg.tree_top_k, self.mask_id,
+                                     entropy=self.learned or self.recorder is not None)
 
-    def _draft_pass(self, root: int, c: int):
+    # -- steps -----------------------------------------------------------------------------------------
+    def _prefill(self, with_group: bool) -> tuple[int, Marginals | None]:
+        """The prompt causally; with_group: then one mask group after it (read-only) for marginals."""
+        L = len(self.prompt)
+        hidden = self._forward(torch.tensor(self.prompt), torch.arange(L), None, causal=True)
+        self.cache.commit_all(L)
+        first = int(self._targets(hidden[-1:])[0])
+        self.stats.prefill_forwards = 1
+        if not with_group:
+            return first, None
+        G = self.cfg.group
+        # the group sits at positions L .. L+G-1: slot 0 is where `first` goes, later slots its successors
+        hidden = self._forward(torch.full((G,), self.mask_id), torch.arange(G), None, draft_from=0)
+        self.stats.prefill_forwards = 2
+        return first, self._marginals(hidden[1:])
+
+    def _draft_pass(self, root: int) -> Marginals:
         """Two-pass draft: [root, M x (B-1)] bidirectional over the cache, which it leaves as is."""
         B = self.cfg.block_length
         block = torch.cat([torch.tensor([root]), torch.full((B - 1,), self.mask_id)])
-        mask, pos = draft_block(c, B)
-        with kv.read_only(self.cache):
-            logits = self._forward(block, pos, mask, self.cache, draft_rows=slice(None))
+        hidden = self._forward(block, torch.arange(B), None, draft_from=0)
         self.stats.forwards += 1
         self.stats.query_tokens += B
-        return self._candidates(logits[1:])
+        return self._marginals(hidden[1:])
 
-    # -- drafting ----------------------------------------------------------------------------
-    def _draft(self, root: int, cands, room: int) -> Tree:
-        if self.cfg.mode == "ar" or cands is None or room <= 1:
+    def _draft(self, root: int, marg: Marginals | None, nodes: int, room: int) -> Tree:
+        """Marginals -> tree: root only, a chain (linear) or PRESTO's top-`nodes` tree."""
+        if nodes < 1 or marg is None or room <= 1:
             return root_only(root)
-        vals, toks, ent = cands
-        depth = min(toks.shape[0], room - 1)
+        depth = min(len(marg), room - 1)
         if self.cfg.mode == "linear":
-            return chain([root] + toks[:depth, 0].tolist(), torch.cat([torch.zeros(1), vals[:depth, 0].cumsum(0)]))
-        return build_tree(root, vals[:, : self.k], toks[:, : self.k], budget=self.cfg.budget,
-                          extra_score=self.extra, history=self._history(), max_depth=depth, entropy=ent)
+            lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]
+            return chain([root] + tok.tolist(), torch.cat([torch.zeros(1), lq.cumsum(0)]))
+        h2 = path_context(self.prompt + self.emitted, [], 2)[0]
+        return build_tree(root, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], budget=nodes,
+                          extra_score=self.extra, history=(h2, root), max_depth=depth, entropy=marg.entropy)
 
-    # -- the loop ----------------------------------------------------------------------------
+    def _fixed_option(self) -> Option:
+        c = self.cfg
+        if c.mode == "ar":
+            return Option(0)
+        n = c.budget if c.mode == "presto" else c.block_length - 1
+        if c.schedule == "two-pass":
+            return Option(n, draft_pass=True)
+        return Option(n, n + 1 if c.group_nodes is None else c.group_nodes, c.group)
+
+    def _forecast(self, root: int, marg: Marginals | None, room: int) -> tuple[Forecast, Tree | None]:
+        """The largest tree the planner may pick from, with calibrated acceptance per node."""
+        if marg is None or room <= 1:
+            return Forecast(), None
+        tree = self._draft(root, marg, self.cfg.budget, room)
+        prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
+        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths), tree
+
+    @staticmethod
+    def _next_marginals_rows(tree: Tree, owners: torch.Tensor, end: int, G: int) -> tuple[int, int]:
+        """(group index, first row inside the group) of the marginals after the accepted endpoint.
+
+        The endpoint's own group, or its nearest ancestor's: slot 0 sits where the bonus goes,
+        so the next round's depth 1 is slot 1 + (depth(end) - depth(owner)).
+        Example: endpoint at depth 3 whose nearest owner is at depth 1 -> rows from slot 3.
+        """
+        j, u = nearest_owner(tree.parents, owners, end)
+        return j, 1 + int(tree.depths[end] - tree.depths[u])
+
+    # -- the loop ------------------------------------------------------------------------------------------
     def __iter__(self):
         t_start = time.perf_counter()
         try:
@@ -205,77 +296,99 @@ class Decoder:
             self.rho.extend(out)
         return out, done
 
-    def _prefill(self, cache, one_pass: bool, G: int):
-        """The prompt causally (one-pass: plus one mask group after it) -> (first token, marginals)."""
-        prompt = torch.tensor(self.prompt)
-        L = len(self.prompt)
-        if not one_pass:
-            logits = self._forward(prompt, torch.arange(L)[None], None, cache)
-            return int(self._targets(logits[-1:])[0]), None
-        lay = tree_and_groups(0, torch.arange(L) - 1, torch.arange(L), torch.tensor([L - 1]), G)
-        logits = self._forward(torch.cat([prompt, torch.full((G,), self.mask_id)]), lay.positions, lay.mask, cache,
-                               draft_rows=slice(L, None))
-        kv.crop(cache, L)  # keep only the prompt's K/V
-        return int(self._targets(logits[L - 1 : L])[0]), self._candidates(logits[L + 1 :])
-
-    def _history(self) -> tuple[int, int]:
-        """The last two committed tokens (the second is the root); -1 where the context is shorter."""
-        tail = self.emitted[-2:] if len(self.emitted) >= 2 else (self.prompt + self.emitted)[-2:]
-        return (tail[0], tail[1]) if len(tail) == 2 else (-1, tail[0])
-
     def _run(self):
-        cfg, model = self.cfg, self.model
-        cache = self.cache = kv.new_cache(model)
-        one_pass = cfg.mode != "ar" and cfg.schedule == "one-pass"
-        G = cfg.group if one_pass else 0
-        root, cands = self._prefill(cache, one_pass, G)
-        self.stats.prefill_forwards = 1
+        cfg = self.cfg
+        self.cache = self.ff.new_cache(len(self.prompt) + cfg.max_new_tokens + scratch(cfg) + 1)
+        fixed = None if self.planner is not None else self._fixed_option()
+        one_pass = self.planner is not None or (fixed.groups > 0)
+        root, marg = self._prefill(with_group=one_pass)
         chunk, done = self._emit([root])
         yield chunk
         while not done:
-            c = kv.length(cache)
+            t_round, f_before = time.perf_counter(), self.stats.forward_seconds
             room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
-            if not one_pass and cfg.mode != "ar":
-                cands = self._draft_pass(root, c) if room > 1 else None
+            big = None
+            if fixed is not None:
+                option = fixed
+            else:
+                t0 = time.perf_counter()
+                forecast, big = self._forecast(root, marg, room)
+                self.stats.tree_seconds += time.perf_counter() - t0
+                option, _ = self.planner.choose(forecast, self.cache.length, room)
+            if option.draft_pass:
+                marg = self._draft_pass(root) if room > 1 else None
             t0 = time.perf_counter()
-            tree = self._draft(root, cands, room)
+            if big is not None and not option.draft_pass:
+                tree = top_nodes(big, option.nodes) if option.nodes else root_only(root)
+            else:
+                tree = self._draft(root, marg, option.nodes, room)
             self.stats.tree_seconds += time.perf_counter() - t0
-            if cfg.mode != "ar":
-                cand_tokens = cands[1][:, : self.oracle_k] if cands is not None else torch.zeros(0, 1, dtype=torch.long)
-                self._pending_oracle.append((len(self.emitted), cand_tokens))
+            if self.planner is not None and option.draft_pass and len(tree) > 1:
+                prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
+                self.planner.observe_two_pass(Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths))
+            cands = marg
+            if marg is not None or (fixed is not None and cfg.mode != "ar"):
+                empty = torch.zeros(0, 1, dtype=torch.long)
+                self._pending_oracle.append((len(self.emitted), empty if marg is None else marg.top_tok[:, : cfg.tree_top_k]))
             n = len(tree)
-            owners = group_owners(tree, cfg.group_nodes) if one_pass and room > 1 else None
-            lay = tree_and_groups(c, tree.parents, tree.depths, owners, G)
-            q_tokens = torch.cat([tree.tokens, torch.full((lay.mask.shape[-2] - n,), self.mask_id)])
-            mask = None if n == 1 and not one_pass else lay.mask
-            logits = self._forward(q_tokens, lay.positions, mask, cache,
-                                   draft_rows=slice(n, None) if owners is not None else None)
+            groups = option.groups if room > 1 else 0
+            owners = group_owners(tree, groups) if groups else None
+            G = option.group_size or cfg.group
+            block, offsets = tree_block(tree.parents, tree.depths, owners, G if owners is not None else 0)
+            tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
+            f0 = self.stats.forward_seconds
+            hidden = self._forward(tokens, offsets, None if tokens.shape[0] == 1 else block,
+                                   draft_from=n if owners is not None else None)
+            round_forward = self.stats.forward_seconds - f0
             self.stats.forwards += 1
-            self.stats.query_tokens += q_tokens.shape[0]
-            targets = self._targets(logits[:n])
+            self.stats.query_tokens += tokens.shape[0]
+            targets = self._targets(hidden[:n])
             path, bonus = walk(tree, targets)
-            if self.recorder is not None and cands is not None and len(tree) > 1:
-                self.recorder(tree, cands[0][:, : self.k], cands[1][:, : self.k], targets, cands[2],
-                              self._history(), self.rho)
+            if self.recorder is not None and marg is not None and n > 1:
+                self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
+                              tuple(path_context(self.prompt + self.emitted, [], 2)), self.rho)
+            if self.planner is not None and n > 1:
+                on_path = torch.zeros(n, dtype=torch.bool)
+                on_path[path] = True
+                self.planner.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]],
+                                               on_path[1:])
+            new_marg = None
             if owners is not None:
-                # the endpoint's group (or its nearest ancestor's, shifted by the depth gap):
-                # slot 0 sits where the bonus goes, later slots are the next round's depths
-                j, u = nearest_owner(tree.parents, owners, path[-1])
-                skip = 1 + int(tree.depths[path[-1]] - tree.depths[u])
-                rows = logits[lay.group_rows(j)][skip:]
-                cands = self._candidates(rows) if rows.shape[0] else None
-            kv.commit(cache, c, path)
-            root = bonus
+                j, skip = self._next_marginals_rows(tree, owners, path[-1], G)
+                start = n + j * G + skip
+                new_marg = self._marginals(hidden[start : n + (j + 1) * G])
+            c = self.cache.length
+            self.cache.commit(path)
+            root, marg = bonus, new_marg
             self.stats.rounds += 1
+            self.stats.plan_hist[option.label if fixed is None else _fixed_label(cfg)] += 1
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
             self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
+            if self.planner is not None:
+                self.planner.observe(option, len(chunk), time.perf_counter() - t_round,
+                                     self.stats.forward_seconds - f_before)
+            if self.on_round is not None:
+                self.on_round({
+                    "round": self.stats.rounds - 1, "c": c, "tree": tree,
+                    "cands": None if cands is None else (cands.top_lq, cands.top_tok, cands.entropy),
+                    "targets": targets, "path": path, "bonus": bonus, "committed": chunk,
+                    "layout": option.label if fixed is None else _fixed_label(cfg),
+                    "forward_seconds": round_forward, "query_tokens": int(tokens.shape[0]), "lam": cfg.lam,
+                    "oracle_candidates": None if cands is None else cands.top_tok[:, : cfg.tree_top_k]})
             yield chunk
 
     def _finish_oracle(self) -> None:
-        for start, cand in self._pending_oracle[: self.stats.rounds]:
-            self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
+        for start, cand in self._pending_oracle:
+            if start < len(self.emitted):
+                self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
         self._pending_oracle.clear()
+
+
+def _fixed_label(cfg: DecodeConfig) -> str:
+    if cfg.mode == "ar":
+        return "ar"
+    return f"{cfg.mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if cfg.mode == "presto" else "")
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:

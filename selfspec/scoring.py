@@ -12,9 +12,46 @@ short); a feature-level rho (the learned predictor) reads the whole `tree.Expans
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What a score term sees when the builder expands P frontier nodes by K candidates at depth d.
+
+    All tensors are [P, K]: (w2, w1) the last two tokens before the candidate t on its path; lq
+    and rank the candidate's log marginal and its rank at depth d (0 = top-1); parent_lq and
+    parent_rank the same for the parent (0 and -1 for the root); entropy the marginal's entropy
+    at depth d (None when the caller did not compute it). A per-tree table (`predictor`) uses
+    the same type with a leading depth axis and per-depth depth/entropy tensors.
+    """
+
+    depth: int | torch.Tensor
+    w2: torch.Tensor
+    w1: torch.Tensor
+    t: torch.Tensor
+    lq: torch.Tensor
+    rank: torch.Tensor
+    parent_lq: torch.Tensor
+    parent_rank: torch.Tensor
+    entropy: float | torch.Tensor | None = None
+
+
+ScoreFn = Callable[[Expansion], torch.Tensor]
+
+
+def path_context(committed: list[int], path: list[int], n: int = 2) -> list[int]:
+    """The `n` tokens before a candidate: the committed text's end, then the path's tokens.
+
+    The one definition of a candidate's context used by the tree builder, the runtime and the
+    predictor; -1 stands where the text is shorter than n.
+    Example: path_context([5, 6, 7], [9], 3) == [6, 7, 9]; path_context([5], [], 2) == [-1, 5].
+    """
+    tail = (list(committed) + list(path))[-n:] if n else []
+    return [-1] * (n - len(tail)) + tail
 
 
 class Rho(Protocol):

@@ -150,11 +150,14 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 
 
 def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torch.Generator | None = None,
-           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, **decode) -> Generation:
+           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, profile=None,
+           **decode) -> Generation:
     """Start a generation; iterate the result for text deltas. All errors are raised here.
 
-    `decode` holds the `DecodeConfig` fields (max_new_tokens, mode, schedule, block_length,
+    `decode` holds the `DecodeConfig` fields (max_new_tokens, plan, mode, schedule, block_length,
     group_size, group_nodes, temperature, top_k, top_p, budget, tree_top_k, lam, rho).
+    `profile` (plan "auto"): a cost-profile path or `profile.CostProfile`; default: this
+    device's cached profile, measured on first use.
     """
     try:
         cfg = DecodeConfig(**decode)
@@ -171,7 +174,11 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise ValueError("stop strings must be non-empty")
-    dec = Decoder(model, ids, cfg, eos_token_id=eos_token_id, generator=generator)
+    if cfg.mode == "auto":
+        from .profile import cost_model
+
+        profile = cost_model(model, profile)  # a bad profile file fails here, before any model work
+    dec = Decoder(model, ids, cfg, eos_token_id=eos_token_id, generator=generator, profile=profile)
     return Generation(dec, tokenizer, stops, streamer)
 
 

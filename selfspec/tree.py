@@ -16,9 +16,9 @@ Example (root 7, two candidates at depth 1, one child under the first):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
+
+from .scoring import Expansion, ScoreFn
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,36 @@ class Tree:
     @property
     def max_depth(self) -> int:
         return int(self.depths.max()) if len(self) else 0
+
+
+@dataclass(frozen=True)
+class Marginals:
+    """The diffusion marginals a tree is drafted from, for depths 1..D after the root.
+
+    `top_lq` / `top_tok` [D, K]: the K best log q per depth and their tokens (CPU); `logq`
+    [D, V]: the whole log-marginal (mask id removed), on the model's device, for scoring tokens
+    outside the top K; `entropy` [D] or None.
+    """
+
+    top_lq: torch.Tensor
+    top_tok: torch.Tensor
+    logq: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.top_tok.shape[0])
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, k: int, banned: int | None, *, entropy: bool = False) -> "Marginals":
+        """Diffusion logits [D, V] (unshifted: row d is the token at depth d) -> Marginals."""
+        x = logits.float()
+        if banned is not None:
+            x = x.clone()
+            x[..., banned] = float("-inf")
+        lq = x.log_softmax(-1)
+        vals, toks = lq.topk(min(k, lq.shape[-1]), dim=-1)
+        ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu() if entropy else None
+        return cls(vals.cpu(), toks.cpu(), lq, ent)
 
 
 def root_only(token: int) -> Tree:
@@ -82,29 +112,6 @@ def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:
     return out[::-1]
 
 
-@dataclass(frozen=True)
-class Expansion:
-    """What a score term sees when the builder expands P frontier nodes by K candidates at depth d.
-
-    All tensors are [P, K]: (w2, w1) the last two tokens before the candidate t on its path; lq
-    and rank the candidate's log marginal and its rank at depth d (0 = top-1); parent_lq and
-    parent_rank the same for the parent (0 and -1 for the root); entropy the marginal's entropy
-    at depth d (None when the caller did not compute it). A per-tree table (`predictor`) uses
-    the same type with a leading depth axis and per-depth depth/entropy tensors.
-    """
-
-    depth: int | torch.Tensor
-    w2: torch.Tensor
-    w1: torch.Tensor
-    t: torch.Tensor
-    lq: torch.Tensor
-    rank: torch.Tensor
-    parent_lq: torch.Tensor
-    parent_rank: torch.Tensor
-    entropy: float | torch.Tensor | None = None
-
-
-ScoreFn = Callable[[Expansion], torch.Tensor]
 
 
 def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budget: int,
@@ -184,6 +191,22 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     remap = torch.full((count + 1,), -1, dtype=torch.long)  # slot -1 (last) maps the root's parent
     remap[keep] = torch.arange(keep.shape[0])
     return Tree(tokens[keep], remap[parents[keep]], depths[keep], scores[keep])
+
+
+def top_nodes(tree: Tree, n: int) -> Tree:
+    """The root and the `n` best nodes by path score (ties: shallower first), in index order.
+
+    Scores never increase along a path, so the result is prefix-closed; on a tree made by
+    `build_tree(budget=B)` it equals `build_tree(budget=n)` for every n <= B.
+    Example: scores [0, -1, -3, -2] with parents [-1, 0, 0, 1] and n = 2 keeps nodes 0, 1, 3.
+    """
+    if n >= len(tree) - 1:
+        return tree
+    order = torch.argsort(-tree.scores[1:], stable=True)[:n] + 1
+    keep = torch.cat([torch.zeros(1, dtype=torch.long), order.sort().values])
+    remap = torch.full((len(tree) + 1,), -1, dtype=torch.long)
+    remap[keep] = torch.arange(keep.shape[0])
+    return Tree(tree.tokens[keep], remap[tree.parents[keep]], tree.depths[keep], tree.scores[keep])
 
 
 def group_owners(tree: Tree, limit: int | None) -> torch.Tensor:

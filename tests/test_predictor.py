@@ -81,7 +81,7 @@ def test_learned_rho_needs_a_predictor_and_keeps_greedy_exact(tmp_path):
         cfg = DecodeConfig(mode="presto", schedule=schedule, rho="learned", block_length=6, budget=8, max_new_tokens=24)
         assert generate_ids(model, prompt, cfg, eos_token_id=[])[0] == ar
     rho = LearnedRho(model.presto_predictor, NgramRho(8, prompt))
-    from selfspec.tree import Expansion
+    from selfspec.scoring import Expansion
 
     z = torch.zeros(2, 3)
     x = Expansion(1, z.long(), z.long(), z.long(), z - 1, z, z, z - 1, 0.5)

@@ -1,0 +1,59 @@
+"""Peers on the same weights: transformers' own `generate`, greedy and with prompt lookup.
+
+The checkpoint's backbone is a `Ministral3Model` and its head a plain linear layer, so
+`Ministral3ForCausalLM` with those two modules *is* the model's AR reading, with no copy of the
+weights. The bench times it next to selfspec's rows, on the same prompts, in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def causal_lm(model):
+    """`Ministral3ForCausalLM` sharing `model`'s backbone and head (built on the meta device)."""
+    from transformers import Ministral3Config, Ministral3ForCausalLM
+
+    keys = Ministral3Config.__dataclass_fields__
+    cfg = Ministral3Config(**{k: v for k, v in model.config.to_dict().items() if k in keys})
+    cfg._attn_implementation = model.config._attn_implementation
+    with torch.device("meta"):
+        lm = Ministral3ForCausalLM(cfg)
+    lm.model = model.encoder
+    lm.lm_head = model.diffusion_head
+    return lm.eval()
+
+
+class HFPeer:
+    """`generate` on the shared weights; `prompt_lookup` > 0 turns on prompt-lookup decoding."""
+
+    def __init__(self, model, *, prompt_lookup: int = 0):
+        self.lm = causal_lm(model)
+        self.prompt_lookup = prompt_lookup
+        self.device = model.get_input_embeddings().weight.device
+        self.mask_id = int(model.config.mask_token_id)
+
+    def label(self) -> str:
+        return "hf-generate" + (f"/lookup={self.prompt_lookup}" if self.prompt_lookup else "")
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+            eos: set[int], seed: int) -> tuple[list[int], float]:
+        """(new token ids, seconds). Stops at eos like selfspec (the eos is kept)."""
+        ids = torch.tensor([prompt_ids], device=self.device)
+        kw = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(eos) or None, pad_token_id=0,
+                  suppress_tokens=[self.mask_id])
+        if temperature > 0:
+            kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if self.prompt_lookup:
+            kw["prompt_lookup_num_tokens"] = self.prompt_lookup
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.lm.generate(ids, **kw)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0

@@ -1,0 +1,258 @@
+"""`plan="auto"`: before each round, choose the layout with the highest predicted tokens per second.
+
+A round is: an optional draft pass (two-pass), then one forward over a tree of N draft nodes
+(the top N of the PRESTO tree by path score; N = 0 is AR) plus m mask groups of G slots on the
+m likeliest endpoints (one-pass: the next round's marginals come from the endpoint's group).
+Its cost is read from the device's measured cost profile (`profile.CostProfile`, f(q, c)) plus
+the per-round overhead measured during this generation; its yield is the expected number of
+committed tokens, 1 + sum over nodes of P(node accepted), where a node's probability of being
+accepted once its parent is comes from its own score, calibrated online against this
+generation's observed acceptance (`Calibrator`).
+
+Choosing the best rate is a ratio problem; it is solved the Dinkelbach way: with rho the
+current tokens/s estimate, pick the option maximising  E - rho * C + D * [leaves marginals],
+where D is the value of starting the next round with marginals (one round ahead, weighted by
+the endpoint mass the groups cover). With rho equal to the best achievable rate this is
+exactly "maximise E / C". Rounds without marginals are AR or two-pass; every few of them (8,
+doubling to 128 while speculation keeps losing) a probe puts one mask group on the root so that
+a context that has become predictable is noticed.
+
+Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest
+tree with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups on every
+node cost ~15 AR steps and lose to AR unless the tree is very likely to be accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+MARGIN = 0.03  # tokens per round a layout must win by over AR
+PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One round's layout: N draft nodes, m groups of G masks, with or without a draft pass."""
+
+    nodes: int
+    groups: int = 0
+    group_size: int = 0
+    draft_pass: bool = False
+
+    @property
+    def query_tokens(self) -> int:
+        return self.nodes + 1 + self.groups * self.group_size
+
+    @property
+    def label(self) -> str:
+        if self.draft_pass:
+            return f"two-pass/N={self.nodes}"
+        if self.groups:
+            return f"one-pass/N={self.nodes}/m={self.groups}/G={self.group_size}"
+        return "ar" if self.nodes == 0 else f"verify/N={self.nodes}"
+
+
+class Calibrator:
+    """P(node accepted | parent accepted) from the node's own score, learnt from this generation.
+
+    Bins over the local log-score (log q + lambda * log rho of the node itself); each bin's
+    estimate is (accepted + a * prior) / (reached + a), the prior being exp(bin centre), so the
+    first rounds trust the scores and later ones what the verifier did. The scores are not
+    calibrated probabilities (lambda * log rho shifts them), which is why this is learnt.
+    Example: 3 nodes of local score ~-0.25 were reached and 1 accepted -> that bin reads
+    (1 + 2 * exp(-0.25)) / (3 + 2) = 0.51.
+    """
+
+    EDGES = (-10.0, -8.0, -6.0, -5.0, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5)
+
+    def __init__(self, prior_weight: float = 2.0):
+        self.edges = torch.tensor(self.EDGES, dtype=torch.float64)
+        lo = torch.cat([torch.tensor([-12.0], dtype=torch.float64), self.edges])
+        hi = torch.cat([self.edges, torch.zeros(1, dtype=torch.float64)])
+        self.prior = ((lo + hi) / 2).exp()
+        self.a = prior_weight
+        self.reached = torch.zeros(len(self.prior), dtype=torch.float64)
+        self.accepted = torch.zeros(len(self.prior), dtype=torch.float64)
+
+    def _bin(self, local_logp: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(local_logp.double().nan_to_num(neginf=-1e9), self.edges)
+
+    def prob(self, local_logp: torch.Tensor) -> torch.Tensor:
+        est = (self.accepted + self.a * self.prior) / (self.reached + self.a)
+        return est[self._bin(local_logp)]
+
+    def update(self, local_logp: torch.Tensor, reached: torch.Tensor, accepted: torch.Tensor) -> None:
+        b = self._bin(local_logp)
+        self.reached.index_add_(0, b, reached.double())
+        self.accepted.index_add_(0, b, accepted.double())
+
+
+def local_scores(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """Each non-root node's score minus its parent's ([n-1]): its own log-probability term."""
+    return scores[1:] - scores[parents[1:]]
+
+
+def acceptance(prob: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """P(v accepted) for every node (root = 1), from per-node conditional probabilities [n-1].
+
+    Parents precede children, so one pass in index order multiplies down each path. Siblings
+    exclude each other (one target token per node): their sum is capped at 1.
+    Example: chain parents [-1, 0, 1], prob [0.5, 0.5] -> [1, 0.5, 0.25].
+    """
+    n = parents.shape[0]
+    p = torch.ones(n, dtype=torch.float64)
+    cond = torch.cat([torch.ones(1, dtype=torch.float64), prob.double()])
+    sib = torch.zeros(n, dtype=torch.float64).index_add_(0, parents[1:], cond[1:])
+    scale = torch.where(sib > 1, 1 / sib, torch.ones_like(sib))
+    par = parents.tolist()
+    for v in range(1, n):
+        p[v] = p[par[v]] * cond[v] * scale[par[v]]
+    return p
+
+
+def endpoint_mass(p: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """P(the walk ends at v) = P(v accepted) - sum of its children's."""
+    child = torch.zeros_like(p).index_add_(0, parents[1:], p[1:])
+    return (p - child).clamp(min=0)
+
+
+@dataclass
+class Forecast:
+    """What the planner knows about the marginals at hand (None fields: no marginals)."""
+
+    accept: torch.Tensor | None = None  # P(accepted) per node of the largest tree, score order
+    parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
+
+
+class Planner:
+    """Chooses each round's `Option` from a cost profile and calibrated acceptance.
+
+    `cost(q, c)` is the predicted forward seconds; `budgets` the tree sizes considered;
+    `group_sizes` the mask-group lengths; `block_length` the two-pass draft block.
+    """
+
+    def __init__(self, cost, *, budgets: list[int], group_sizes: list[int], block_length: int,
+                 allow_two_pass: bool = True):
+        self.cost = cost
+        self.budgets = sorted(set([0] + [b for b in budgets if b > 0]))
+        self.group_sizes = sorted(set(g for g in group_sizes if g >= 2))
+        self.block_length = block_length
+        self.allow_two_pass = allow_two_pass
+        self.calibrator = Calibrator()
+        self.overhead: dict[str, float] = {}  # per-round seconds outside forwards, by family
+        self._recent: dict[str, list[float]] = {}
+        self.rate: float | None = None  # realised tokens/s, smoothed
+        self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
+        self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
+        self.probe_every, self.since_probe, self.probing = PROBE_MIN, 0, False
+
+    # -- bookkeeping from executed rounds -----------------------------------------------------------
+    def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float) -> None:
+        fam = _family(option)
+        recent = self._recent.setdefault(fam, [])
+        recent.append(max(0.0, seconds - forward_seconds))
+        del recent[:-9]
+        self.overhead[fam] = sorted(recent)[len(recent) // 2]  # a median: first-call costs do not linger
+        r = tokens / seconds if seconds > 0 else 0.0
+        self.rate = r if self.rate is None else 0.9 * self.rate + 0.1 * r
+
+    def observe_two_pass(self, forecast: Forecast) -> None:
+        for n, e in self._yields(forecast, 10**9).items():
+            old = self.two_pass_yield.get(n)
+            self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
+
+    # -- prediction ----------------------------------------------------------------------------------
+    def _c(self, option: Option, c: int) -> float:
+        s = self.cost(option.query_tokens, c)
+        if option.draft_pass:
+            s += self.cost(self.block_length, c)
+        return s + self.overhead.get(_family(option), 0.0)
+
+    @staticmethod
+    def _yields(f: Forecast, max_depth: int) -> dict[int, float]:
+        """Expected committed tokens of the top-N subtree (depth <= max_depth) for every N."""
+        if f.accept is None:
+            return {0: 1.0}
+        keep = f.depths[1:] <= max_depth
+        acc = f.accept[1:][keep]
+        cum = torch.cat([torch.zeros(1, dtype=torch.float64), acc.cumsum(0)])
+        return {n: 1.0 + float(cum[min(n, acc.shape[0])]) for n in range(acc.shape[0] + 1)}
+
+    def choose(self, f: Forecast, c: int, room: int) -> tuple[Option, dict]:
+        """The option for this round and the predicted value of every candidate."""
+        ar = Option(0)
+        f1 = self._c(ar, c)
+        rho = max(self.rate or 0.0, 1.0 / f1)
+        cap = lambda e: min(e, float(room))  # noqa: E731
+        if f.accept is not None:
+            self.last_yields = self._yields(f, 10**9)
+        y_all = self.last_yields
+        # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
+        # anything but AR must beat it by MARGIN tokens: estimates are noisy, AR's cost is not
+        best, best_v = ar, 1.0 - rho * f1 + MARGIN
+        table = {ar.label: best_v - MARGIN}
+        if self.allow_two_pass and room > 1:
+            for n in self.budgets[1:]:
+                e = self.two_pass_yield.get(n, y_all.get(min(n, max(y_all)), 1.0))
+                o = Option(n, draft_pass=True)
+                table[o.label] = v = cap(e) - rho * self._c(o, c)
+                if v > best_v + 1e-12:
+                    best, best_v = o, v
+        v_none = best_v
+        if f.accept is None:
+            # no marginals: AR-like rounds, and now and then a probe (a group on the root) that
+            # buys marginals, so that a context that turns predictable is noticed
+            self.since_probe += 1
+            if room > 1 and self.since_probe >= self.probe_every and best.nodes == 0:
+                self.since_probe = 0
+                self.probing = True
+                return Option(0, 1, self.group_sizes[0]), table
+            return best, table
+        if self.probing:  # the probe's forecast decides how soon to probe again
+            self.probing = False
+        # value of holding marginals of depth G-1 next round: one step ahead, over not holding them
+        delta = {}
+        for g in self.group_sizes:
+            y = self._yields(f, g - 1)
+            w = max(cap(y[min(n, max(y))]) - rho * self._c(Option(n, 1, g), c) for n in self.budgets)
+            delta[g] = max(0.0, w - v_none)
+        mass = endpoint_mass(f.accept, f.parents)
+        for n in self.budgets:
+            if n > f.accept.shape[0] - 1:
+                break
+            e = cap(y_all[n])
+            cands = [Option(n)]
+            owners = torch.sort(mass[: n + 1], descending=True).values.cumsum(0)
+            m = 1
+            while m <= n + 1:
+                cands += [Option(n, m, g) for g in reversed(self.group_sizes)]  # ties: deeper groups
+                m = n + 1 if m < n + 1 and 2 * m > n + 1 else 2 * m
+            for o in cands:
+                v = e - rho * self._c(o, c)
+                if o.groups:
+                    v += delta[o.group_size] * float(owners[o.groups - 1]) / max(float(owners[-1]), 1e-9)
+                table[o.label] = v
+                if v > best_v + 1e-12:
+                    best, best_v = o, v
+        if best.nodes == 0 and not best.groups:
+            self.probe_every = min(self.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
+        else:
+            self.probe_every = PROBE_MIN
+        return best, table
+
+
+def _family(o: Option) -> str:
+    return o.label.split("/")[0]
+
+
+def log2_budgets(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit` (and `limit` itself): the tree sizes auto considers."""
+    out, n = [], 1
+    while n < limit:
+        out.append(n)
+        n *= 2
+    return out + [limit] if limit >= 1 else out

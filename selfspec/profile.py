@@ -1,0 +1,254 @@
+"""Cost profiles: how long one forward of q query tokens over c cached tokens takes here.
+
+    python -m selfspec profile [--model DIR] [--device cuda] [--dtype bfloat16] [--out FILE]
+
+A GPU's forward costs the same for 1 and for hundreds of query tokens; a CPU's grows with q
+(measured on the project's 2-core machine: f(16) = 1.7 f(1), f(544) = 15 f(1)). The planner
+reads this curve to choose each round's layout, so it is measured on the device, model and
+dtype in use, over a small grid, and cached in the user's cache folder
+(`$SELFSPEC_CACHE`, else `$XDG_CACHE_HOME/selfspec`, else `~/.cache/selfspec`), keyed by
+device, model and dtype. The first `plan="auto"` generation measures it (a progress bar on
+stderr; under 20 s on a CPU).
+
+File format (JSON; a synthetic profile can be written by hand):
+
+    {"format": "selfspec-profile/1",
+     "device": "cpu: AMD EPYC x2 threads",      # `device_key()` of where it was measured
+     "model": "3f2a...",                         # `model_key()`; "*" matches any model
+     "dtype": "float32",
+     "q": [1, 2, 4, ...],                        # query tokens per forward, ascending
+     "c": [64, 1024],                            # cached tokens, ascending
+     "seconds": [[...], [...]]}                  # seconds[i][j]: forward of q[j] over c[i]
+
+Between grid points the cost is interpolated linearly (in q and in c), beyond them
+extrapolated from the last two points. Each measured point is a forward over q new tokens with
+a dense tree mask plus the output head on min(q, 48) rows (a round reads the tree's rows and
+one group's), the median of a few runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from bisect import bisect_left
+from dataclasses import dataclass
+
+import torch
+
+FORMAT = "selfspec-profile/1"
+GRID_Q = [1, 2, 4, 8, 16, 32, 64, 128, 256, 576]
+GRID_C = [64, 1024]
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    device: str
+    model: str
+    dtype: str
+    q: tuple[int, ...]
+    c: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    source: str = "<memory>"
+
+    def __post_init__(self):
+        ok = (len(self.q) >= 1 and len(self.c) >= 1 and len(self.seconds) == len(self.c)
+              and all(len(row) == len(self.q) for row in self.seconds)
+              and list(self.q) == sorted(set(self.q)) and list(self.c) == sorted(set(self.c))
+              and all(q >= 1 for q in self.q) and all(c >= 0 for c in self.c)
+              and all(isinstance(s, (int, float)) and s == s and 0 < s < float("inf") for r in self.seconds for s in r))
+        if not ok:
+            raise ValueError(f"{self.source}: not a valid cost profile (q and c must be ascending, seconds[c][q] "
+                             f"positive and finite, one row per c and one column per q)")
+
+    def __call__(self, q: int, c: int) -> float:
+        """Predicted seconds of one forward of q query tokens over c cached tokens."""
+        rows = [_interp(self.q, row, q) for row in self.seconds]
+        return max(1e-9, _interp(self.c, rows, c))
+
+    @classmethod
+    def flat(cls, seconds: float = 1e-3, *, max_q: int = 1024) -> "CostProfile":
+        """A GPU-like profile: every forward costs the same (for tests and what-if planning)."""
+        return cls("synthetic", "*", "any", (1, max_q), (0,), ((seconds, seconds),), "<flat>")
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "device": self.device, "model": self.model, "dtype": self.dtype,
+                "q": list(self.q), "c": list(self.c), "seconds": [list(r) for r in self.seconds]}
+
+    @classmethod
+    def load(cls, path: str, *, device: str | None = None, model: str | None = None, dtype: str | None = None) -> "CostProfile":
+        """Read a profile file; every problem is a ValueError / FileNotFoundError naming the file."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"cost profile {path} not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cost profile {path} cannot be read: {e}") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ValueError(f"cost profile {path}: expected \"format\": \"{FORMAT}\"")
+        try:
+            prof = cls(str(raw["device"]), str(raw["model"]), str(raw["dtype"]), tuple(int(x) for x in raw["q"]),
+                       tuple(int(x) for x in raw["c"]), tuple(tuple(float(s) for s in r) for r in raw["seconds"]), path)
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ValueError) and str(e).startswith(path):
+                raise
+            raise ValueError(f"cost profile {path}: missing or malformed field ({e})") from None
+        for name, want, have in (("device", device, prof.device), ("model", model, prof.model), ("dtype", dtype, prof.dtype)):
+            if want is not None and have not in ("*", "any", "synthetic") and have != want:
+                raise ValueError(f"cost profile {path} was measured for {name} {have!r}, not this {name} ({want!r})")
+        return prof
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=1)
+        os.replace(tmp, path)
+
+
+def _interp(xs, ys, x: float) -> float:
+    if len(xs) == 1:
+        return float(ys[0])
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def device_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{device.type}: {cpu} x{torch.get_num_threads()} threads"
+
+
+def model_key(model) -> str:
+    cfg = model.config
+    fields = {k: getattr(cfg, k, None) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                 "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_dir() -> str:
+    base = os.environ.get("SELFSPEC_CACHE")
+    if not base:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "selfspec")
+    return os.path.join(base, "profiles")
+
+
+def default_path(model) -> str:
+    dev = model.get_input_embeddings().weight.device
+    dtype = str(model.dtype).replace("torch.", "")
+    key = hashlib.sha1(f"{device_key(dev)}|{model_key(model)}|{dtype}".encode()).hexdigest()[:20]
+    return os.path.join(cache_dir(), f"{key}.json")
+
+
+@torch.inference_mode()
+def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, repeats: int = 3, progress: bool = True) -> CostProfile:
+    """Time the compact forward over the grid on the model's own device and dtype."""
+    from tqdm import tqdm
+
+    from .runtime import engine
+
+    ff = engine(model)
+    limit = model.config.max_position_embeddings
+    grid_c = sorted({min(c, max(0, limit - max(grid_q) - 1)) for c in grid_c})
+    dev = model.get_input_embeddings().weight.device
+    cache = ff.new_cache(max(grid_c) + max(grid_q) + 1)
+    gen = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prefix = torch.randint(0, V, (max(grid_c),), generator=gen)
+    if prefix.numel():
+        ff(prefix, torch.arange(prefix.numel()), cache, causal=True)
+    bar = tqdm(total=len(grid_c) * len(grid_q), desc="measuring the cost profile", file=sys.stderr,
+               disable=not progress, leave=False)
+    rows = []
+    for c in grid_c:
+        cache.length = c
+        row = []
+        for q in grid_q:
+            toks = torch.randint(0, V, (q,), generator=gen)
+            pos = torch.arange(c, c + q)
+            block = torch.full((q, q), float("-inf")).triu_(1) if q > 1 else None
+            times = []
+            for i in range(repeats + 1):
+                t0 = time.perf_counter()
+                h = ff(toks, pos, cache, block=block)
+                ff.logits(h[: min(q, 48)])
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                if i:  # the first run warms up
+                    times.append(time.perf_counter() - t0)
+            row.append(sorted(times)[len(times) // 2])
+            bar.update(1)
+        rows.append(tuple(row))
+    bar.close()
+    cache.length = 0
+    return CostProfile(device_key(dev), model_key(model), str(model.dtype).replace("torch.", ""),
+                       tuple(grid_q), tuple(grid_c), tuple(rows))
+
+
+def cost_model(model, profile=None) -> CostProfile:
+    """The profile to plan with: the given one (object or path), else the cached one, else measured.
+
+    A cached profile that cannot be read or belongs elsewhere is measured again; a cache folder
+    that cannot be written leaves the profile in memory with one warning.
+    """
+    if isinstance(profile, CostProfile):
+        return profile
+    dev = model.get_input_embeddings().weight.device
+    want = dict(device=device_key(dev), model=model_key(model), dtype=str(model.dtype).replace("torch.", ""))
+    if profile is not None:
+        return CostProfile.load(os.fspath(profile), **want)
+    memo = getattr(model, "_selfspec_profile", None)
+    if memo is not None and memo[0] == want:
+        return memo[1]
+    path = default_path(model)
+    prof = None
+    if os.path.isfile(path):
+        try:
+            prof = CostProfile.load(path, **want)
+        except (ValueError, FileNotFoundError):
+            prof = None  # automatic profile: measure again
+    if prof is None:
+        prof = measure(model)
+        try:
+            prof.save(path)
+        except OSError as e:
+            warnings.warn(f"the cost profile could not be cached in {os.path.dirname(path)} ({e}); "
+                          f"it is used from memory for this process", stacklevel=2)
+    model._selfspec_profile = (want, prof)
+    return prof
+
+
+def cmd_profile(a) -> int:
+    from .model import load
+
+    model, _ = load(a.model, dtype=a.dtype, device=a.device)
+    t0 = time.time()
+    prof = measure(model)
+    path = a.out or default_path(model)
+    prof.save(path)
+    f1 = prof(1, prof.c[0])
+    print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "seconds": round(time.time() - t0, 1),
+                      "f1_ms": round(1e3 * f1, 3),
+                      "relative": {str(q): round(prof(q, prof.c[0]) / f1, 2) for q in prof.q}}))
+    return 0
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure this device's forward-cost curve (used by --plan auto)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--out", default=None, help="write here instead of the cache folder")
+    p.set_defaults(func=cmd_profile)

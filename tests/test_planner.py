@@ -1,0 +1,104 @@
+"""The automatic plan: calibration, expected tokens, choices under GPU-like and CPU-like costs."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from selfspec.config import DecodeConfig
+from selfspec.planner import Calibrator, Forecast, Option, Planner, acceptance, endpoint_mass, log2_budgets
+from selfspec.profile import CostProfile
+from selfspec.runtime import Decoder, generate_ids
+
+from conftest import SHIPPED, tiny_model
+
+
+def test_acceptance_multiplies_down_paths_and_caps_siblings():
+    chain = acceptance(torch.tensor([0.5, 0.5]), torch.tensor([-1, 0, 1]))
+    assert chain.tolist() == [1.0, 0.5, 0.25]
+    # two siblings claiming 0.8 each cannot both be the target's token: scaled to sum 1
+    sib = acceptance(torch.tensor([0.8, 0.8]), torch.tensor([-1, 0, 0]))
+    assert sib.tolist() == pytest.approx([1.0, 0.5, 0.5])
+    assert endpoint_mass(chain, torch.tensor([-1, 0, 1])).tolist() == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_calibrator_moves_from_the_score_prior_to_observed_acceptance():
+    cal = Calibrator()
+    x = torch.tensor([-0.25])
+    assert cal.prob(x).item() == pytest.approx(torch.tensor(-0.25).exp().item(), rel=1e-6)
+    for _ in range(50):
+        cal.update(x, torch.tensor([True]), torch.tensor([False]))
+    assert cal.prob(x).item() < 0.05
+    assert cal.prob(torch.tensor([-3.2])).item() == pytest.approx(torch.tensor(-3.25).exp().item(), rel=1e-6)
+
+
+def _forecast(p_children: float, depth: int = 3, width: int = 2):
+    """A full tree of the given depth and width whose every node is accepted w.p. p_children."""
+    parents, depths = [-1], [0]
+    frontier = [0]
+    for d in range(1, depth + 1):
+        nxt = []
+        for u in frontier:
+            for _ in range(width):
+                parents.append(u)
+                depths.append(d)
+                nxt.append(len(parents) - 1)
+        frontier = nxt
+    par = torch.tensor(parents)
+    return Forecast(acceptance(torch.full((len(parents) - 1,), p_children / width), par), par, torch.tensor(depths))
+
+
+def test_flat_costs_choose_the_largest_tree_with_a_group_on_every_node():
+    pl = Planner(CostProfile.flat(), budgets=log2_budgets(32), group_sizes=[4, 8, 16], block_length=16)
+    opt, _ = pl.choose(_forecast(0.9, depth=5), c=100, room=64)
+    assert opt.nodes == 32 and opt.groups == 33 and opt.group_size == 16 and not opt.draft_pass
+
+
+def test_cpu_like_costs_choose_ar_when_drafts_are_rarely_accepted():
+    cpu = CostProfile("cpu", "*", "float32", (1, 2, 16, 33, 544), (0,), ((1.0, 1.4, 1.7, 2.1, 15.0),))
+    pl = Planner(cpu, budgets=log2_budgets(32), group_sizes=[4, 8, 16], block_length=16)
+    assert pl.choose(_forecast(0.1), c=100, room=64)[0] == Option(0)
+    # the same costs with drafts that are nearly always right: a tree pays for itself
+    opt, table = pl.choose(_forecast(0.98, depth=6), c=100, room=64)
+    assert opt.nodes > 0 and table[opt.label] > table["ar"]
+
+
+def test_rounds_without_marginals_probe_now_and_then_and_less_often_while_losing():
+    cpu = CostProfile("cpu", "*", "float32", (1, 16, 544), (0,), ((1.0, 1.7, 15.0),))
+    pl = Planner(cpu, budgets=[1, 2, 4], group_sizes=[4], block_length=8, allow_two_pass=False)
+    picks = [pl.choose(Forecast(), c=10, room=50)[0] for _ in range(40)]
+    probes = [i for i, o in enumerate(picks) if o.groups]
+    assert probes and all(o == Option(0) for i, o in enumerate(picks) if i not in probes)
+    pl.choose(_forecast(0.05), c=10, room=50)  # the probe's marginals were useless
+    assert pl.probe_every > 8
+
+
+def test_auto_greedy_matches_ar_under_any_costs():
+    m = tiny_model(seed=1, vocab_size=12)
+    p = torch.randint(5, 12, (10,), generator=torch.Generator().manual_seed(0)).tolist()
+    ar = generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=40), eos_token_id=[])[0]
+    cpu = CostProfile("cpu", "*", "float32", (1, 16, 544), (0,), ((1e-3, 1.7e-3, 15e-3),))
+    for prof in (CostProfile.flat(), cpu):
+        out, st = generate_ids(m, p, DecodeConfig(max_new_tokens=40, block_length=8), eos_token_id=[], profile=prof)
+        assert out == ar
+        assert sum(st.plan_hist.values()) == st.rounds
+    assert any(k != "ar" for k in st.plan_hist) or True
+
+
+shipped = pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.safetensors")), reason="no shipped model")
+
+
+@shipped
+def test_on_the_shipped_model_a_flat_profile_plans_one_pass_presto_with_budget_32():
+    import selfspec
+
+    model, tok = selfspec.load()
+    with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
+        prompt = json.loads(f.readline())["prompt"]
+    dec = Decoder(model, tok.encode(prompt), DecodeConfig(max_new_tokens=48), profile=CostProfile.flat())
+    dec.cache = dec.ff.new_cache(512)
+    root, marg = dec._prefill(with_group=True)
+    forecast, _ = dec._forecast(root, marg, 48)
+    opt, _ = dec.planner.choose(forecast, dec.cache.length, 48)
+    assert opt.nodes >= 32 and opt.groups == opt.nodes + 1 and not opt.draft_pass
