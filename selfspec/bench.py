@@ -217,8 +217,8 @@ def cmd_bench(a) -> int:
     prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
     prompts = read_prompts(prompts_path)
     prompts = prompts[: a.limit] if a.limit else prompts
-    base = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, block_length=a.block_length,
-                group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.top_k, lam=a.lam, rho=a.rho,
+    base = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, block_length=a.block_length,
+                group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho,
                 draft_lora=not a.no_draft_lora)
     configs = grid(a.modes, a.schedules, a.budgets, base)
     out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))

@@ -16,8 +16,8 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--sample-top-k", type=int, default=0, help="sampling top-k (0 = off)")
-    p.add_argument("--top-k", type=int, default=4, help="PRESTO candidates per depth")
+    p.add_argument("--top-k", type=int, default=0, help="sampling top-k, as in transformers (0 = off)")
+    p.add_argument("--tree-top-k", type=int, default=4, help="PRESTO candidates per depth")
     p.add_argument("--lam", type=float, default=0.2, help="PRESTO lambda")
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
     p.add_argument("--no-draft-lora", action="store_true", help="ignore the checkpoint's linear_spec_lora adapter")
@@ -29,8 +29,38 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
 
 def _decode_kwargs(a) -> dict:
     return dict(mode=a.mode, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
-                max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k,
-                budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+                max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+
+
+def _read_prompt(a) -> str:
+    if a.prompt_file is None:
+        prompt = a.prompt
+    else:
+        name = a.prompt_file
+        try:
+            with open(name, encoding="utf-8") as f:
+                prompt = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"prompt file {name} not found") from None
+        except IsADirectoryError:
+            raise ValueError(f"prompt file {name} is a directory") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"prompt file {name} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise ValueError(f"prompt file {name} cannot be read: {e.strerror}") from None
+    if not prompt:
+        raise ValueError("empty prompt" + (f" (prompt file {a.prompt_file})" if a.prompt_file else ""))
+    return prompt
+
+
+def _record(a, gen) -> dict:
+    rec = {"text": gen.text, "token_ids": gen.token_ids, **gen.stats.as_dict(), "mode": a.mode,
+           "schedule": None if a.mode == "ar" else a.schedule, "block_length": a.block_length,
+           "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "finish_reason": gen.finish_reason}
+    if a.mode == "presto":
+        rec.update(budget=a.budget, rho=a.rho, lam=a.lam, tree_top_k=a.tree_top_k)
+    return rec
 
 
 def cmd_generate(a) -> int:
@@ -39,29 +69,25 @@ def cmd_generate(a) -> int:
     from .streaming import stream
 
     DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
-    if a.prompt_file is not None:
-        if not os.path.isfile(a.prompt_file):
-            raise SystemExit(f"error: prompt file {a.prompt_file} not found")
-        with open(a.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
-    else:
-        prompt = a.prompt
-    if not prompt:
-        raise SystemExit("error: empty prompt")
+    prompt = _read_prompt(a)
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, **_decode_kwargs(a))
-    for delta in gen:
-        if not a.json:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+    try:
+        for delta in gen:
+            if not a.json:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C: keep what was streamed, end the line, no stats and no traceback
+        if a.json:
+            print(json.dumps(_record(a, gen)))
+        else:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 130
     s = gen.stats.as_dict()
     if a.json:
-        rec = {"text": gen.text, "token_ids": gen.token_ids, **s, "mode": a.mode,
-               "schedule": None if a.mode == "ar" else a.schedule, "block_length": a.block_length,
-               "temperature": a.temperature, "finish_reason": gen.finish_reason}
-        if a.mode == "presto":
-            rec.update(budget=a.budget, rho=a.rho, lam=a.lam, top_k=a.top_k)
-        print(json.dumps(rec))
+        print(json.dumps(_record(a, gen)))
     else:
         sys.stdout.write("\n")
         print(f"[{a.mode}/{a.schedule if a.mode != 'ar' else '-'}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
@@ -91,5 +117,9 @@ def main(argv=None) -> int:
     try:
         return a.func(a)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line
         return 2
+    except KeyboardInterrupt:  # before any text was streamed (loading, warm-up, bench)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 130
