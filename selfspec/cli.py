@@ -8,6 +8,13 @@ import os
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit 2, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")
@@ -70,6 +77,11 @@ def cmd_generate(a) -> int:
 
     DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
     prompt = _read_prompt(a)
+    if a.stop and not all(a.stop):
+        raise ValueError("stop strings must be non-empty")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, **_decode_kwargs(a))
     try:
@@ -96,7 +108,7 @@ def cmd_generate(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
+    ap = _Parser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream a continuation of a prompt")
     src = g.add_mutually_exclusive_group(required=True)

@@ -250,8 +250,6 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
 
     path = os.fspath(path) if path is not None else default_model_dir()
     check_device(device)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path} does not exist")
     if device is None and device_map is None:
         device = "cpu"
     on_gpu = (device or "").startswith("cuda") or device_map is not None
@@ -263,6 +261,8 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
         dtype = getattr(torch, dtype)
     if not dtype.is_floating_point:
         raise ValueError(f"dtype {dtype} is not a floating-point type; use float32, bfloat16 or float16")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path} does not exist")
     kw = {"dtype": dtype}
     if device_map is not None:
         kw["device_map"] = device_map
