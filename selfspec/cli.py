@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
     g.add_argument("--mode", default="presto", choices=["ar", "linear", "presto"])
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
-    g.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
+    g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
     _add_common_args(g)
     g.set_defaults(func=cmd_generate)
     from .bench import add_bench_parser

@@ -190,3 +190,14 @@ def test_sigint_to_a_streaming_cli_process_exits_130_with_the_streamed_prefix():
     model, tok = selfspec.load()
     full = selfspec.generate(model, tok, prompt, max_new_tokens=len(tok.encode(out)) + 16, mode="ar", eos_token_id=[])
     assert full.text.startswith(out[:-1]) and len(out) > 1
+
+
+def test_cli_bench_on_sigint_exits_130_without_a_traceback(tiny_dir, sigint_at_forward, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):\n"}) + "\n")
+    sigint_at_forward(3)
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--modes", "ar", "linear",
+               "--schedules", "two-pass", "--max-new-tokens", "8", "--block-length", "4", "--out", str(tmp_path / "o")])
+    cap = capsys.readouterr()
+    assert rc == 130 and cap.out == "\n" and "Traceback" not in cap.err
+    assert not (tmp_path / "o" / "results.json").exists()  # nothing half-written
