@@ -84,9 +84,9 @@ class Generation:
         detok = IncrementalDetokenizer(self.tokenizer)
         pending = ""  # decoded but held back (could begin a stop string)
         eos = self.decoder.eos
-        if self.streamer is not None:
-            self.streamer.put(torch.tensor([self.decoder.prompt]))
         try:
+            if self.streamer is not None:
+                self.streamer.put(torch.tensor([self.decoder.prompt]))
             for chunk in self.decoder:
                 self.token_ids.extend(chunk)
                 if self.streamer is not None and chunk:

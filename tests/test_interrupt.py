@@ -77,7 +77,7 @@ def test_keyboard_interrupt_propagates_and_the_next_generation_equals_a_fresh_on
     fresh = run()
     assert fresh.stats.rounds >= 3
     if where == "in the streamer":
-        streamer = InterruptingStreamer(3)  # prompt, prefill token, first round
+        streamer = InterruptingStreamer(3)  # calls: the prompt, the prefill token, the first round
         with pytest.raises(KeyboardInterrupt):
             run(streamer)
         assert streamer.ended
