@@ -224,7 +224,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         ar = next((r for r in rows if r["mode"] == "ar" and r["temperature"] == t), None)
         ar_out = {x["id"]: x["token_ids"] for x in ar["records"]} if ar else {}
         for r in rows:
-            if r["temperature"] == 0 and r["mode"] != "ar" and ar_out:
+            if t == 0 and r["temperature"] == 0 and r["mode"] != "ar" and ar_out:
                 for x in r["records"]:
                     x["matches_ar"] = x["token_ids"] == ar_out.get(x["id"])
     for r in rows:
@@ -261,8 +261,8 @@ def cmd_bench(a) -> int:
     temps = [a.temperature] if a.temperature is not None else a.temperatures
     configs = []
     for t in temps:
-        base = dict(max_new_tokens=a.max_new_tokens, temperature=t, top_p=a.top_p, block_length=a.block_length,
-                    group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.top_k, lam=a.lam, rho=a.rho,
+        base = dict(max_new_tokens=a.max_new_tokens, temperature=t, top_k=a.top_k, top_p=a.top_p, block_length=a.block_length,
+                    group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho,
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets))
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:

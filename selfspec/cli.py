@@ -8,6 +8,13 @@ import os
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit 2, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")
@@ -16,8 +23,8 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--sample-top-k", type=int, default=0, help="sampling top-k (0 = off)")
-    p.add_argument("--top-k", type=int, default=4, help="PRESTO candidates per depth")
+    p.add_argument("--top-k", type=int, default=0, help="sampling top-k, as in transformers (0 = off)")
+    p.add_argument("--tree-top-k", type=int, default=4, help="PRESTO candidates per depth")
     p.add_argument("--lam", type=float, default=0.2, help="PRESTO lambda")
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
     p.add_argument("--no-draft-lora", action="store_true", help="ignore the checkpoint's linear_spec_lora adapter")
@@ -31,8 +38,39 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
 
 def _decode_kwargs(a) -> dict:
     return dict(mode=a.mode, plan=a.plan, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
-                max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k,
-                budget=a.budget, tree_top_k=a.top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+                max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+
+
+def _read_prompt(a) -> str:
+    if a.prompt_file is None:
+        prompt = a.prompt
+    else:
+        name = a.prompt_file
+        try:
+            with open(name, encoding="utf-8") as f:
+                prompt = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"prompt file {name} not found") from None
+        except IsADirectoryError:
+            raise ValueError(f"prompt file {name} is a directory") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"prompt file {name} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise ValueError(f"prompt file {name} cannot be read: {e.strerror}") from None
+    if not prompt:
+        raise ValueError("empty prompt" + (f" (prompt file {a.prompt_file})" if a.prompt_file else ""))
+    return prompt
+
+
+def _record(a, gen) -> dict:
+    cfg = gen.decoder.cfg
+    rec = {"text": gen.text, "token_ids": gen.token_ids, **gen.stats.as_dict(), "mode": cfg.mode, "plan": cfg.plan,
+           "schedule": None if cfg.mode in ("ar", "auto") else a.schedule, "block_length": a.block_length,
+           "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "finish_reason": gen.finish_reason}
+    if cfg.mode in ("presto", "auto"):
+        rec.update(budget=a.budget, rho=a.rho, lam=a.lam, tree_top_k=a.tree_top_k)
+    return rec
 
 
 def cmd_generate(a) -> int:
@@ -45,29 +83,30 @@ def cmd_generate(a) -> int:
         from .profile import CostProfile
 
         CostProfile.load(a.profile)
-    if a.prompt_file is not None:
-        if not os.path.isfile(a.prompt_file):
-            raise SystemExit(f"error: prompt file {a.prompt_file} not found")
-        with open(a.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
-    else:
-        prompt = a.prompt
-    if not prompt:
-        raise SystemExit("error: empty prompt")
+    prompt = _read_prompt(a)
+    if a.stop and not all(a.stop):
+        raise ValueError("stop strings must be non-empty")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **_decode_kwargs(a))
-    for delta in gen:
-        if not a.json:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+    try:
+        for delta in gen:
+            if not a.json:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C: keep what was streamed, end the line, no stats and no traceback
+        if a.json:
+            print(json.dumps(_record(a, gen)))
+        else:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 130
     s = gen.stats.as_dict()
     if a.json:
-        rec = {"text": gen.text, "token_ids": gen.token_ids, **s, "mode": cfg.mode, "plan": cfg.plan,
-               "schedule": None if cfg.mode in ("ar", "auto") else a.schedule, "block_length": a.block_length,
-               "temperature": a.temperature, "finish_reason": gen.finish_reason}
-        if cfg.mode in ("presto", "auto"):
-            rec.update(budget=a.budget, rho=a.rho, lam=a.lam, top_k=a.top_k)
-        print(json.dumps(rec))
+        print(json.dumps(_record(a, gen)))
     else:
         sys.stdout.write("\n")
         print(f"[{cfg.mode}/{a.schedule if cfg.mode not in ('ar', 'auto') else '-'}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
@@ -76,7 +115,7 @@ def cmd_generate(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
+    ap = _Parser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream a continuation of a prompt")
     src = g.add_mutually_exclusive_group(required=True)
@@ -90,7 +129,7 @@ def main(argv=None) -> int:
     g.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto"],
                    help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
-    g.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
+    g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
     _add_common_args(g)
     g.set_defaults(func=cmd_generate)
     from .bench import add_bench_parser
@@ -104,5 +143,9 @@ def main(argv=None) -> int:
     try:
         return a.func(a)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)  # always one line
         return 2
+    except KeyboardInterrupt:  # before any text was streamed (loading, warm-up, bench)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return 130

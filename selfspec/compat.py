@@ -5,7 +5,8 @@ Code written for `AutoModel.from_pretrained(..., trust_remote_code=True)` keeps 
 `NemotronLabsDiffusionModel` with the same argument names and the same return value,
 `(ids including the prompt [1, L + n], nfe)`, where nfe counts every model forward (prefill
 included). All decoding is lossless: upstream's `threshold` (a confidence shortcut) is
-accepted only at its default 0.0.
+accepted only at its default 0.0. `top_k` / `top_p` mean sampling, as in transformers; PRESTO's
+candidates per depth are `tree_top_k`.
 """
 
 from __future__ import annotations
@@ -34,22 +35,27 @@ def _run(model, prompt_ids, cfg: DecodeConfig, eos_token_id, mask_token_id=None,
     return torch.tensor([prompt + out], device=device), st.forwards + st.prefill_forwards
 
 
-def ar_generate(model, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, eos_token_id=None, **kw):
-    return _run(model, prompt_ids, DecodeConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature), eos_token_id, **kw)
+def ar_generate(model, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, eos_token_id=None,
+                top_k: int = 0, top_p: float = 1.0, **kw):
+    cfg = DecodeConfig(mode="ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    return _run(model, prompt_ids, cfg, eos_token_id, **kw)
 
 
 def linear_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_length: int = 32, temperature: float = 0.0,
-                         mask_token_id=None, eos_token_id=None, threshold: float = 0.0, schedule: str = "two-pass", **kw):
+                         mask_token_id=None, eos_token_id=None, threshold: float = 0.0, schedule: str = "two-pass",
+                         top_k: int = 0, top_p: float = 1.0, **kw):
     if threshold != 0.0:
         raise ValueError("threshold != 0 trades exactness for speed; selfspec decodes losslessly only (threshold=0.0)")
     cfg = DecodeConfig(mode="linear", schedule=schedule, block_length=block_length, max_new_tokens=max_new_tokens,
-                       temperature=temperature)
+                       temperature=temperature, top_k=top_k, top_p=top_p)
     return _run(model, prompt_ids, cfg, eos_token_id, mask_token_id, **kw)
 
 
 def presto_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_length: int = 32, temperature: float = 0.0,
-                         mask_token_id=None, eos_token_id=None, budget: int = 32, top_k: int = 4, lam: float = 0.2,
-                         rho: str = "ngram", schedule: str = "one-pass", **kw):
+                         mask_token_id=None, eos_token_id=None, budget: int = 32, tree_top_k: int = 4, lam: float = 0.2,
+                         rho: str = "ngram", schedule: str = "one-pass", top_k: int = 0, top_p: float = 1.0, **kw):
+    """`top_k` / `top_p` filter sampling (transformers' meaning); `tree_top_k` is the tree's candidates per depth."""
     cfg = DecodeConfig(mode="presto", schedule=schedule, block_length=block_length, max_new_tokens=max_new_tokens,
-                       temperature=temperature, budget=budget, tree_top_k=top_k, lam=lam, rho=rho)
+                       temperature=temperature, top_k=top_k, top_p=top_p, budget=budget, tree_top_k=tree_top_k,
+                       lam=lam, rho=rho)
     return _run(model, prompt_ids, cfg, eos_token_id, mask_token_id, **kw)

@@ -8,7 +8,8 @@ construction, so bad input fails before any model work.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 from huggingface_hub.dataclasses import strict
 from transformers import Ministral3Config
@@ -74,13 +75,17 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int = 0  # sampling top-k (0 = off)
     top_p: float = 1.0
-    budget: int = 32  # PRESTO node budget (verification nodes incl. root)
+    budget: int = 32  # PRESTO draft nodes under the root (the root is not counted: the tree has budget + 1 nodes)
     tree_top_k: int = 4  # PRESTO candidates per depth
     lam: float = 0.2
     rho: str = "ngram"
     draft_lora: bool = True  # use the checkpoint's linear_spec_lora adapter (if any) on draft rows
 
     def __post_init__(self):
+        for f in fields(self):  # every float option, present and future: NaN / inf would poison scores or sampling
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} must be a finite number, got {v}")
         if self.plan is not None and self.plan not in PLANS:
             raise ValueError(f"unknown plan {self.plan!r}; expected one of {PLANS}")
         if self.mode is None:
@@ -109,9 +114,9 @@ class DecodeConfig:
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
         if self.tree_top_k < 1:
-            raise ValueError(f"top-k (tree candidates per depth) must be >= 1, got {self.tree_top_k}")
+            raise ValueError(f"tree_top_k (tree candidates per depth) must be >= 1, got {self.tree_top_k}")
         if self.lam < 0:
-            raise ValueError(f"lambda must be >= 0, got {self.lam}")
+            raise ValueError(f"lam (PRESTO lambda) must be >= 0, got {self.lam}")
         if self.rho not in RHOS:
             raise ValueError(f"unknown rho {self.rho!r}; expected one of {RHOS}")
 

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.utils import ModelOutput
 
 from .config import NemotronLabsDiffusionConfig
+from .validate import check_device, check_safetensors_files
 
 
 @dataclass
@@ -161,6 +162,7 @@ def check_checkpoint_dir(path: str) -> None:
     vocab, mask = raw.get("vocab_size"), raw.get("mask_token_id")
     if vocab is not None and mask is not None and not 0 <= mask < vocab:
         raise ValueError(f"{cfg_path}: mask_token_id {mask} is outside the vocabulary [0, {vocab})")
+    check_safetensors_files(path)
     _check_tensor_shapes(path, raw)
 
 
@@ -247,8 +249,7 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
     from .tokenizer import load_tokenizer
 
     path = os.fspath(path) if path is not None else default_model_dir()
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path} does not exist")
+    check_device(device)
     if device is None and device_map is None:
         device = "cpu"
     on_gpu = (device or "").startswith("cuda") or device_map is not None
@@ -258,6 +259,10 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}")
         dtype = getattr(torch, dtype)
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype {dtype} is not a floating-point type; use float32, bfloat16 or float16")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path} does not exist")
     kw = {"dtype": dtype}
     if device_map is not None:
         kw["device_map"] = device_map

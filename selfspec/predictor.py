@@ -161,7 +161,7 @@ def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram) ->
 
 
 def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: int = 64, block_length: int = 16,
-            budget: int = 48, top_k: int = 4, shard_size: int = 16) -> int:
+            budget: int = 48, tree_top_k: int = 4, shard_size: int = 16) -> int:
     """Run tree verification over prompts; shards of examples go to `out` (resumable)."""
     from tqdm import tqdm
 
@@ -171,7 +171,7 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
     os.makedirs(out, exist_ok=True)
     # lambda = 0 trees (the marginals alone choose), with the n-gram context kept for the features
     cfg = DecodeConfig(mode="presto", schedule="two-pass", block_length=block_length, budget=budget,
-                       tree_top_k=top_k, lam=0.0, rho="ngram", max_new_tokens=max_new_tokens)
+                       tree_top_k=tree_top_k, lam=0.0, rho="ngram", max_new_tokens=max_new_tokens)
     shards = [prompts[i : i + shard_size] for i in range(0, len(prompts), shard_size)]
     total = 0
     for si, shard in enumerate(tqdm(shards, desc="collect", unit="shard")):
@@ -274,7 +274,7 @@ def main(argv=None):
     c.add_argument("--max-new-tokens", type=int, default=64)
     c.add_argument("--block-length", type=int, default=16)
     c.add_argument("--budget", type=int, default=48)
-    c.add_argument("--top-k", type=int, default=4)
+    c.add_argument("--tree-top-k", type=int, default=4, help="PRESTO candidates per depth")
     c.add_argument("--device", default=None)
     c.add_argument("--dtype", default=None)
     t = sub.add_parser("train", help="fit the MLP and save it next to the model")
@@ -294,7 +294,7 @@ def main(argv=None):
             prompts = [p["prompt"] for p in function_prompts(train_files, limit=a.prompts)]
         model, tok = load(a.model, dtype=a.dtype, device=a.device)
         n = collect(model, tok, prompts, a.out, max_new_tokens=a.max_new_tokens, block_length=a.block_length,
-                    budget=a.budget, top_k=a.top_k)
+                    budget=a.budget, tree_top_k=a.tree_top_k)
         print(json.dumps({"examples_written": n, "out": a.out}))
     else:
         shards = sorted(f for f in os.listdir(a.data) if f.startswith("shard_") and f.endswith(".pt"))

@@ -134,6 +134,10 @@ class TokenScore:
     def __call__(self, x) -> torch.Tensor:
         return self.lam * self.rho(x.w2, x.w1, x.t, x.depth)
 
+    def tokens(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int) -> torch.Tensor:
+        """The term for arbitrary (w2, w1, t) triples (candidates outside the table's top-K)."""
+        return self.lam * self.rho(w2, w1, t, depth)
+
     def table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
         """[D, K, K, K] scores, indexed as in `token_grid`."""
         return self.lam * self.rho(*token_grid(cand_tok, root, h2), 0)

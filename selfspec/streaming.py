@@ -62,7 +62,11 @@ def _held_suffix(text: str, stops: list[str]) -> int:
 
 @dataclass
 class Generation:
-    """An iterable of text deltas; after iteration holds the text, the ids, the stats and why it stopped."""
+    """An iterable of text deltas; after iteration holds the text, the ids, the stats and why it stopped.
+
+    finish_reason: "eos", "length", "stop_string", or "interrupted" (a KeyboardInterrupt, which
+    still propagates; `text` then holds what was yielded and `token_ids` every committed id).
+    """
 
     decoder: Decoder
     tokenizer: object
@@ -80,9 +84,9 @@ class Generation:
         detok = IncrementalDetokenizer(self.tokenizer)
         pending = ""  # decoded but held back (could begin a stop string)
         eos = self.decoder.eos
-        if self.streamer is not None:
-            self.streamer.put(torch.tensor([self.decoder.prompt]))
         try:
+            if self.streamer is not None:
+                self.streamer.put(torch.tensor([self.decoder.prompt]))
             for chunk in self.decoder:
                 self.token_ids.extend(chunk)
                 if self.streamer is not None and chunk:
@@ -109,6 +113,10 @@ class Generation:
                 yield pending
             last = self.token_ids[-1] if self.token_ids else None
             self.finish_reason = "eos" if last in eos else "length"
+        except KeyboardInterrupt:
+            # the caller decides what to show; `text` / `token_ids` hold what was committed so far
+            self.finish_reason = "interrupted"
+            raise
         finally:
             if self.streamer is not None:
                 self.streamer.end()

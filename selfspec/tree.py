@@ -16,6 +16,8 @@ Example (root 7, two candidates at depth 1, one child under the first):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from .scoring import Expansion, ScoreFn
@@ -114,9 +116,28 @@ def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:
 
 
 
+@dataclass(frozen=True)
+class ContextCandidates:
+    """Per-path candidates beyond q's top-K: what the context predicts after each path.
+
+    Under p*(t | c_d) ~ q_d(t) * rho(t | c_d)^lambda with a context rho, the tokens that can win
+    are q_d's top-K plus the context's continuations of that path, so the builder asks
+    `propose(context)` (the last committed tokens, then the path's tokens) for up to `width`
+    tokens under each of the `paths` best frontier nodes of a depth, and scores them with the
+    full marginal `logq` [D, V] and the same rho as the top-K.
+    """
+
+    propose: Callable[[list[int]], list[int]]
+    logq: torch.Tensor
+    context: tuple[int, ...]
+    width: int = 2
+    paths: int = 4
+
+
 def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budget: int,
                extra_score: ScoreFn | None = None, history: tuple[int, int] | None = None,
-               max_depth: int | None = None, entropy: torch.Tensor | None = None) -> Tree:
+               max_depth: int | None = None, entropy: torch.Tensor | None = None,
+               lookup: ContextCandidates | None = None) -> Tree:
     """Priority-based construction: the `budget` best draft nodes under the root, by path score.
 
     cand_lq / cand_tok [D, K] are the top-K log marginals and their tokens for depths 1..D
@@ -129,7 +150,12 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
 
     Example: q = [[.6, .3, .1], [.9, .05, .05]] (D=2, V=3), K=2, budget 2, no extra score:
         candidate paths 0 (.6), 1 (.3), 0->0 (.54), 1->0 (.27), ... -> keeps 0 and 0->0.
+    With `lookup` whose context continues "0" by token 2: under node 0 the candidates at depth
+    2 are 0, 1 (top-K) and 2 (.6 * .05 = .03), each scored the same way.
     """
+    if lookup is not None:
+        return _build_with_context(root, cand_lq, cand_tok, budget=budget, extra_score=extra_score,
+                                   history=history, max_depth=max_depth, lookup=lookup)
     depth_cap = cand_tok.shape[0] if max_depth is None else min(max_depth, cand_tok.shape[0])
     k = cand_tok.shape[1]
     if budget < 1 or depth_cap < 1:
@@ -191,6 +217,60 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
     remap = torch.full((count + 1,), -1, dtype=torch.long)  # slot -1 (last) maps the root's parent
     remap[keep] = torch.arange(keep.shape[0])
     return Tree(tokens[keep], remap[parents[keep]], depths[keep], scores[keep])
+
+
+def _build_with_context(root, cand_lq, cand_tok, *, budget, extra_score, history, max_depth,
+                        lookup: ContextCandidates) -> Tree:
+    """`build_tree` over q's top-K plus each path's context continuations (scored directly)."""
+    if extra_score is not None and not hasattr(extra_score, "tokens"):
+        raise ValueError("context candidates need a token-level rho (ngram or none), not a feature-level one")
+    depth_cap = cand_tok.shape[0] if max_depth is None else min(max_depth, cand_tok.shape[0])
+    if budget < 1 or depth_cap < 1:
+        return root_only(root)
+    K, E = cand_tok.shape[1], lookup.width
+    h2 = history[0] if history is not None else -1
+    f_idx, f_score = torch.tensor([0]), torch.zeros(1)
+    f_w2, f_w1 = torch.tensor([h2]), torch.tensor([root])
+    f_ctx = [tuple(lookup.context)]
+    tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
+    count, kth_best = 1, None
+    neg = float("-inf")
+    for d in range(1, depth_cap + 1):
+        p = f_idx.shape[0]
+        top = set(cand_tok[d - 1].tolist())
+        ext = torch.full((p, E), -1, dtype=torch.long)
+        for i in torch.argsort(-f_score, stable=True)[: lookup.paths].tolist():
+            extra = [t for t in lookup.propose(list(f_ctx[i])) if t not in top][:E]
+            ext[i, : len(extra)] = torch.tensor(extra, dtype=torch.long)
+        child_tok = torch.cat([cand_tok[d - 1].expand(p, K), ext], 1)
+        ext_lq = lookup.logq[d - 1][ext.clamp(min=0).to(lookup.logq.device)].float().cpu()
+        lq = torch.cat([cand_lq[d - 1].expand(p, K), ext_lq.masked_fill(ext < 0, neg)], 1)
+        s = lq
+        if extra_score is not None:
+            s = s + extra_score.tokens(f_w2[:, None].expand(p, K + E), f_w1[:, None].expand(p, K + E),
+                                       child_tok.clamp(min=0), d)
+        child = (f_score[:, None] + s).reshape(-1)
+        if kth_best is not None and float(child.max()) <= kth_best:
+            break
+        keep = torch.topk(child, min(budget, child.shape[0])).indices
+        keep = keep[child[keep] > neg]
+        if keep.numel() == 0:
+            break
+        parent_slot = keep // (K + E)
+        kept_tok = child_tok.reshape(-1)[keep]
+        tok_l.append(kept_tok)
+        par_l.append(f_idx[parent_slot])
+        dep_l.append(torch.full((keep.shape[0],), d))
+        score_l.append(child[keep])
+        n_ctx = len(lookup.context)
+        f_ctx = [(f_ctx[j] + (t,))[-n_ctx:] for j, t in zip(parent_slot.tolist(), kept_tok.tolist())]
+        f_w2, f_w1 = f_w1[parent_slot], kept_tok
+        f_idx, f_score = torch.arange(count, count + keep.shape[0]), child[keep]
+        count += keep.shape[0]
+        if count - 1 >= budget:
+            kth_best = float(torch.topk(torch.cat(score_l[1:]), budget).values[-1])
+    tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
+    return top_nodes(Tree(tokens, parents, depths, scores), budget)
 
 
 def top_nodes(tree: Tree, n: int) -> Tree:

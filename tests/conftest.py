@@ -1,9 +1,12 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch a hub
+# cost profiles measured by tests go to a throwaway folder, never the user's cache
+os.environ.setdefault("SELFSPEC_CACHE", tempfile.mkdtemp(prefix="selfspec-test-cache-"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from hypothesis import settings  # noqa: E402

@@ -20,25 +20,43 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
                "--max-new-tokens", "10", "--block-length", "4", "--out", str(out)])
     assert rc == 0
     stdout = capsys.readouterr().out.strip().splitlines()
-    assert stdout[0].startswith("| mode | schedule | budget | tau")
+    assert stdout[0].startswith("| mode | schedule | budget | T | tau")
     summary = json.loads(stdout[-1])
     res = json.loads((out / "results.json").read_text())
     assert summary["n_prompts"] == res["n_prompts"] == 2
     assert {"torch", "transformers"} <= set(res["versions"])
-    rows = {r["label"]: r for r in res["rows"]}
-    assert set(rows) == {"ar", "linear/two-pass", "linear/one-pass", "presto/two-pass/N=2", "presto/two-pass/N=6",
-                         "presto/one-pass/N=2", "presto/one-pass/N=6"}
-    ar_tps = rows["ar"]["tokens_per_second"]
-    for r in rows.values():
-        assert r["tau"] >= 1
-        assert len(r["records"]) == 2 and r["matches_ar"] == 2  # greedy: every mode equals AR
-        tps = sum(x["new_tokens"] for x in r["records"]) / sum(x["seconds"] for x in r["records"])
-        assert r["tokens_per_second"] == pytest.approx(tps)
-        assert r["speedup_vs_ar"] == pytest.approx(tps / ar_tps)
-        if r["schedule"] == "one-pass":
-            assert r["tpf"] <= r["tau"] + 1e-9
-    lin = rows["linear/one-pass"]["tokens_per_second"]
-    assert rows["presto/one-pass/N=6"]["speedup_vs_linear"] == pytest.approx(rows["presto/one-pass/N=6"]["tokens_per_second"] / lin)
+    rows = {(r["label"], r["temperature"]): r for r in res["rows"]}
+    labels = {"ar", "auto", "linear/two-pass", "linear/one-pass", "presto/two-pass/N=2", "presto/two-pass/N=6",
+              "presto/one-pass/N=2", "presto/one-pass/N=6", "hf-generate", "hf-generate/lookup=10"}
+    assert set(rows) == {(lab, t) for lab in labels for t in (0.0, 1.0)}  # default: greedy and sampled
+    for t in (0.0, 1.0):
+        ar_tps = rows["ar", t]["tokens_per_second"]
+        for (lab, temp), r in rows.items():
+            if temp != t:
+                continue
+            recs = r["records"]
+            assert len(recs) == 2
+            if t == 0:
+                assert r["matches_ar"] == 2  # greedy: every mode and both peers equal selfspec AR
+            tps = sum(x["new_tokens"] for x in recs) / sum(x["seconds"] for x in recs)
+            assert r["tokens_per_second"] == pytest.approx(tps)
+            assert r["speedup_vs_ar"] == pytest.approx(tps / ar_tps)
+            if lab.startswith("hf"):
+                assert r["tau"] is None  # peers report tokens/s only
+                continue
+            rounds, fwd = sum(x["rounds"] for x in recs), sum(x["forwards"] for x in recs)
+            committed = sum(sum(x["accept_lengths"]) for x in recs)
+            assert r["tau"] == pytest.approx(committed / rounds) and r["tpf"] == pytest.approx(committed / fwd)
+            if r["schedule"] == "two-pass":  # a draft pass per round, except where one token is left
+                assert rounds < fwd <= 2 * rounds
+            elif lab != "auto":  # AR and one-pass: one forward per round
+                assert fwd == rounds
+            if lab == "auto":
+                assert sum(r["plan_hist"].values()) == rounds
+    assert rows["ar", 0.0]["tau"] == 1.0 and rows["ar", 0.0]["accept_hist"] == {"1": rows["ar", 0.0]["new_tokens"] - 2}
+    lin = rows["linear/one-pass", 0.0]["tokens_per_second"]
+    n6 = rows["presto/one-pass/N=6", 0.0]
+    assert n6["speedup_vs_linear"] == pytest.approx(n6["tokens_per_second"] / lin)
     pytest.importorskip("matplotlib")
     for name in ("tau_tps_vs_budget.png", "acceptance_hist.png"):
         assert os.path.getsize(out / name) > 1000

@@ -95,7 +95,7 @@ def test_collection_writes_resumable_shards(tmp_path):
 
     model = tiny_model(vocab_size=8)
     n = collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), max_new_tokens=12, block_length=4,
-                budget=6, top_k=2, shard_size=2)
+                budget=6, tree_top_k=2, shard_size=2)
     assert n > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["shard_0000.pt", "shard_0001.pt"]
     assert collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), shard_size=2) == 0  # resumed: nothing to redo
     data = torch.load(tmp_path / "shard_0000.pt")

@@ -10,8 +10,11 @@ from selfspec.runtime import Decoder, generate_ids
 from conftest import tiny_model
 
 # (vocab, seed): small vocabularies make random drafts partly right, so accepted runs, tree
-# branches and bonus tokens are all exercised; 64 mostly rejects.
+# branches and bonus tokens are all exercised; 64 never accepts a draft, so it serves only the
+# tests that do not need acceptance. Every exactness case asserts its own acceptance.
 MODELS = {(8, 0): None, (8, 2): None, (12, 1): None, (64, 0): None}
+LINEAR_EXACT = [(8, 0), (12, 1)]  # (8, 2) accepts no linear draft on this prompt at B >= 8
+PRESTO_EXACT = [(8, 0), (8, 2), (12, 1)]
 
 
 def _model(key):
@@ -28,10 +31,12 @@ def _ar(model, prompt, n):
     return generate_ids(model, prompt, DecodeConfig(mode="ar", max_new_tokens=n), eos_token_id=[])[0]
 
 
-ACCEPTED = Counter()
+def _accepted_drafts(st) -> int:
+    """Rounds that accepted at least one draft token (a bonus alone is 1)."""
+    return sum(a > 1 for a in st.accept_lengths)
 
 
-@pytest.mark.parametrize("key", list(MODELS))
+@pytest.mark.parametrize("key", LINEAR_EXACT)
 @pytest.mark.parametrize("schedule", ["two-pass", "one-pass"])
 @pytest.mark.parametrize("block", [4, 8, 16])
 def test_linear_greedy_matches_ar(key, schedule, block):
@@ -40,11 +45,11 @@ def test_linear_greedy_matches_ar(key, schedule, block):
     ar = _ar(m, p, 40)
     out, st = generate_ids(m, p, DecodeConfig(mode="linear", schedule=schedule, block_length=block, max_new_tokens=40), eos_token_id=[])
     assert out == ar
-    assert st.new_tokens == 40 and st.tau >= 1 and max(st.accept_lengths) <= block
-    ACCEPTED["linear"] += sum(a > 1 for a in st.accept_lengths)
+    assert _accepted_drafts(st) >= 2  # the comparison could have failed: drafts were accepted
+    assert st.new_tokens == 40 and sum(st.accept_lengths) == st.round_tokens == 39 and max(st.accept_lengths) <= block
 
 
-@pytest.mark.parametrize("key", list(MODELS))
+@pytest.mark.parametrize("key", PRESTO_EXACT)
 @pytest.mark.parametrize("schedule", ["two-pass", "one-pass"])
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 def test_presto_greedy_matches_ar(key, schedule, budget):
@@ -55,25 +60,21 @@ def test_presto_greedy_matches_ar(key, schedule, budget):
         cfg = DecodeConfig(mode="presto", schedule=schedule, block_length=8, budget=budget, rho=rho, lam=lam, max_new_tokens=40)
         out, st = generate_ids(m, p, cfg, eos_token_id=[])
         assert out == ar
+        assert _accepted_drafts(st) >= 2  # the comparison could have failed: drafts were accepted
         assert len(st.oracle_lengths) == len(st.accept_lengths) == st.rounds
         assert all(o >= a for o, a in zip(st.oracle_lengths, st.accept_lengths))
-        ACCEPTED["presto"] += sum(a > 1 for a in st.accept_lengths)
 
 
-def test_the_exactness_tests_above_really_accepted_drafts():
-    # guards against a suite that passes only because nothing is ever accepted
-    if not ACCEPTED:
-        pytest.skip("run with the tests above")
-    assert ACCEPTED["linear"] > 20 and ACCEPTED["presto"] > 20
-
-
-def test_tpf_is_at_most_tau_and_two_pass_counts_both_passes():
+def test_one_pass_runs_one_forward_per_round_and_two_pass_counts_both_passes():
     m = _model((8, 0))
     p = _prompt(8)
     one = generate_ids(m, p, DecodeConfig(mode="linear", schedule="one-pass", block_length=8, max_new_tokens=30), eos_token_id=[])[1]
     two = generate_ids(m, p, DecodeConfig(mode="linear", schedule="two-pass", block_length=8, max_new_tokens=30), eos_token_id=[])[1]
-    assert one.forwards == one.rounds and one.tpf <= one.tau + 1e-9
-    assert two.forwards == 2 * two.rounds and abs(two.tpf - two.tau / 2) < 1e-9
+    for st in (one, two):
+        assert _accepted_drafts(st) >= 1 and st.rounds < 29  # fewer rounds than tokens: tau > 1 for real
+        assert sum(st.accept_lengths) == st.round_tokens == 29 and st.tau == pytest.approx(29 / st.rounds)
+    assert one.forwards == one.rounds and one.tpf == pytest.approx(29 / one.rounds)
+    assert two.forwards == 2 * two.rounds and two.tpf == pytest.approx(29 / (2 * two.rounds))
 
 
 @pytest.mark.parametrize("mode,schedule", [("ar", "two-pass"), ("linear", "two-pass"), ("linear", "one-pass"), ("presto", "one-pass"), ("presto", "two-pass")])
@@ -164,7 +165,7 @@ def test_a_consumer_that_stops_early_leaves_the_runtime_reusable():
     it = iter(dec)
     first = next(it)
     it.close()
-    assert first and dec.stats.seconds > 0
+    assert first and dec.stats.new_tokens == len(first)  # the stats hold what was emitted, no more
     assert generate_ids(m, p, cfg, eos_token_id=[])[0] == _ar(m, p, 30)
 
 
