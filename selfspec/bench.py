@@ -56,18 +56,25 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
         out.append(DecodeConfig(**{**base, "mode": "ar", "schedule": "two-pass"}))
     if "auto" in modes:
         out.append(DecodeConfig(**{**base, "mode": "auto"}))
+    if "lookup" in modes:
+        out.append(DecodeConfig(**{**base, "mode": "lookup"}))
     for s in schedules:
         if "linear" in modes:
             out.append(DecodeConfig(**{**base, "mode": "linear", "schedule": s}))
         if "presto" in modes:
-            out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b}) for b in budgets)
+            out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b, "lookup": False})
+                       for b in budgets)
+        if "hybrid" in modes:  # PRESTO with each path's context continuations among the candidates
+            out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b, "lookup": True})
+                       for b in budgets)
     return out
 
 
 def label(c: DecodeConfig) -> str:
-    if c.mode in ("ar", "auto"):
+    if c.mode in ("ar", "auto", "lookup"):
         return c.mode
-    return f"{c.mode}/{c.schedule}" + (f"/N={c.budget}" if c.mode == "presto" else "")
+    name = "hybrid" if c.mode == "presto" and c.lookup else c.mode
+    return f"{name}/{c.schedule}" + (f"/N={c.budget}" if c.mode == "presto" else "")
 
 
 def aggregate(records: list[dict]) -> dict:
@@ -214,7 +221,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     rows = []
     for (kind, r), recs in zip(runners, records):
         if kind == "cfg":
-            meta = {"label": label(r), "mode": r.mode, "schedule": None if r.mode in ("ar", "auto") else r.schedule,
+            meta = {"label": label(r), "mode": "hybrid" if r.mode == "presto" and r.lookup else r.mode,
+                    "schedule": None if r.mode in ("ar", "auto", "lookup") else r.schedule,
                     "budget": r.budget if r.mode == "presto" else None, "temperature": r.temperature, "config": r.__dict__}
         else:
             meta = {"label": r[0].label(), "mode": r[0].label(), "schedule": None, "budget": None,
@@ -235,7 +243,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         lin = next((x["tokens_per_second"] for x in rows if x["mode"] == "linear" and x["schedule"] == r["schedule"]
                     and x["temperature"] == t), None)
         r["speedup_vs_ar"] = r["tokens_per_second"] / ar_tps if ar_tps else None
-        r["speedup_vs_linear"] = r["tokens_per_second"] / lin if lin and r["mode"] == "presto" else None
+        r["speedup_vs_linear"] = r["tokens_per_second"] / lin if lin and r["mode"] in ("presto", "hybrid") else None
     return rows
 
 
@@ -246,8 +254,8 @@ def cmd_bench(a) -> int:
     from .model import default_model_dir, load
 
     for m in a.modes:
-        if m not in MODES:
-            raise ValueError(f"unknown mode {m!r}; expected some of {MODES}")
+        if m not in MODES + ("hybrid",):
+            raise ValueError(f"unknown mode {m!r}; expected some of {MODES + ('hybrid',)}")
     for s in a.schedules:
         if s not in SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; expected some of {SCHEDULES}")
@@ -261,7 +269,8 @@ def cmd_bench(a) -> int:
     temps = [a.temperature] if a.temperature is not None else a.temperatures
     configs = []
     for t in temps:
-        base = dict(max_new_tokens=a.max_new_tokens, temperature=t, top_k=a.top_k, top_p=a.top_p, block_length=a.block_length,
+        base = dict(lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram,
+                    lookup_tokens=a.lookup_tokens, max_new_tokens=a.max_new_tokens, temperature=t, top_k=a.top_k, top_p=a.top_p, block_length=a.block_length,
                     group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho,
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets))
         configs += grid(a.modes, a.schedules, a.budgets, base)
@@ -310,7 +319,8 @@ def add_bench_parser(sub, add_common_args) -> None:
     b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
-    b.add_argument("--modes", nargs="+", default=["ar", "auto", "linear", "presto"])
+    b.add_argument("--modes", nargs="+", default=["ar", "auto", "lookup", "linear", "presto", "hybrid"],
+                   help="rows: ar, auto, lookup, linear, presto, hybrid (PRESTO with context candidates)")
     b.add_argument("--peers", nargs="*", default=list(PEERS),
                    help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup)")
     b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],

@@ -32,12 +32,19 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--lookup", default=None, choices=["on", "off"],
+                   help="add each path's context continuations to PRESTO's candidates (default: on for --plan auto)")
+    p.add_argument("--lookup-min-ngram", type=int, default=1, help="context lookup: shortest n-gram matched")
+    p.add_argument("--lookup-max-ngram", type=int, default=3, help="context lookup: longest n-gram matched")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="--mode lookup: tokens copied per round")
     p.add_argument("--profile", default=None,
                    help="cost-profile JSON for --plan auto (default: measured once per device/model/dtype and cached)")
 
 
 def _decode_kwargs(a) -> dict:
-    return dict(mode=a.mode, plan=a.plan, schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
+    return dict(mode=a.mode, plan=a.plan, lookup=None if a.lookup is None else a.lookup == "on",
+                lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram, lookup_tokens=a.lookup_tokens,
+                schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                 budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
 
@@ -126,7 +133,7 @@ def main(argv=None) -> int:
     g.add_argument("--plan", default=None, choices=["auto", "fixed"],
                    help="auto (default): choose every round's layout from this device's cost profile; "
                         "fixed: the layout the flags give (naming --mode implies fixed)")
-    g.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto"],
+    g.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
                    help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
     g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")

@@ -15,7 +15,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import Ministral3Config
 
 DLM_PARADIGMS = ("bidirectional", "autoregressive", "block_diff", "sbd_block_diff")
-MODES = ("auto", "ar", "linear", "presto")
+MODES = ("auto", "ar", "linear", "presto", "lookup")
 PLANS = ("auto", "fixed")
 SCHEDULES = ("two-pass", "one-pass")
 RHOS = ("none", "ngram", "learned")
@@ -80,6 +80,12 @@ class DecodeConfig:
     lam: float = 0.2
     rho: str = "ngram"
     draft_lora: bool = True  # use the checkpoint's linear_spec_lora adapter (if any) on draft rows
+    # context lookup: mode "lookup" drafts a chain copied from the context (prompt lookup);
+    # `lookup` adds each path's context continuations to PRESTO's candidates (None: on for auto)
+    lookup: bool | None = None
+    lookup_min_ngram: int = 1
+    lookup_max_ngram: int = 3
+    lookup_tokens: int = 10
 
     def __post_init__(self):
         for f in fields(self):  # every float option, present and future: NaN / inf would poison scores or sampling
@@ -95,6 +101,16 @@ class DecodeConfig:
         object.__setattr__(self, "plan", "auto" if self.mode == "auto" else "fixed")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {MODES}")
+        if self.lookup is None:  # context candidates need a token-level rho: off with the learned one
+            object.__setattr__(self, "lookup", self.mode == "auto" and self.rho != "learned")
+        if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
+            raise ValueError(f"need 1 <= lookup_min_ngram <= lookup_max_ngram; got lookup_min_ngram="
+                             f"{self.lookup_min_ngram}, lookup_max_ngram={self.lookup_max_ngram}")
+        if self.lookup_tokens < 1:
+            raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
+        if self.lookup and self.rho == "learned" and self.mode in ("presto", "auto"):
+            raise ValueError("lookup candidates are scored with a token-level rho; use rho 'ngram' or 'none' with lookup, "
+                             "or lookup=False with rho 'learned'")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         if self.block_length < 2:

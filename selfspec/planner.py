@@ -41,6 +41,7 @@ class Option:
     groups: int = 0
     group_size: int = 0
     draft_pass: bool = False
+    source: str = "tree"  # "tree" (marginals, with context candidates) or "lookup" (a context chain)
 
     @property
     def query_tokens(self) -> int:
@@ -48,6 +49,8 @@ class Option:
 
     @property
     def label(self) -> str:
+        if self.source == "lookup":
+            return f"lookup/N={self.nodes}"
         if self.draft_pass:
             return f"two-pass/N={self.nodes}"
         if self.groups:
@@ -90,6 +93,33 @@ class Calibrator:
         self.accepted.index_add_(0, b, accepted.double())
 
 
+class PositionCalibrator:
+    """P(the i-th token of a context-lookup chain is accepted | the first i-1 were), per i.
+
+    Counts fade by `forget` per update, so what the context does now outweighs what it did
+    long ago, and one early miss cannot rule lookup out for good.
+    Example: position 1 reached 4 times and accepted 3 (no fading) -> (3 + 6 * 0.6) / (4 + 6) = 0.66.
+    """
+
+    def __init__(self, positions: int = 64, prior: float = 0.6, prior_weight: float = 6.0, forget: float = 0.97):
+        self.forget = forget
+        self.prior, self.a = prior, prior_weight
+        self.reached = torch.zeros(positions, dtype=torch.float64)
+        self.accepted = torch.zeros(positions, dtype=torch.float64)
+
+    def prob(self, n: int) -> torch.Tensor:
+        n = min(n, self.reached.shape[0])
+        return (self.accepted[:n] + self.a * self.prior) / (self.reached[:n] + self.a)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A chain of `drafted` tokens of which the first `accepted` were taken."""
+        drafted = min(drafted, self.reached.shape[0])
+        self.reached *= self.forget
+        self.accepted *= self.forget
+        self.reached[: min(accepted + 1, drafted)] += 1
+        self.accepted[: min(accepted, drafted)] += 1
+
+
 def local_scores(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """Each non-root node's score minus its parent's ([n-1]): its own log-probability term."""
     return scores[1:] - scores[parents[1:]]
@@ -126,6 +156,7 @@ class Forecast:
     accept: torch.Tensor | None = None  # P(accepted) per node of the largest tree, score order
     parents: torch.Tensor | None = None
     depths: torch.Tensor | None = None
+    kind: str = "tree"  # "tree": from marginals; "lookup": a context chain (no marginals at hand)
 
 
 class Planner:
@@ -143,22 +174,34 @@ class Planner:
         self.block_length = block_length
         self.allow_two_pass = allow_two_pass
         self.calibrator = Calibrator()
+        self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # per-round seconds outside forwards, by family
         self._recent: dict[str, list[float]] = {}
-        self.rate: float | None = None  # realised tokens/s, smoothed
+        self.rate: float | None = None  # predicted tokens/s of the chosen layouts, smoothed (Dinkelbach's rho)
+        self.scale: float | None = None  # measured / profiled forward time, smoothed
         self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
         self.probe_every, self.since_probe, self.probing = PROBE_MIN, 0, False
 
     # -- bookkeeping from executed rounds -----------------------------------------------------------
-    def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float) -> None:
+    def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float, c: int = 0) -> None:
+        """After a round: its overhead, and how the profile's forward time compares with reality."""
+        predicted = self.cost(option.query_tokens, c) + (self.cost(self.block_length, c) if option.draft_pass else 0)
+        if predicted > 0 and forward_seconds > 0:
+            r = forward_seconds / predicted
+            self.scale = r if self.scale is None else 0.9 * self.scale + 0.1 * r
         fam = _family(option)
         recent = self._recent.setdefault(fam, [])
         recent.append(max(0.0, seconds - forward_seconds))
         del recent[:-9]
         self.overhead[fam] = sorted(recent)[len(recent) // 2]  # a median: first-call costs do not linger
-        r = tokens / seconds if seconds > 0 else 0.0
-        self.rate = r if self.rate is None else 0.9 * self.rate + 0.1 * r
+        # a family not run lately drifts back towards AR's overhead: one slow round (a busy
+        # machine, a first call) must not rule it out for the rest of the generation
+        base = self.overhead.get("ar")
+        if base is not None:
+            for f, v in self.overhead.items():
+                if f != fam and f != "ar" and v > base:
+                    self.overhead[f] = v - 0.05 * (v - base)
 
     def observe_two_pass(self, forecast: Forecast) -> None:
         for n, e in self._yields(forecast, 10**9).items():
@@ -170,7 +213,7 @@ class Planner:
         s = self.cost(option.query_tokens, c)
         if option.draft_pass:
             s += self.cost(self.block_length, c)
-        return s + self.overhead.get(_family(option), 0.0)
+        return s * (self.scale or 1.0) + self.overhead.get(_family(option), 0.0)
 
     @staticmethod
     def _yields(f: Forecast, max_depth: int) -> dict[int, float]:
@@ -186,9 +229,9 @@ class Planner:
         """The option for this round and the predicted value of every candidate."""
         ar = Option(0)
         f1 = self._c(ar, c)
-        rho = max(self.rate or 0.0, 1.0 / f1)
+        rho = max(self.rate or 0.0, 1.0 / f1)  # never below AR's rate
         cap = lambda e: min(e, float(room))  # noqa: E731
-        if f.accept is not None:
+        if f.accept is not None and f.kind == "tree":
             self.last_yields = self._yields(f, 10**9)
         y_all = self.last_yields
         # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
@@ -202,16 +245,23 @@ class Planner:
                 table[o.label] = v = cap(e) - rho * self._c(o, c)
                 if v > best_v + 1e-12:
                     best, best_v = o, v
+        if f.kind == "lookup" and f.accept is not None:  # copy the context: verify-only chains
+            y = self._yields(f, 10**9)
+            for n in range(1, f.accept.shape[0]):
+                o = Option(n, source="lookup")
+                table[o.label] = v = cap(y[n]) - rho * self._c(o, c)
+                if v > best_v + 1e-12:
+                    best, best_v = o, v
         v_none = best_v
-        if f.accept is None:
+        if f.accept is None or f.kind == "lookup":
             # no marginals: AR-like rounds, and now and then a probe (a group on the root) that
             # buys marginals, so that a context that turns predictable is noticed
             self.since_probe += 1
-            if room > 1 and self.since_probe >= self.probe_every and best.nodes == 0:
+            if room > 1 and self.since_probe >= self.probe_every and best.nodes == 0 and self.group_sizes:
                 self.since_probe = 0
                 self.probing = True
                 return Option(0, 1, self.group_sizes[0]), table
-            return best, table
+            return self._chosen(best, table, c, room, self._yields(f, 10**9) if f.kind == "lookup" else y_all)
         if self.probing:  # the probe's forecast decides how soon to probe again
             self.probing = False
         # value of holding marginals of depth G-1 next round: one step ahead, over not holding them
@@ -242,6 +292,16 @@ class Planner:
             self.probe_every = min(self.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
         else:
             self.probe_every = PROBE_MIN
+        return self._chosen(best, table, c, room, y_all if f.kind == "tree" else self._yields(f, 10**9))
+
+    def _chosen(self, best: Option, table: dict, c: int, room: int, yields: dict) -> tuple[Option, dict]:
+        """Move rho towards the predicted rate of the layout chosen (the Dinkelbach update)."""
+        if best.draft_pass:
+            e = self.two_pass_yield.get(best.nodes, yields.get(min(best.nodes, max(yields)), 1.0))
+        else:
+            e = yields.get(min(best.nodes, max(yields)), 1.0)
+        r = min(e, float(room)) / self._c(best, c)
+        self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
         return best, table
 
 

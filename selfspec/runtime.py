@@ -29,11 +29,13 @@ import torch
 
 from .config import DecodeConfig
 from .forward import FastForward
+from .lookup import ContextIndex
 from .masks import tree_block
 from .planner import Forecast, Option, Planner, acceptance, local_scores, log2_budgets
 from .sampling import select
 from .scoring import NgramRho, make_extra_score, path_context
-from .tree import Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only, top_nodes
+from .tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
+                   top_nodes)
 from .verify import oracle_length, walk
 
 
@@ -119,14 +121,18 @@ def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
 
 
 def lookahead(cfg: DecodeConfig) -> int:
-    """Positions a round may use beyond the committed text (draft block or mask group)."""
-    return 0 if cfg.mode == "ar" else max(cfg.block_length, cfg.group)
+    """Positions a round may use beyond the committed text (draft block, mask group, copied chain)."""
+    if cfg.mode == "ar":
+        return 0
+    if cfg.mode == "lookup":
+        return cfg.lookup_tokens
+    return max(cfg.block_length, cfg.group, cfg.lookup_tokens if cfg.lookup else 0)
 
 
 def scratch(cfg: DecodeConfig) -> int:
     """Cache slots a round may write beyond the committed text (every query token of a round)."""
     nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
-    return max(cfg.block_length, (nodes + 1) * (cfg.group + 1))
+    return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
 
 
 def engine(model) -> FastForward:
@@ -172,6 +178,9 @@ class Decoder:
         self.recorder = None
         self.on_round = None
         self.k = cfg.tree_top_k if trees else 1
+        uses_index = cfg.mode == "lookup" or (trees and cfg.lookup)
+        self.index = ContextIndex(self.prompt, min_ngram=cfg.lookup_min_ngram,
+                                  max_ngram=cfg.lookup_max_ngram) if uses_index else None
         self.planner = None
         if cfg.mode == "auto":
             from .profile import cost_model
@@ -239,14 +248,29 @@ class Decoder:
         if self.cfg.mode == "linear":
             lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]
             return chain([root] + tok.tolist(), torch.cat([torch.zeros(1), lq.cumsum(0)]))
-        h2 = path_context(self.prompt + self.emitted, [], 2)[0]
+        tail = self._tail(max(2, self.cfg.lookup_max_ngram))
+        h2 = path_context(tail, [], 2)[0]
+        ctx = None
+        if self.cfg.lookup and self.index is not None and marg.logq is not None:
+            ctx = ContextCandidates(lambda path: self.index.continuations(path, 2), marg.logq,
+                                    tuple(tail[-self.cfg.lookup_max_ngram:]))
         return build_tree(root, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], budget=nodes,
-                          extra_score=self.extra, history=(h2, root), max_depth=depth, entropy=marg.entropy)
+                          extra_score=self.extra, history=(h2, root), max_depth=depth, entropy=marg.entropy,
+                          lookup=ctx)
+
+    def _lookup_chain(self, root: int, room: int) -> Tree:
+        """Prompt lookup: the tokens that followed the latest match of the context's last n-gram."""
+        if room <= 1:
+            return root_only(root)
+        drafted = self.index.propose(self._tail(self.cfg.lookup_max_ngram), min(self.cfg.lookup_tokens, room - 1))
+        return chain([root] + drafted, torch.zeros(len(drafted) + 1))
 
     def _fixed_option(self) -> Option:
         c = self.cfg
         if c.mode == "ar":
             return Option(0)
+        if c.mode == "lookup":
+            return Option(c.lookup_tokens, source="lookup")
         n = c.budget if c.mode == "presto" else c.block_length - 1
         if c.schedule == "two-pass":
             return Option(n, draft_pass=True)
@@ -254,8 +278,18 @@ class Decoder:
 
     def _forecast(self, root: int, marg: Marginals | None, room: int) -> tuple[Forecast, Tree | None]:
         """The largest tree the planner may pick from, with calibrated acceptance per node."""
-        if marg is None or room <= 1:
+        if room <= 1:
             return Forecast(), None
+        if marg is None:
+            if self.index is None:
+                return Forecast(), None
+            tree = self._lookup_chain(root, room)
+            if len(tree) == 1:
+                return Forecast(), None
+            p = self.planner.lookup_calibrator.prob(len(tree) - 1)
+            tree = Tree(tree.tokens, tree.parents, tree.depths, torch.cat([torch.zeros(1), p.log().cumsum(0)]).float())
+            return Forecast(torch.cat([torch.ones(1, dtype=torch.float64), p.cumprod(0)]), tree.parents,
+                            tree.depths, kind="lookup"), tree
         tree = self._draft(root, marg, self.cfg.budget, room)
         prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
         return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths), tree
@@ -294,7 +328,14 @@ class Decoder:
         self.stats.new_tokens = len(self.emitted)
         if self.rho is not None and out:
             self.rho.extend(out)
+        if self.index is not None and out:
+            self.index.extend(out)
         return out, done
+
+    def _tail(self, n: int) -> list[int]:
+        """The last n committed tokens (the root is the last), without copying the whole text."""
+        e = self.emitted
+        return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
 
     def _run(self):
         cfg = self.cfg
@@ -320,6 +361,8 @@ class Decoder:
             t0 = time.perf_counter()
             if big is not None and not option.draft_pass:
                 tree = top_nodes(big, option.nodes) if option.nodes else root_only(root)
+            elif option.source == "lookup":
+                tree = self._lookup_chain(root, room)
             else:
                 tree = self._draft(root, marg, option.nodes, room)
             self.stats.tree_seconds += time.perf_counter() - t0
@@ -327,7 +370,7 @@ class Decoder:
                 prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
                 self.planner.observe_two_pass(Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths))
             cands = marg
-            if marg is not None or (fixed is not None and cfg.mode != "ar"):
+            if marg is not None or (fixed is not None and cfg.mode not in ("ar", "lookup")):
                 empty = torch.zeros(0, 1, dtype=torch.long)
                 self._pending_oracle.append((len(self.emitted), empty if marg is None else marg.top_tok[:, : cfg.tree_top_k]))
             n = len(tree)
@@ -347,7 +390,9 @@ class Decoder:
             if self.recorder is not None and marg is not None and n > 1:
                 self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
                               tuple(path_context(self.prompt + self.emitted, [], 2)), self.rho)
-            if self.planner is not None and n > 1:
+            if self.planner is not None and n > 1 and option.source == "lookup":
+                self.planner.lookup_calibrator.update(n - 1, len(path) - 1)
+            elif self.planner is not None and n > 1:
                 on_path = torch.zeros(n, dtype=torch.bool)
                 on_path[path] = True
                 self.planner.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]],
@@ -367,7 +412,7 @@ class Decoder:
             self.stats.round_tokens += len(chunk)
             if self.planner is not None:
                 self.planner.observe(option, len(chunk), time.perf_counter() - t_round,
-                                     self.stats.forward_seconds - f_before)
+                                     self.stats.forward_seconds - f_before, c)
             if self.on_round is not None:
                 self.on_round({
                     "round": self.stats.rounds - 1, "c": c, "tree": tree,
@@ -386,9 +431,10 @@ class Decoder:
 
 
 def _fixed_label(cfg: DecodeConfig) -> str:
-    if cfg.mode == "ar":
-        return "ar"
-    return f"{cfg.mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if cfg.mode == "presto" else "")
+    if cfg.mode in ("ar", "lookup"):
+        return cfg.mode
+    return (f"{cfg.mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if cfg.mode == "presto" else "")
+            + ("/lookup" if cfg.mode == "presto" and cfg.lookup else ""))
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:

@@ -179,7 +179,7 @@ def test_missing_model_directory_is_one_line_exit_2(capsys):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--max-new-tokens", "250"], "needs 259 positions; the model has max_position_embeddings=256"),
+    (["--max-new-tokens", "250", "--mode", "presto"], "needs 259 positions; the model has max_position_embeddings=256"),
     (["--rho", "learned"], "rho 'learned' needs a trained predictor"),
     (["--stop", ""], "stop strings must be non-empty"),
 ])
