@@ -240,7 +240,7 @@ def _build_with_context(root, cand_lq, cand_tok, *, budget, extra_score, history
         top = set(cand_tok[d - 1].tolist())
         ext = torch.full((p, E), -1, dtype=torch.long)
         for i in torch.argsort(-f_score, stable=True)[: lookup.paths].tolist():
-            extra = [t for t in lookup.propose(list(f_ctx[i])) if t not in top][:E]
+            extra = [t for t in dict.fromkeys(lookup.propose(list(f_ctx[i]))) if t not in top][:E]
             ext[i, : len(extra)] = torch.tensor(extra, dtype=torch.long)
         child_tok = torch.cat([cand_tok[d - 1].expand(p, K), ext], 1)
         ext_lq = lookup.logq[d - 1][ext.clamp(min=0).to(lookup.logq.device)].float().cpu()
