@@ -1,4 +1,4 @@
-"""Command line: `python -m selfspec generate ...` and `python -m selfspec bench ...`."""
+"""Command line: `python -m selfspec generate ...`, `python -m selfspec bench ...` and `python -m selfspec trace ...`."""
 
 from __future__ import annotations
 
@@ -86,6 +86,9 @@ def main(argv=None) -> int:
     from .bench import add_bench_parser
 
     add_bench_parser(sub, _add_common_args)
+    from .trace import add_trace_parser
+
+    add_trace_parser(sub, _add_common_args)
     a = ap.parse_args(argv)
     a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:

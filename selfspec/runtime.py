@@ -120,6 +120,7 @@ class Decoder:
         else:
             self.extra = make_extra_score(self.rho, cfg.lam) if presto else None
         self.recorder = None  # optional callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram)
+        self.on_round = None  # optional callback(info: dict) once per round; keys in selfspec.trace
         self.k = cfg.tree_top_k if cfg.mode == "presto" else 1
         self.oracle_k = cfg.tree_top_k
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
@@ -234,6 +235,7 @@ class Decoder:
         yield chunk
         while not done:
             c = kv.length(cache)
+            f0, q0, built_from = self.stats.forward_seconds, self.stats.query_tokens, cands
             room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
             if not one_pass and cfg.mode != "ar":
                 cands = self._draft_pass(root, c) if room > 1 else None
@@ -270,12 +272,25 @@ class Decoder:
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
             self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
+            if self.on_round is not None:  # the trace hook (contract: selfspec/trace.py docstring)
+                self.on_round(dict(
+                    round=self.stats.rounds - 1, c=c, tree=tree, cands=built_from, targets=targets, path=path,
+                    bonus=bonus, committed=chunk, layout=_layout(cfg), forward_seconds=self.stats.forward_seconds - f0,
+                    query_tokens=self.stats.query_tokens - q0, lam=cfg.lam if cfg.mode == "presto" else 0.0,
+                    oracle_candidates=self._pending_oracle[-1][1] if cfg.mode != "ar" else torch.zeros(0, 1, dtype=torch.long)))
             yield chunk
 
     def _finish_oracle(self) -> None:
         for start, cand in self._pending_oracle[: self.stats.rounds]:
             self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
         self._pending_oracle.clear()
+
+
+def _layout(cfg: DecodeConfig) -> str:
+    """A round's layout label: "ar", "linear/two-pass", "presto/one-pass/N=32"."""
+    if cfg.mode == "ar":
+        return "ar"
+    return f"{cfg.mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if cfg.mode == "presto" else "")
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:
