@@ -162,6 +162,30 @@ def test_committed_spans_concatenate_to_the_generated_text(run):
         assert text == TOK.decode(chunk)  # one round's span is that round's tokens
 
 
+class ByteTokenizer:
+    """id i >= 5 is the byte i - 5; broken UTF-8 decodes to U+FFFD (like byte-fallback tokenizers)."""
+
+    def decode(self, ids, skip_special_tokens=True, **_):
+        return bytes(i - 5 for i in ids if i >= 5).decode("utf-8", errors="replace")
+
+
+def test_spans_never_split_a_character_and_keep_an_unfinished_tail():
+    a, e1, e2 = ord("a") + 5, 0xC3 + 5, 0xA9 + 5  # "é" is C3 A9
+    tr = Trace(ByteTokenizer(), [a])
+    tr.chunks = [[a], [e1], [e2, a]]
+    page = Page(tr.to_html())
+    assert [s[1] for s in page.spans] == ["a", "", "\u00e9a"]  # the half character waits for its round
+    tr.chunks = [[a], [e1], [e2, e1]]  # the generation ends inside a character: the tail is still shown
+    assert [s[1] for s in Page(tr.to_html()).spans] == ["a", "", "\u00e9\ufffd"]
+
+
+def test_a_generation_without_rounds_still_shows_its_first_token():
+    gen = generate(tiny_model(), TOK, [5, 6, 7, 8], max_new_tokens=1, trace=True)
+    page = Page(gen.trace.to_html())
+    assert gen.stats.rounds == 0 and page.trees == [] and gen.text
+    assert page.spans == [["prefill", visible(gen.text)]]
+
+
 def test_hook_records_agree_with_the_run_stats():
     gen, raw = _run(tiny_model(), [5, 6, 7], max_new_tokens=30, eos_token_id=[], mode="presto",
                     schedule="two-pass", budget=6, block_length=5)
