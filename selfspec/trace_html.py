@@ -178,8 +178,9 @@ def draw_tree(r, text) -> str:
                    f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="3"/>'
                    f'<text x="{x + 4}" y="{y + BOX_H // 2}">{esc(short(text(t)))}</text></g>')
     x, y = xy(r.depths[end] + 1, trow)
-    tip = f"target token \u201c{text(r.bonus)}\u201d (id {r.bonus}): the walk stopped at node {end}; emitted as the bonus"
-    out.append(f'<g class="t"><title>{esc(tip)}</title><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="3"/>'
+    tip = f"target token \u201c{text(r.bonus)}\u201d (id {r.bonus}): the walk stopped at node {end}; the bonus"
+    out.append(f'<g class="t"><title>{esc(tip)}</title>'
+               f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="3"/>'
                f'<text x="{x + 4}" y="{y + BOX_H // 2}">{esc(short(text(r.bonus)))}</text></g>')
     out.append("</svg>")
     return "".join(out)
@@ -220,43 +221,29 @@ def text_spans(tokenizer, chunks: list[list[int]]) -> list[str]:
     return spans
 
 
+LEGEND_STRIP = ('<p class="legend"><span style="background:#2a8a2a;color:#fff">accepted (tokens committed)</span>'
+                '<span style="border-color:#c08a00">oracle (perfect tree, same top-K)</span></p>')
+LEGEND_TREE = ('<p class="legend"><span style="background:#c9efc9">accepted path</span><span style="opacity:.45">rejected'
+               '</span><span style="background:#fff3c4;border-style:dashed">target where the walk stopped (bonus)</span>'
+               " \u00b7 hover a node for its scores</p>")
+
+
 def render(trace, *, open_rounds: int = 8, max_trees: int = 128) -> str:
     """The whole page for a `selfspec.trace.Trace` (see the module docstring)."""
     if open_rounds < 0 or max_trees < 0:
         raise ValueError(f"open_rounds and max_trees must be >= 0, got {open_rounds}, {max_trees}")
-    tok, rounds = trace.tokenizer, trace.rounds
-    text = _TokenText(tok)
-    oracle = trace.oracle_lengths()
-    accepted = [r.accepted for r in rounds]
-    layout = rounds[0].layout if rounds else trace.settings.get("mode", "")
-    new = len(trace.token_ids)
-    fwd = sum(r.forward_seconds for r in rounds)
+    rounds, oracle = trace.rounds, trace.oracle_lengths()
+    text = _TokenText(trace.tokenizer)
+    spans = text_spans(trace.tokenizer, trace.token_chunks)
+    layout = rounds[0].layout if rounds else str(trace.settings.get("mode", ""))
     out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
            f"<title>selfspec trace \u00b7 {esc(layout)}</title><style>{CSS}</style></head><body>",
-           f'<h1 id="top">selfspec trace <small>{esc(layout)}</small></h1>']
-    tau = sum(accepted) / len(rounds) if rounds else 0.0
-    otau = sum(oracle) / len(rounds) if rounds else 0.0
-    out.append(f'<p class="meta">{len(trace.prompt_ids)} prompt tokens \u00b7 {new} new tokens \u00b7 {len(rounds)} rounds '
-               f"\u00b7 tau {tau:.2f} (oracle {otau:.2f}) \u00b7 model time {fwd * 1e3:.1f} ms \u00b7 "
-               f"{sum(r.query_tokens for r in rounds)} query tokens</p>")
+           f'<h1 id="top">selfspec trace <small>{esc(layout)}</small></h1>', _totals(trace, oracle)]
     if trace.settings:
         out.append('<p class="meta">' + esc(" \u00b7 ".join(f"{k}={v}" for k, v in trace.settings.items())) + "</p>")
-    out.append("<h2>Accepted length per round</h2><p class=\"legend\"><span style=\"background:#2a8a2a;color:#fff\">"
-               "accepted (tokens committed)</span><span style=\"border-color:#c08a00\">oracle (perfect tree, same top-K)</span>"
-               "</p>")
-    out.append(f'<div class="scroll">{draw_strip(accepted, oracle)}</div>')
-    out.append("<h2>Generated text</h2><pre class=\"gen\">")
-    out.append(f'<span class="prompt">{esc(tok.decode(trace.prompt_ids, skip_special_tokens=True))}</span>')
-    spans = text_spans(tok, trace.token_chunks)
-    for i, s in enumerate(spans):
-        if i == 0:
-            out.append(f'<a class="c pre" data-round="prefill" href="#top" title="prefill">{esc(s)}</a>')
-        else:
-            out.append(f'<a class="c k{(i - 1) % 2}" data-round="{i - 1}" href="#r{i - 1}" title="round {i - 1}: {len(trace.token_chunks[i])} tokens">'
-                       f"{esc(s)}</a>")
-    out.append("</pre><h2>Rounds</h2><p class=\"legend\"><span style=\"background:#c9efc9\">accepted path</span>"
-               "<span style=\"opacity:.45\">rejected</span><span style=\"background:#fff3c4;border-style:dashed\">"
-               "target where the walk stopped (bonus)</span> hover a node for its scores</p>")
+    out += ["<h2>Accepted length per round</h2>", LEGEND_STRIP,
+            f'<div class="scroll">{draw_strip([r.accepted for r in rounds], oracle)}</div>',
+            "<h2>Generated text</h2>", _text(trace, spans), "<h2>Rounds</h2>", LEGEND_TREE]
     for r, o in zip(rounds[:max_trees], oracle):
         said = esc(spans[r.round + 1]) if r.round + 1 < len(spans) else ""
         out.append(f'<details class="round" id="r{r.round}"{" open" if r.round < open_rounds else ""}><summary>'
@@ -265,13 +252,38 @@ def render(trace, *, open_rounds: int = 8, max_trees: int = 128) -> str:
                    f'<div class="meta">cache {r.c} \u00b7 {esc(r.layout)} \u00b7 \u03bb {r.lam:g} \u00b7 '
                    f"forward {r.forward_seconds * 1e3:.2f} ms \u00b7 {r.query_tokens} query tokens</div>"
                    f'<div class="scroll">{draw_tree(r, text)}</div></details>')
-    if len(rounds) > max_trees:
+    if len(rounds) > max_trees:  # folded for good: one table row per round keeps big runs small
         out.append(f'<details class="folded"><summary>rounds {max_trees}-{len(rounds) - 1} (trees not drawn: '
-                   f"past max_trees={max_trees})</summary><table class=\"sum\"><tr><th>round</th><th>nodes</th>"
+                   f'past max_trees={max_trees})</summary><table class="sum"><tr><th>round</th><th>nodes</th>'
                    "<th>accepted</th><th>oracle</th><th>committed</th></tr>")
         for r, o in zip(rounds[max_trees:], oracle[max_trees:]):
-            out.append(f'<tr id="r{r.round}"><td>{r.round}</td><td>{len(r.tokens)}</td><td>{r.accepted}</td><td>{o}</td>'
-                       f"<td><code>{esc(''.join(text(t) for t in r.committed))}</code></td></tr>")
+            said = esc(spans[r.round + 1]) if r.round + 1 < len(spans) else ""
+            out.append(f'<tr id="r{r.round}"><td>{r.round}</td><td>{len(r.tokens)}</td><td>{r.accepted}</td>'
+                       f"<td>{o}</td><td><code>{said}</code></td></tr>")
         out.append("</table></details>")
     out.append("</body></html>\n")
+    return "".join(out)
+
+
+def _totals(trace, oracle: list[int]) -> str:
+    rounds = trace.rounds
+    n = max(len(rounds), 1)
+    tau, otau = sum(r.accepted for r in rounds) / n, sum(oracle) / n
+    fwd = sum(r.forward_seconds for r in rounds)
+    return (f'<p class="meta">{len(trace.prompt_ids)} prompt tokens \u00b7 {len(trace.token_ids)} new tokens \u00b7 '
+            f"{len(rounds)} rounds \u00b7 tau {tau:.2f} (oracle {otau:.2f}) \u00b7 model time {fwd * 1e3:.1f} ms "
+            f"\u00b7 {sum(r.query_tokens for r in rounds)} query tokens</p>")
+
+
+def _text(trace, spans: list[str]) -> str:
+    """The prompt (dim), then one <a class="c"> per chunk: the prefill's token, then each round's tokens."""
+    prompt = esc(trace.tokenizer.decode(trace.prompt_ids, skip_special_tokens=True))
+    out = [f'<pre class="gen"><span class="prompt">{prompt}</span>']
+    for i, (s, chunk) in enumerate(zip(spans, trace.token_chunks)):
+        if i == 0:
+            out.append(f'<a class="c pre" data-round="prefill" href="#top" title="prefill">{esc(s)}</a>')
+        else:
+            out.append(f'<a class="c k{(i - 1) % 2}" data-round="{i - 1}" href="#r{i - 1}" '
+                       f'title="round {i - 1}: {len(chunk)} tokens">{esc(s)}</a>')
+    out.append("</pre>")
     return "".join(out)
