@@ -116,7 +116,8 @@ class Trace:
 
     `chunks` are the token chunks the generation emitted (chunk 0 is the prefill's first token,
     chunk i the tokens of round i-1); `selfspec.stream(..., trace=True)` fills them. A trace fed
-    by the hook alone takes the first token from round 0's root.
+    by the hook alone takes the first token from round 0's root. With a stop string the page
+    shows the last round's tokens whole (`Generation.text` ends before the stop string).
     """
 
     def __init__(self, tokenizer, prompt_ids: list[int], *, settings: dict | None = None):

@@ -19,7 +19,7 @@ from selfspec.trace import Trace, split_scores
 from selfspec.trace_html import esc, short, tree_rows, visible
 from selfspec.verify import walk
 
-from conftest import tiny_config, tiny_model
+from conftest import SHIPPED, tiny_config, tiny_model
 
 HOSTILE = ["<script>alert(1)</script>", "&amp;", '"', "'", "\x00", "\x1b[2J", "</svg>", "<!--", "]]>",
            "<img src=x onerror=alert(2)>", "\u0085", "a\rb", " x", "\n", "&#60;", "</pre>"]
@@ -303,3 +303,18 @@ def test_cli_trace_rejects_bad_input_before_loading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no_such_dir" in err and "nonexistent" not in err
     assert not out.parent.exists()
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.safetensors")), reason="no shipped model")
+def test_docs_example_draws_a_round_of_the_shipped_model(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "round.svg"
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", "render_trace.py"), "--out", str(out)],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = Page(out.read_text(encoding="utf-8"))
+    assert len(page.trees) == 1 and len(page.trees[0]["nodes"]) == 33 and len(page.trees[0]["accepted"]) >= 2
+    assert "<style>" in out.read_text(encoding="utf-8")  # standalone: its own styles
