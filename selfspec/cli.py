@@ -1,4 +1,4 @@
-"""Command line: `python -m selfspec generate ...` and `python -m selfspec bench ...`."""
+"""Command line: `python -m selfspec generate ...`, `python -m selfspec bench ...` and `python -m selfspec trace ...`."""
 
 from __future__ import annotations
 
@@ -145,6 +145,9 @@ def main(argv=None) -> int:
     from .profile import add_profile_parser
 
     add_profile_parser(sub)
+    from .trace import add_trace_parser
+
+    add_trace_parser(sub, _add_common_args)
     a = ap.parse_args(argv)
     a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:

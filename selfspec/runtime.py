@@ -346,7 +346,7 @@ class Decoder:
         chunk, done = self._emit([root])
         yield chunk
         while not done:
-            t_round, f_before = time.perf_counter(), self.stats.forward_seconds
+            t_round, f_before, q_before = time.perf_counter(), self.stats.forward_seconds, self.stats.query_tokens
             room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
             big = None
             if fixed is not None:
@@ -379,10 +379,8 @@ class Decoder:
             G = option.group_size or cfg.group
             block, offsets = tree_block(tree.parents, tree.depths, owners, G if owners is not None else 0)
             tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
-            f0 = self.stats.forward_seconds
             hidden = self._forward(tokens, offsets, None if tokens.shape[0] == 1 else block,
                                    draft_from=n if owners is not None else None)
-            round_forward = self.stats.forward_seconds - f0
             self.stats.forwards += 1
             self.stats.query_tokens += tokens.shape[0]
             targets = self._targets(hidden[:n])
@@ -413,14 +411,17 @@ class Decoder:
             if self.planner is not None:
                 self.planner.observe(option, len(chunk), time.perf_counter() - t_round,
                                      self.stats.forward_seconds - f_before, c)
-            if self.on_round is not None:
+            if self.on_round is not None:  # the trace hook (contract: selfspec/trace.py docstring)
                 self.on_round({
                     "round": self.stats.rounds - 1, "c": c, "tree": tree,
                     "cands": None if cands is None else (cands.top_lq, cands.top_tok, cands.entropy),
                     "targets": targets, "path": path, "bonus": bonus, "committed": chunk,
                     "layout": option.label if fixed is None else _fixed_label(cfg),
-                    "forward_seconds": round_forward, "query_tokens": int(tokens.shape[0]), "lam": cfg.lam,
-                    "oracle_candidates": None if cands is None else cands.top_tok[:, : cfg.tree_top_k]})
+                    "forward_seconds": self.stats.forward_seconds - f_before,
+                    "query_tokens": self.stats.query_tokens - q_before,
+                    "lam": cfg.lam if cfg.mode in ("presto", "auto") else 0.0,
+                    "oracle_candidates": (torch.zeros(0, 1, dtype=torch.long) if cands is None
+                                          else cands.top_tok[:, : cfg.tree_top_k])})
             yield chunk
 
     def _finish_oracle(self) -> None:

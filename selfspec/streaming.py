@@ -75,6 +75,7 @@ class Generation:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    trace: object | None = None  # a selfspec.trace.Trace when stream(..., trace=True)
 
     @property
     def stats(self) -> Stats:
@@ -89,6 +90,8 @@ class Generation:
                 self.streamer.put(torch.tensor([self.decoder.prompt]))
             for chunk in self.decoder:
                 self.token_ids.extend(chunk)
+                if self.trace is not None:
+                    self.trace.add_chunk(chunk)
                 if self.streamer is not None and chunk:
                     self.streamer.put(torch.tensor(chunk))
                 pending += detok.push(chunk)
@@ -158,7 +161,7 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 
 
 def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torch.Generator | None = None,
-           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, profile=None,
+           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, profile=None, trace: bool = False,
            **decode) -> Generation:
     """Start a generation; iterate the result for text deltas. All errors are raised here.
 
@@ -166,6 +169,7 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     group_size, group_nodes, temperature, top_k, top_p, budget, tree_top_k, lam, rho).
     `profile` (plan "auto"): a cost-profile path or `profile.CostProfile`; default: this
     device's cached profile, measured on first use.
+    trace=True records every round (`selfspec.trace`): the result's `.trace.to_html()`.
     """
     try:
         cfg = DecodeConfig(**decode)
@@ -182,12 +186,22 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise ValueError("stop strings must be non-empty")
+    if not isinstance(trace, bool):
+        raise ValueError(f"trace must be True or False, got {trace!r}")
     if cfg.mode == "auto":
         from .profile import cost_model
 
         profile = cost_model(model, profile)  # a bad profile file fails here, before any model work
     dec = Decoder(model, ids, cfg, eos_token_id=eos_token_id, generator=generator, profile=profile)
-    return Generation(dec, tokenizer, stops, streamer)
+    gen = Generation(dec, tokenizer, stops, streamer)
+    if trace:
+        from dataclasses import asdict
+
+        from .trace import Trace
+
+        gen.trace = Trace(tokenizer, ids, settings=asdict(cfg))
+        dec.on_round = gen.trace.add
+    return gen
 
 
 def generate(model, tokenizer, prompt, **kwargs) -> Generation:
