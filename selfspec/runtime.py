@@ -119,7 +119,7 @@ class Decoder:
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:
             self.extra = make_extra_score(self.rho, cfg.lam) if presto else None
-        self.recorder = None  # optional callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram)
+        self.recorder = None  # optional callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram, node_logits)
         self.k = cfg.tree_top_k if cfg.mode == "presto" else 1
         self.oracle_k = cfg.tree_top_k
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
@@ -256,7 +256,7 @@ class Decoder:
             path, bonus = walk(tree, targets)
             if self.recorder is not None and cands is not None and len(tree) > 1:
                 self.recorder(tree, cands[0][:, : self.k], cands[1][:, : self.k], targets, cands[2],
-                              self._history(), self.rho)
+                              self._history(), self.rho, logits[:n])
             if owners is not None:
                 # the endpoint's group (or its nearest ancestor's, shifted by the depth gap):
                 # slot 0 sits where the bonus goes, later slots are the next round's depths
