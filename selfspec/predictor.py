@@ -5,8 +5,14 @@
 
 Collection runs the target's tree verification over prompts from the *training* side of the
 corpus (never the held-out files) and records, for every verified tree node and each of its K
-candidate children, the drafting-time features below and the label "the target's token after
-this node's path is that candidate". Training fits a 2-layer MLP with logistic loss and writes
+candidate children, the drafting-time features below and the label: the probability that the
+verifier accepts that candidate after this node's path. The verifier draws the target's token at
+the node and accepts the child carrying it, so that probability is p_T(t | path), the target's
+(temperature / top-k / top-p processed) distribution at the node: a soft label at T > 0, and at
+T = 0 the greedy match "the target's argmax is that candidate" (0 or 1). (The seed's
+min(1, p_T / q) is the acceptance of a rejection-sampling verifier; this one never rejects by
+ratio, so its acceptance is p_T(t).) Training fits a 2-layer MLP with logistic loss (binary
+cross-entropy on the soft labels) and writes
 `presto_predictor.safetensors` + `presto_predictor.json` next to the model, where `load()` finds
 them. At inference the builder calls the MLP once per expansion step on all [P, K] candidates.
 """
@@ -130,8 +136,30 @@ class LearnedRho:
 
 
 # -- collection ----------------------------------------------------------------------------------
-def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [M, F], labels [M]) for every verified node with a next depth and its K candidates."""
+def acceptance_probs(node_logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                     banned: int | None = None) -> torch.Tensor | None:
+    """[n, V] probability that the verifier's draw at each node is each token; None at T = 0.
+
+    The same processing as `sampling.select`, so a label is exactly the chance that the walk
+    accepts a child carrying that token once it reaches the node. At T = 0 the draw is the
+    argmax and the labels are the greedy match, which `round_examples` computes from the targets.
+    Example: logits [[0, ln 3]] at T = 1 -> [[0.25, 0.75]]; at T = 0 -> None.
+    """
+    if temperature == 0:
+        return None
+    from .sampling import process_logits
+
+    x = process_logits(node_logits, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned)
+    return x.softmax(-1).cpu()
+
+
+def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram,
+                   target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [M, F], labels [M]) for every verified node with a next depth and its K candidates.
+
+    Labels are `target_probs[node, candidate]` (the acceptance probability, `acceptance_probs`)
+    when given, else the greedy match `targets[node] == candidate`.
+    """
     D, K = cand_tok.shape
     nodes = (tree.depths < D).nonzero().squeeze(-1)
     if nodes.numel() == 0:
@@ -156,13 +184,22 @@ def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram) ->
                       own_lq[sel][:, None].expand(p, K), own_rank[sel][:, None].expand(p, K),
                       None if entropy is None else float(entropy[d]))
         feats.append(features(x, ngram).reshape(-1, len(FEATURES)))
-        labels.append((targets[nodes[sel]][:, None] == cand_tok[d][None, :]).float().reshape(-1))
+        if target_probs is None:
+            labels.append((targets[nodes[sel]][:, None] == cand_tok[d][None, :]).float().reshape(-1))
+        else:
+            labels.append(target_probs[nodes[sel]][:, cand_tok[d]].float().reshape(-1))
     return torch.cat(feats), torch.cat(labels)
 
 
 def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: int = 64, block_length: int = 16,
-            budget: int = 48, tree_top_k: int = 4, shard_size: int = 16) -> int:
-    """Run tree verification over prompts; shards of examples go to `out` (resumable)."""
+            budget: int = 48, tree_top_k: int = 4, shard_size: int = 16, temperature: float = 0.0,
+            top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> int:
+    """Run tree verification over prompts; shards of examples go to `out` (resumable).
+
+    At temperature > 0 the trajectories are sampled (prompt i of shard s uses seed
+    `seed + s * shard_size + i`, so a resumed run redraws the same shards) and the labels are
+    acceptance probabilities; at 0 they are greedy matches.
+    """
     from tqdm import tqdm
 
     from .config import DecodeConfig
@@ -171,7 +208,10 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
     os.makedirs(out, exist_ok=True)
     # lambda = 0 trees (the marginals alone choose), with the n-gram context kept for the features
     cfg = DecodeConfig(mode="presto", schedule="two-pass", block_length=block_length, budget=budget,
-                       tree_top_k=tree_top_k, lam=0.0, rho="ngram", max_new_tokens=max_new_tokens)
+                       tree_top_k=tree_top_k, lam=0.0, rho="ngram", max_new_tokens=max_new_tokens,
+                       temperature=temperature, top_k=top_k, top_p=top_p)
+    mask_id = int(model.config.mask_token_id)
+    device = model.get_input_embeddings().weight.device
     shards = [prompts[i : i + shard_size] for i in range(0, len(prompts), shard_size)]
     total = 0
     for si, shard in enumerate(tqdm(shards, desc="collect", unit="shard")):
@@ -181,16 +221,20 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
         feats, labels = [], []
 
         def record(*args):
-            f, lab = round_examples(*args)
+            *rest, node_logits = args
+            probs = acceptance_probs(node_logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                     banned=mask_id)
+            f, lab = round_examples(*rest, target_probs=probs)
             feats.append(f)
             labels.append(lab)
 
-        for text in shard:
-            dec = Decoder(model, tokenizer.encode(text), cfg)
+        for i, text in enumerate(shard):
+            gen = torch.Generator(device=device).manual_seed(seed + si * shard_size + i)
+            dec = Decoder(model, tokenizer.encode(text), cfg, generator=gen)
             dec.recorder = record
             for _ in dec:
                 pass
-        torch.save({"x": torch.cat(feats), "y": torch.cat(labels)}, path + ".tmp")
+        torch.save({"x": torch.cat(feats), "y": torch.cat(labels), "temperature": temperature}, path + ".tmp")
         os.replace(path + ".tmp", path)
         total += int(torch.cat(labels).numel())
     return total
@@ -198,15 +242,21 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
 
 # -- training ------------------------------------------------------------------------------------
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Area under the ROC curve via the rank-sum statistic."""
+    """Area under the ROC curve; a soft label y counts as y of a positive and 1 - y of a negative.
+
+    With 0/1 labels this is the rank-sum statistic. Soft labels (acceptance probabilities at
+    T > 0) give the chance that a random accepted candidate outscores a random rejected one.
+    Example: scores (0.1, 0.9, 0.2, 0.8), labels (0, 1, 0, 1) -> 1.0; labels (0.5, 0.5) -> 0.5.
+    """
     order = scores.argsort()
-    ranks = torch.empty(len(scores))
-    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float32)
-    pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if n_pos == 0 or n_neg == 0:
+    y = labels[order].double()
+    neg_below = torch.cumsum(1 - y, 0) - (1 - y)  # negative mass strictly below each row
+    pos_mass, neg_mass = float(y.sum()), float((1 - y).sum())
+    # a row's pairing with itself is excluded: it adds y(1-y) to both sides of the count
+    pairs = pos_mass * neg_mass - float((y * (1 - y)).sum())
+    if pairs <= 0:
         return float("nan")
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return float((y * neg_below).sum() / pairs)
 
 
 def reliability(prob: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> tuple[list[dict], float]:
@@ -275,11 +325,15 @@ def main(argv=None):
     c.add_argument("--block-length", type=int, default=16)
     c.add_argument("--budget", type=int, default=48)
     c.add_argument("--tree-top-k", type=int, default=4, help="PRESTO candidates per depth")
+    c.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the trajectories at this temperature; labels become acceptance probabilities")
+    c.add_argument("--seed", type=int, default=0)
     c.add_argument("--device", default=None)
     c.add_argument("--dtype", default=None)
     t = sub.add_parser("train", help="fit the MLP and save it next to the model")
     t.add_argument("--data", required=True)
     t.add_argument("--model", default=None, help="where to save (default: the shipped model)")
+    t.add_argument("--out", default=None, help="save here instead of next to the model")
     t.add_argument("--hidden", type=int, default=32)
     t.add_argument("--epochs", type=int, default=300)
     t.add_argument("--exclude", nargs="*", default=[], choices=FEATURES, help="features the MLP does not see")
@@ -294,7 +348,7 @@ def main(argv=None):
             prompts = [p["prompt"] for p in function_prompts(train_files, limit=a.prompts)]
         model, tok = load(a.model, dtype=a.dtype, device=a.device)
         n = collect(model, tok, prompts, a.out, max_new_tokens=a.max_new_tokens, block_length=a.block_length,
-                    budget=a.budget, tree_top_k=a.tree_top_k)
+                    budget=a.budget, tree_top_k=a.tree_top_k, temperature=a.temperature, seed=a.seed)
         print(json.dumps({"examples_written": n, "out": a.out}))
     else:
         shards = sorted(f for f in os.listdir(a.data) if f.startswith("shard_") and f.endswith(".pt"))
@@ -309,7 +363,11 @@ def main(argv=None):
         inputs = [f for f in FEATURES if f not in a.exclude]
         pred, metrics = train(x, y, hidden=a.hidden, epochs=a.epochs, val_index=val_index, inputs=inputs)
         metrics["val_shards"] = n_val_shards
-        target = a.model or default_model_dir()
+        temps = sorted({float(p.get("temperature", 0.0)) for p in parts})
+        metrics["labels"] = ("greedy match" if temps == [0.0] else
+                             f"acceptance probability p_T(t) at temperature {', '.join(map(str, temps))}")
+        target = a.out or a.model or default_model_dir()
+        os.makedirs(target, exist_ok=True)
         pred.save(target, {"metrics": metrics, "data": a.data,
                            "command": "python -m selfspec.predictor " + " ".join(sys.argv[1:] if argv is None else argv)})
         print(json.dumps({k: v for k, v in metrics.items() if k != "reliability"}))

@@ -175,7 +175,7 @@ class Decoder:
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:
             self.extra = make_extra_score(self.rho, cfg.lam) if trees else None
-        self.recorder = None
+        self.recorder = None  # callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram, node_logits)
         self.on_round = None
         self.k = cfg.tree_top_k if trees else 1
         uses_index = cfg.mode == "lookup" or (trees and cfg.lookup)
@@ -387,7 +387,7 @@ class Decoder:
             path, bonus = walk(tree, targets)
             if self.recorder is not None and marg is not None and n > 1:
                 self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
-                              tuple(path_context(self.prompt + self.emitted, [], 2)), self.rho)
+                              tuple(path_context(self._tail(2), [], 2)), self.rho, self.ff.logits(hidden[:n]))
             if self.planner is not None and n > 1 and option.source == "lookup":
                 self.planner.lookup_calibrator.update(n - 1, len(path) - 1)
             elif self.planner is not None and n > 1:

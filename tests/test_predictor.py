@@ -100,6 +100,7 @@ def test_collection_writes_resumable_shards(tmp_path):
     assert collect(model, Tok(), ["abcab", "bcabc", "cabca"], str(tmp_path), shard_size=2) == 0  # resumed: nothing to redo
     data = torch.load(tmp_path / "shard_0000.pt")
     assert data["x"].shape[1] == len(FEATURES) and data["x"].shape[0] == data["y"].shape[0]
+    assert set(data["y"].tolist()) == {0.0, 1.0} and data["temperature"] == 0.0  # greedy: match labels
 
 
 @settings(max_examples=20, deadline=None)
@@ -123,3 +124,85 @@ def test_tabulated_learned_scores_build_the_same_tree_as_per_step_scoring(D, K, 
     b = build_tree(9, vals, toks, budget=budget, extra_score=per_step, history=(3, 9), entropy=entropy)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
     assert torch.allclose(a.scores, b.scores, atol=1e-5)
+
+
+# -- labels at T > 0: the verifier's acceptance probability -----------------------------------------
+def test_acceptance_probs_worked_example():
+    from selfspec.predictor import acceptance_probs
+
+    logits = torch.tensor([[0.0, float(torch.tensor(3.0).log()), -1e9]])
+    assert acceptance_probs(logits, temperature=1.0).tolist()[0][:2] == pytest.approx([0.25, 0.75])
+    assert acceptance_probs(logits, temperature=0.0) is None  # greedy: labels are argmax matches
+    assert acceptance_probs(logits, temperature=1.0, banned=1)[0, 1] == 0.0  # the mask id is never drawn
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.6, 3, 1.0), (1.3, 0, 0.8)])
+def test_soft_labels_equal_the_rate_at_which_the_verifier_accepts_each_candidate(temperature, top_k, top_p):
+    from selfspec.predictor import acceptance_probs
+    from selfspec.sampling import select
+    from selfspec.verify import walk
+
+    g = torch.Generator().manual_seed(1)
+    V = 6
+    node_logits = torch.randn(1, V, generator=g) * 1.5
+    # root 0 with one child per vocabulary token: the walk accepts child t iff the draw is t
+    tree = Tree(torch.tensor([9] + list(range(V))), torch.tensor([-1] + [0] * V), torch.tensor([0] + [1] * V))
+    p = acceptance_probs(node_logits, temperature=temperature, top_k=top_k, top_p=top_p, banned=4)[0]
+    n = 8000
+    draws = select(node_logits.expand(n, V), temperature=temperature, top_k=top_k, top_p=top_p, banned=4, generator=g)
+    accepted = torch.zeros(V)
+    for t in draws.tolist():
+        path, _ = walk(tree, torch.tensor([t] + [0] * V))
+        accepted[tree.tokens[path[1]]] += 1
+    assert torch.allclose(accepted / n, p, atol=0.02)
+
+
+def test_round_examples_take_soft_labels_from_the_node_distribution():
+    tree = Tree(torch.tensor([7, 9]), torch.tensor([-1, 0]), torch.tensor([0, 1]))
+    cand_lq = torch.tensor([[-0.1, -2.5], [-0.5, -1.0]])
+    cand_tok = torch.tensor([[5, 9], [9, 3]])
+    probs = torch.zeros(2, 10)
+    probs[0, 5], probs[0, 9], probs[1, 9], probs[1, 3] = 0.2, 0.7, 0.05, 0.6
+    x, y = round_examples(tree, cand_lq, cand_tok, torch.tensor([9, 3]), None, (4, 7), None, target_probs=probs)
+    assert y.tolist() == pytest.approx([0.2, 0.7, 0.05, 0.6])  # (root: 5, 9), (node 9: 9, 3)
+    x0, _ = round_examples(tree, cand_lq, cand_tok, torch.tensor([9, 3]), None, (4, 7), None)
+    assert torch.equal(x, x0)  # the features do not depend on the labels
+
+
+def test_collection_at_temperature_one_records_reproducible_soft_labels(tmp_path):
+    class Tok:
+        def encode(self, text):
+            return [5 + (ord(c) % 3) for c in text]
+
+    model = tiny_model(vocab_size=8)
+    kw = dict(max_new_tokens=8, block_length=4, budget=6, tree_top_k=2, temperature=1.0, seed=3)
+    collect(model, Tok(), ["abcab", "bcabc"], str(tmp_path / "a"), **kw)
+    collect(model, Tok(), ["abcab", "bcabc"], str(tmp_path / "b"), **kw)
+    collect(model, Tok(), ["abcab", "bcabc"], str(tmp_path / "c"), **{**kw, "seed": 4})
+    a, b, c = (torch.load(tmp_path / d / "shard_0000.pt") for d in "abc")
+    assert torch.equal(a["y"], b["y"]) and a["temperature"] == 1.0
+    assert a["x"].shape != c["x"].shape or not torch.equal(a["x"], c["x"])  # sampled trajectories
+    assert ((a["y"] > 0) & (a["y"] < 1)).float().mean() > 0.5  # probabilities, not matches
+
+
+def test_soft_auc_reduces_to_the_rank_statistic_and_counts_pairs_by_weight():
+    assert auc(torch.tensor([0.3, 0.6]), torch.tensor([0.5, 0.5])) == pytest.approx(0.5)
+    g = torch.Generator().manual_seed(0)
+    s, y = torch.randn(40, generator=g), torch.rand(40, generator=g)
+    pairs = [(y[i] * (1 - y[j]), float(s[i] > s[j])) for i in range(40) for j in range(40) if i != j]
+    expected = sum(w * win for w, win in pairs) / sum(w for w, _ in pairs)
+    assert auc(s, y) == pytest.approx(float(expected), abs=1e-6)
+    hard = (y > 0.5).float()
+    pos, neg = s[hard == 1], s[hard == 0]
+    assert auc(s, hard) == pytest.approx(float((pos[:, None] > neg[None, :]).float().mean()))
+
+
+def test_training_on_soft_labels_recovers_the_probabilities():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, len(FEATURES), generator=g)
+    p = torch.sigmoid(1.5 * x[:, 0] - x[:, 6])
+    pred, metrics = train(x, p, epochs=150)
+    with torch.no_grad():
+        err = (torch.sigmoid(pred(x)) - p).abs().mean()
+    assert err < 0.03  # hard 0/1 targets at p > 0.5 would push predictions to the extremes
+    assert metrics["val_ece"] < 0.03
