@@ -280,7 +280,7 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
 
     if draft_lora:
         model.draft_lora = load_draft_lora(model, path)
-    from .predictor import Predictor
+    from .learned_rho import Predictor
 
     model.presto_predictor = Predictor.load(path)
     return model.eval(), tokenizer

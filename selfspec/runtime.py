@@ -170,7 +170,7 @@ class Decoder:
         self.rho = NgramRho(model.config.vocab_size, self.prompt) if trees and cfg.rho in ("ngram", "learned") else None
         self.learned = trees and cfg.rho == "learned"
         if self.learned:
-            from .predictor import LearnedRho
+            from .learned_rho import LearnedRho
 
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:
