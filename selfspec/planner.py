@@ -153,10 +153,40 @@ def endpoint_mass(p: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
 class Forecast:
     """What the planner knows about the marginals at hand (None fields: no marginals)."""
 
-    accept: torch.Tensor | None = None  # P(accepted) per node of the largest tree, score order
+    accept: torch.Tensor | None = None  # P(accepted) per node of the largest tree (index order)
     parents: torch.Tensor | None = None
     depths: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # path scores: the top-N subtree is the N best (`tree.top_nodes`)
     kind: str = "tree"  # "tree": from marginals; "lookup": a context chain (no marginals at hand)
+    _lists: tuple | None = None
+
+    def lists(self) -> tuple[list[float], list[int], list[int], list[int]]:
+        """(accept, depths, parents, order) as Python lists; `order` lists the non-root nodes in
+        the order `tree.top_nodes` takes them (score descending, shallower first)."""
+        if self._lists is None:
+            acc, dep, par = self.accept.tolist(), self.depths.tolist(), self.parents.tolist()
+            n = len(acc)
+            if self.scores is None:
+                order = list(range(1, n))
+            else:
+                sc = self.scores.tolist()
+                order = sorted(range(1, n), key=lambda v: (-sc[v], v))
+            self._lists = (acc, dep, par, order)
+        return self._lists
+
+    def coverage(self, n: int) -> list[float]:
+        """Share of the top-n subtree's endpoint mass held by its m likeliest endpoints, m = 1.."""
+        acc, _, par, order = self.lists()
+        sub = [0] + order[:n]
+        child = dict.fromkeys(sub, 0.0)
+        for v in sub[1:]:
+            child[par[v]] += acc[v]
+        mass = sorted((max(0.0, acc[v] - child[v]) for v in sub), reverse=True)
+        total, out, run = max(sum(mass), 1e-12), [], 0.0
+        for x in mass:
+            run += x
+            out.append(run / total)
+        return out
 
 
 class Planner:
@@ -173,6 +203,7 @@ class Planner:
         self.group_sizes = sorted(set(g for g in group_sizes if g >= 2))
         self.block_length = block_length
         self.allow_two_pass = allow_two_pass
+        self._memo: dict[tuple[int, int], float] = {}
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # per-round seconds outside forwards, by family
@@ -186,7 +217,7 @@ class Planner:
     # -- bookkeeping from executed rounds -----------------------------------------------------------
     def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float, c: int = 0) -> None:
         """After a round: its overhead, and how the profile's forward time compares with reality."""
-        predicted = self.cost(option.query_tokens, c) + (self.cost(self.block_length, c) if option.draft_pass else 0)
+        predicted = self._f(option.query_tokens, c) + (self._f(self.block_length, c) if option.draft_pass else 0)
         if predicted > 0 and forward_seconds > 0:
             r = forward_seconds / predicted
             self.scale = r if self.scale is None else 0.9 * self.scale + 0.1 * r
@@ -209,10 +240,20 @@ class Planner:
             self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
 
     # -- prediction ----------------------------------------------------------------------------------
+    def _f(self, q: int, c: int) -> float:
+        """The profile's f(q, c), memoised per 32 cached tokens (the planner asks every round)."""
+        key = (q, c >> 5)
+        v = self._memo.get(key)
+        if v is None:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            v = self._memo[key] = self.cost(q, c)
+        return v
+
     def _c(self, option: Option, c: int) -> float:
-        s = self.cost(option.query_tokens, c)
+        s = self._f(option.query_tokens, c)
         if option.draft_pass:
-            s += self.cost(self.block_length, c)
+            s += self._f(self.block_length, c)
         return s * (self.scale or 1.0) + self.overhead.get(_family(option), 0.0)
 
     @staticmethod
@@ -220,10 +261,13 @@ class Planner:
         """Expected committed tokens of the top-N subtree (depth <= max_depth) for every N."""
         if f.accept is None:
             return {0: 1.0}
-        keep = f.depths[1:] <= max_depth
-        acc = f.accept[1:][keep]
-        cum = torch.cat([torch.zeros(1, dtype=torch.float64), acc.cumsum(0)])
-        return {n: 1.0 + float(cum[min(n, acc.shape[0])]) for n in range(acc.shape[0] + 1)}
+        acc, dep, _, order = f.lists()  # plain floats: a few dozen nodes, cheaper than tensor ops
+        out, total = {0: 1.0}, 1.0
+        for v in order:
+            if dep[v] <= max_depth:
+                total += acc[v]
+                out[len(out)] = total
+        return out
 
     def choose(self, f: Forecast, c: int, room: int) -> tuple[Option, dict]:
         """The option for this round and the predicted value of every candidate."""
@@ -245,8 +289,9 @@ class Planner:
                 table[o.label] = v = cap(e) - rho * self._c(o, c)
                 if v > best_v + 1e-12:
                     best, best_v = o, v
+        y_look = None
         if f.kind == "lookup" and f.accept is not None:  # copy the context: verify-only chains
-            y = self._yields(f, 10**9)
+            y = y_look = self._yields(f, 10**9)
             for n in range(1, f.accept.shape[0]):
                 o = Option(n, source="lookup")
                 table[o.label] = v = cap(y[n]) - rho * self._c(o, c)
@@ -261,7 +306,7 @@ class Planner:
                 self.since_probe = 0
                 self.probing = True
                 return Option(0, 1, self.group_sizes[0]), table
-            return self._chosen(best, table, c, room, self._yields(f, 10**9) if f.kind == "lookup" else y_all)
+            return self._chosen(best, table, c, room, y_look if best.source == "lookup" else y_all)
         if self.probing:  # the probe's forecast decides how soon to probe again
             self.probing = False
         # value of holding marginals of depth G-1 next round: one step ahead, over not holding them
@@ -270,13 +315,12 @@ class Planner:
             y = self._yields(f, g - 1)
             w = max(cap(y[min(n, max(y))]) - rho * self._c(Option(n, 1, g), c) for n in self.budgets)
             delta[g] = max(0.0, w - v_none)
-        mass = endpoint_mass(f.accept, f.parents)
         for n in self.budgets:
             if n > f.accept.shape[0] - 1:
                 break
             e = cap(y_all[n])
             cands = [Option(n)]
-            owners = torch.sort(mass[: n + 1], descending=True).values.cumsum(0)
+            cover = f.coverage(n)
             m = 1
             while m <= n + 1:
                 cands += [Option(n, m, g) for g in reversed(self.group_sizes)]  # ties: deeper groups
@@ -284,7 +328,7 @@ class Planner:
             for o in cands:
                 v = e - rho * self._c(o, c)
                 if o.groups:
-                    v += delta[o.group_size] * float(owners[o.groups - 1]) / max(float(owners[-1]), 1e-9)
+                    v += delta[o.group_size] * cover[min(o.groups, len(cover)) - 1]
                 table[o.label] = v
                 if v > best_v + 1e-12:
                     best, best_v = o, v
@@ -292,7 +336,7 @@ class Planner:
             self.probe_every = min(self.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
         else:
             self.probe_every = PROBE_MIN
-        return self._chosen(best, table, c, room, y_all if f.kind == "tree" else self._yields(f, 10**9))
+        return self._chosen(best, table, c, room, y_all)
 
     def _chosen(self, best: Option, table: dict, c: int, room: int, yields: dict) -> tuple[Option, dict]:
         """Move rho towards the predicted rate of the layout chosen (the Dinkelbach update)."""

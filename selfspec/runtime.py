@@ -289,10 +289,10 @@ class Decoder:
             p = self.planner.lookup_calibrator.prob(len(tree) - 1)
             tree = Tree(tree.tokens, tree.parents, tree.depths, torch.cat([torch.zeros(1), p.log().cumsum(0)]).float())
             return Forecast(torch.cat([torch.ones(1, dtype=torch.float64), p.cumprod(0)]), tree.parents,
-                            tree.depths, kind="lookup"), tree
+                            tree.depths, tree.scores, kind="lookup"), tree
         tree = self._draft(root, marg, self.cfg.budget, room)
         prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
-        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths), tree
+        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores), tree
 
     @staticmethod
     def _next_marginals_rows(tree: Tree, owners: torch.Tensor, end: int, G: int) -> tuple[int, int]:
@@ -368,7 +368,8 @@ class Decoder:
             self.stats.tree_seconds += time.perf_counter() - t0
             if self.planner is not None and option.draft_pass and len(tree) > 1:
                 prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
-                self.planner.observe_two_pass(Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths))
+                self.planner.observe_two_pass(Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths,
+                                                       tree.scores))
             cands = marg
             if marg is not None or (fixed is not None and cfg.mode not in ("ar", "lookup")):
                 empty = torch.zeros(0, 1, dtype=torch.long)

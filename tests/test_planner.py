@@ -102,3 +102,18 @@ def test_on_the_shipped_model_a_flat_profile_plans_one_pass_presto_with_budget_3
     forecast, _ = dec._forecast(root, marg, 48)
     opt, _ = dec.planner.choose(forecast, dec.cache.length, 48)
     assert opt.nodes >= 32 and opt.groups == opt.nodes + 1 and not opt.draft_pass
+
+
+def test_expected_tokens_of_n_nodes_are_those_of_the_subtree_the_runtime_verifies():
+    from selfspec.tree import Tree, top_nodes
+
+    # index order (depth by depth) differs from score order: node 3 (depth 2) beats node 2 (depth 1)
+    tree = Tree(torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]),
+                torch.tensor([0.0, -0.1, -3.0, -0.2]))
+    acc = torch.tensor([1.0, 0.9, 0.05, 0.8], dtype=torch.float64)
+    f = Forecast(acc, tree.parents, tree.depths, tree.scores)
+    y = Planner._yields(f, 10**9)
+    for n in range(4):
+        sub = top_nodes(tree, n)
+        kept = [tree.tokens.tolist().index(t) for t in sub.tokens.tolist()]
+        assert y[n] == pytest.approx(float(acc[kept].sum()))
