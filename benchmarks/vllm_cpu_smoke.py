@@ -5,7 +5,8 @@ point, nothing registered by hand), generates 4 prompts in one batch greedily, o
 than the checkpoint's original_max_position_embeddings, and checks token for token against
 selfspec AR. It also checks vLLM's log-probabilities of the generated tokens against selfspec's
 own forward (so YaRN and the Llama-4 query scaling past the original window are the checkpoint's).
-Prints a JSON summary; exits 1 on any mismatch.
+Last, a copy of the checkpoint with one unknown tensor must fail vLLM's load with an error
+naming that tensor. Prints a JSON summary; exits 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -47,6 +48,34 @@ def selfspec_logprobs(model, ids: list[int], new: list[int]) -> list[float]:
     with torch.no_grad():
         logp = torch.log_softmax(model(seq).logits[0].float(), -1)
     return [float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(new)]
+
+
+BAD_TENSOR = "encoder.layers.0.self_attn.q_norm.weight"
+
+
+def unknown_tensor_is_named(model_dir: str) -> tuple[bool, str]:
+    """A copy of the checkpoint with one tensor the plugin cannot map: vLLM must refuse, naming it.
+
+    Runs in a child process because vLLM reports a failed engine start from its own processes.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    with tempfile.TemporaryDirectory() as bad:
+        for name in ("config.json",):
+            shutil.copy(os.path.join(model_dir, name), bad)
+        weights = load_file(os.path.join(model_dir, "model.safetensors"))
+        weights[BAD_TENSOR] = torch.ones(64)
+        save_file(weights, os.path.join(bad, "model.safetensors"))
+        code = ("from vllm import LLM\n"
+                f"LLM(model={bad!r}, skip_tokenizer_init=True, dtype='float32', max_model_len=256, enforce_eager=True)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    lines = [line for line in text.splitlines() if BAD_TENSOR in line and "Error" in line]
+    return out.returncode != 0 and bool(lines), (lines[-1] if lines else text[-2000:])
 
 
 def main() -> int:
@@ -93,11 +122,14 @@ def main() -> int:
                      "beyond_original_max": len(ids) + n - 1 >= original_max,
                      "tokens_equal": same, "first_mismatch": next((k for k, (a, b) in enumerate(zip(got, r)) if a != b), None),
                      "max_abs_logprob_diff": diff})
-    print(json.dumps({"vllm_equals_selfspec_ar": ok, "batch": len(batch), "max_new_tokens": n,
+    del llm
+    refused, message = unknown_tensor_is_named(model_dir)
+    print(json.dumps({"vllm_equals_selfspec_ar": ok, "unknown_tensor_refused_by_name": refused,
+                      "unknown_tensor_message": message.strip()[-300:], "batch": len(batch), "max_new_tokens": n,
                       "original_max_position_embeddings": original_max, "rows": rows,
                       "seconds": {"selfspec_ar": round(t_ref, 1), "vllm_load": round(t_load, 1),
                                   "vllm_generate": round(t_gen, 1)}}, indent=1))
-    return 0 if ok else 1
+    return 0 if ok and refused else 1
 
 
 if __name__ == "__main__":
