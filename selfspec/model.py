@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 from .config import NemotronLabsDiffusionConfig
 from .versions import cache_argument
 
-# read once: older 5.x take `past_key_values` and silently ignore `cache` (selfspec.versions)
+# read once: 5.23 and older take `past_key_values` and silently ignore `cache` (selfspec.versions)
 CACHE_ARG = cache_argument(Ministral3Model.forward)
 
 

@@ -1,7 +1,8 @@
 """The transformers releases selfspec is tested with, and how the installed one takes a KV cache.
 
-transformers renamed the forward argument `past_key_values` to `cache` during 5.x. A release that
-does not know `cache` swallows it in `**kwargs` and runs without a cache: no error, wrong tokens.
+transformers renamed the forward argument `past_key_values` to `cache` in 5.24; 5.23 and older
+take only `past_key_values`, swallow `cache` in `**kwargs` and run without a cache: no error,
+wrong tokens.
 So the argument name is read once from the installed `Ministral3Model.forward`, the model checks
 after every cached forward that the cache really grew (`model.py`), and `import selfspec` refuses
 a release outside the range that `benchmarks/compat.sh` runs the exactness tests under.
@@ -14,7 +15,7 @@ import os
 import warnings
 
 # Keep in step with pyproject.toml and benchmarks/compat.sh (tests/test_versions.py checks both).
-TRANSFORMERS_MIN = "5.19.0"  # oldest release the exactness tests pass under
+TRANSFORMERS_MIN = "5.4.0"  # oldest release the exactness tests pass under (5.3.0: configs are no dataclasses yet)
 TRANSFORMERS_BELOW = "5.25"  # first release not tested (5.24.0 is the newest tested)
 TRANSFORMERS_RANGE = f">={TRANSFORMERS_MIN},<{TRANSFORMERS_BELOW}"
 OVERRIDE_ENV = "SELFSPEC_ALLOW_UNTESTED_TRANSFORMERS"
@@ -68,7 +69,7 @@ def check_transformers(version: str | None = None) -> None:
 
 
 def cache_argument(forward) -> str:
-    """The name under which `forward` takes the KV cache: 'cache' (newer 5.x) or 'past_key_values'.
+    """The name under which `forward` takes the KV cache: 'cache' (5.24 on) or 'past_key_values'.
 
     Example: for `def forward(self, input_ids, past_key_values=None, **kw)` it is 'past_key_values'.
     """

@@ -30,8 +30,8 @@ def test_compat_script_tests_the_two_ends_of_the_range():
                                           versions.parse(versions.TRANSFORMERS_BELOW)[1] - 1)
 
 
-@pytest.mark.parametrize("v, ok", [("5.19.0", True), ("5.24.0", True), ("5.24.1.dev0", True),
-                                   ("5.18.0", False), ("5.0.0", False), ("4.57.6", False),
+@pytest.mark.parametrize("v, ok", [("5.4.0", True), ("5.19.0", True), ("5.24.0", True), ("5.24.1.dev0", True),
+                                   ("5.3.0", False), ("5.0.0", False), ("4.57.6", False),
                                    ("5.25.0", False), ("5.40.0", False), ("6.0.0", False)])
 def test_transformers_outside_the_tested_range_is_refused_naming_the_range(v, ok, monkeypatch):
     monkeypatch.delenv(versions.OVERRIDE_ENV, raising=False)
@@ -45,11 +45,11 @@ def test_transformers_outside_the_tested_range_is_refused_naming_the_range(v, ok
 def test_the_override_turns_the_refusal_into_a_warning(monkeypatch):
     monkeypatch.setenv(versions.OVERRIDE_ENV, "1")
     with pytest.warns(UserWarning, match=re.escape(versions.TRANSFORMERS_RANGE)):
-        versions.check_transformers("5.18.0")
+        versions.check_transformers("5.3.0")
 
 
 def test_import_selfspec_checks_the_installed_transformers():
-    code = ("import transformers; transformers.__version__ = '5.18.0'\n"
+    code = ("import transformers; transformers.__version__ = '5.3.0'\n"
             "try:\n    import selfspec\nexcept ImportError as e:\n    print('refused:', e)\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != versions.OVERRIDE_ENV}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
