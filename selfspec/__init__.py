@@ -6,10 +6,14 @@
         print(delta, end="")
 """
 
-from .config import DecodeConfig, NemotronLabsDiffusionConfig
-from .model import NemotronLabsDiffusionModel, default_model_dir, load, register
-from .runtime import Decoder, Stats, generate_ids
-from .streaming import Generation, generate, stream
+from .versions import check_transformers
+
+check_transformers()  # before anything builds on transformers: one clear error naming the range
+
+from .config import DecodeConfig, NemotronLabsDiffusionConfig  # noqa: E402
+from .model import NemotronLabsDiffusionModel, default_model_dir, load, register  # noqa: E402
+from .runtime import Decoder, Stats, generate_ids  # noqa: E402
+from .streaming import Generation, generate, stream  # noqa: E402
 
 register()
 

@@ -22,6 +22,10 @@ from transformers.utils import ModelOutput
 
 from .config import NemotronLabsDiffusionConfig
 from .validate import check_device, check_safetensors_files
+from .versions import cache_argument
+
+# read once: 5.23 and older take `past_key_values` and silently ignore `cache` (selfspec.versions)
+CACHE_ARG = cache_argument(Ministral3Model.forward)
 
 
 @dataclass
@@ -95,10 +99,17 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=use_cache,
+            **{CACHE_ARG: cache},
             **kwargs,
         )
+        if use_cache and cache.get_seq_length() != past + q_len:
+            # a backbone that ignored the cache would give wrong tokens without any error
+            raise RuntimeError(
+                f"the KV cache did not grow by the query length ({past} + {q_len} expected, "
+                f"{cache.get_seq_length()} found): transformers did not use the cache passed as "
+                f"`{CACHE_ARG}`; see selfspec.versions for the tested transformers range"
+            )
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]

@@ -1,0 +1,1 @@
+"""Bridges to serving engines: tree tensors in the EAGLE / SGLang format, and a vLLM plugin."""
