@@ -79,7 +79,7 @@ def label(c: DecodeConfig) -> str:
 
 def aggregate(records: list[dict]) -> dict:
     """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once)."""
-    from .runtime import Stats
+    from .stats import Stats
 
     keys = ("new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds")
     st = Stats.total([Stats(**{k: r.get(k, 0) for k in keys}, accept_lengths=r.get("accept_lengths", []),

@@ -83,12 +83,16 @@ class Calibrator:
     def _bin(self, local_logp: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(local_logp.double().nan_to_num(neginf=-1e9), self.edges)
 
+    FORGET = 0.995  # per update: evidence fades, so the estimate follows the text being written
+
     def prob(self, local_logp: torch.Tensor) -> torch.Tensor:
         est = (self.accepted + self.a * self.prior) / (self.reached + self.a)
         return est[self._bin(local_logp)]
 
     def update(self, local_logp: torch.Tensor, reached: torch.Tensor, accepted: torch.Tensor) -> None:
         b = self._bin(local_logp)
+        self.reached *= self.FORGET
+        self.accepted *= self.FORGET
         self.reached.index_add_(0, b, reached.double())
         self.accepted.index_add_(0, b, accepted.double())
 
@@ -213,6 +217,12 @@ class Planner:
         self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
         self.probe_every, self.since_probe, self.probing = PROBE_MIN, 0, False
+
+    def begin(self) -> None:
+        """Start a generation: what was learnt (calibration, overheads, time scale) carries over
+        from earlier generations with the same settings; the rate estimate and probe clock restart."""
+        self.rate, self.since_probe, self.probing = None, 0, False
+        self.last_yields = {0: 1.0}
 
     # -- bookkeeping from executed rounds -----------------------------------------------------------
     def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float, c: int = 0) -> None:

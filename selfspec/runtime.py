@@ -22,12 +22,11 @@ A round is a fixed sequence of named steps:
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 
 from .config import DecodeConfig
+from .stats import Stats
 from .forward import FastForward
 from .lookup import ContextIndex
 from .masks import tree_block
@@ -37,68 +36,6 @@ from .scoring import NgramRho, make_extra_score, path_context
 from .tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
                    top_nodes)
 from .verify import oracle_length, walk
-
-
-@dataclass
-class Stats:
-    """Measurements of one generation (returned as a value, never printed); `total` sums runs."""
-
-    new_tokens: int = 0
-    rounds: int = 0
-    forwards: int = 0  # decode forwards, prefill excluded (a two-pass round counts both passes)
-    prefill_forwards: int = 0
-    round_tokens: int = 0  # tokens committed by verification rounds (prefill's first token excluded)
-    accept_lengths: list[int] = field(default_factory=list)
-    oracle_lengths: list[int] = field(default_factory=list)
-    forward_seconds: float = 0.0
-    tree_seconds: float = 0.0  # drafting: turning marginals into the chain / tree
-    seconds: float = 0.0
-    query_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
-    plan_hist: Counter = field(default_factory=Counter)  # round layout -> rounds
-
-    @property
-    def tau(self) -> float:
-        return self.round_tokens / self.rounds if self.rounds else 0.0
-
-    @property
-    def tpf(self) -> float:
-        return self.round_tokens / self.forwards if self.forwards else 0.0
-
-    @property
-    def oracle_tau(self) -> float | None:
-        return sum(self.oracle_lengths) / len(self.oracle_lengths) if self.oracle_lengths else None
-
-    @classmethod
-    def total(cls, runs: list["Stats"]) -> "Stats":
-        out = cls()
-        for s in runs:
-            for k in ("new_tokens", "rounds", "forwards", "prefill_forwards", "round_tokens", "forward_seconds",
-                      "tree_seconds", "seconds", "query_tokens"):
-                setattr(out, k, getattr(out, k) + getattr(s, k))
-            out.accept_lengths += s.accept_lengths
-            out.oracle_lengths += s.oracle_lengths
-            out.plan_hist.update(s.plan_hist)
-        return out
-
-    def as_dict(self) -> dict:
-        return {
-            "new_tokens": self.new_tokens,
-            "rounds": self.rounds,
-            "forwards": self.forwards,
-            "query_tokens": self.query_tokens,
-            "prefill_forwards": self.prefill_forwards,
-            "tau": round(self.tau, 4),
-            "tpf": round(self.tpf, 4),
-            "oracle_tau": None if self.oracle_tau is None else round(self.oracle_tau, 4),
-            "accept_hist": dict(sorted(Counter(self.accept_lengths).items())),
-            "plan_hist": dict(self.plan_hist.most_common()),
-            "seconds": round(self.seconds, 4),
-            "forward_seconds": round(self.forward_seconds, 4),
-            "other_seconds": round(self.seconds - self.forward_seconds, 4),
-            "tree_seconds": round(self.tree_seconds, 4),
-            "overhead_share": round(1 - self.forward_seconds / self.seconds, 4) if self.seconds else 0.0,
-            "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
-        }
 
 
 def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
@@ -145,6 +82,26 @@ def engine(model) -> FastForward:
     return ff[0]
 
 
+def planner_for(model, cfg: DecodeConfig, profile=None) -> Planner:
+    """The model's planner for these settings: made once, then reused so that what one
+    generation learnt (acceptance calibration, overheads) starts the next one (fading)."""
+    from .profile import cost_model
+
+    cost = cost_model(model, profile)
+    key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
+           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
+    store = model.__dict__.setdefault("_selfspec_planners", {})
+    planner = store.get(key)
+    if planner is None:
+        if len(store) > 32:
+            store.clear()
+        planner = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
+                                       group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
+                                       block_length=cfg.block_length)
+    planner.begin()
+    return planner
+
+
 class Decoder:
     """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes.
 
@@ -181,13 +138,7 @@ class Decoder:
         uses_index = cfg.mode == "lookup" or (trees and cfg.lookup)
         self.index = ContextIndex(self.prompt, min_ngram=cfg.lookup_min_ngram,
                                   max_ngram=cfg.lookup_max_ngram) if uses_index else None
-        self.planner = None
-        if cfg.mode == "auto":
-            from .profile import cost_model
-
-            self.planner = Planner(cost_model(model, profile), budgets=log2_budgets(cfg.budget),
-                                   group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
-                                   block_length=cfg.block_length)
+        self.planner = planner_for(model, cfg, profile) if cfg.mode == "auto" else None
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
 
@@ -204,15 +155,24 @@ class Decoder:
         self.stats.forward_seconds += time.perf_counter() - t0
         return hidden
 
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head on the rows a step reads; model time, counted with the forwards."""
+        t0 = time.perf_counter()
+        logits = self.ff.logits(hidden)
+        if logits.is_cuda:
+            torch.cuda.synchronize(logits.device)
+        self.stats.forward_seconds += time.perf_counter() - t0
+        return logits
+
     def _targets(self, hidden: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        return select(self.ff.logits(hidden), temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+        return select(self._head(hidden), temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                       banned=self.mask_id, generator=self.gen).cpu()
 
     def _marginals(self, hidden: torch.Tensor) -> Marginals | None:
         if hidden.shape[0] == 0:
             return None
-        return Marginals.from_logits(self.ff.logits(hidden), self.cfg.tree_top_k, self.mask_id,
+        return Marginals.from_logits(self._head(hidden), self.cfg.tree_top_k, self.mask_id,
                                      entropy=self.learned or self.recorder is not None)
 
     # -- steps -----------------------------------------------------------------------------------------

@@ -43,8 +43,13 @@ def select(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: f
     x = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned)
     if temperature == 0:
         return x.argmax(-1)
-    probs = x.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # inverse-CDF draw: the first token whose cumulative probability exceeds u ~ U[0, total).
+    # Exactly the categorical distribution, and ~10x cheaper than torch.multinomial for one draw
+    # per row (which dominated a CPU round's sampling time).
+    cdf = x.softmax(-1).cumsum(-1)
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
+    return idx.clamp_(max=cdf.shape[-1] - 1)
 
 
 def draft_logprobs(logits: torch.Tensor, banned: int | None) -> torch.Tensor:

@@ -78,9 +78,10 @@ class NgramRho:
 
     def extend(self, tokens: list[int] | torch.Tensor) -> None:
         self.ctx = torch.cat([self.ctx, torch.as_tensor(tokens, dtype=torch.long).reshape(-1)])
-        self._index()  # a full re-sort: O(L log L) per round, tiny next to a forward
+        self._stale = True  # re-sorted when next scored: rounds that build no tree pay nothing
 
     def _index(self) -> None:
+        self._stale = False
         c, V = self.ctx, self.V
         # unigram and "as a history" counts are dense gathers; longer n-grams use sorted keys
         self.uni = torch.bincount(c, minlength=V).float()
@@ -97,6 +98,8 @@ class NgramRho:
         return (torch.searchsorted(keys, q, right=True) - torch.searchsorted(keys, q)).float()
 
     def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        if self._stale:
+            self._index()
         V = self.V
         p1 = (self.uni[t] + 1) / (self.ctx.numel() + V)
         w1c, w2c = w1.clamp(min=0), w2.clamp(min=0)  # -1 = no such context token (very short prompts)
