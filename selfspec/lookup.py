@@ -166,6 +166,19 @@ class ContextIndex:
         e = ends[i - 1] if i else ends[0]
         return self._tokens[e + 1 : e + 1 + num_tokens]
 
+    def match_length(self, suffix_tokens: Sequence[int]) -> int:
+        """n of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix that occurs in
+        the context with a token after it; 0 when there is none (what `propose` would copy from)."""
+        tail = [int(t) for t in suffix_tokens[-self.max_ngram :]]
+        node, best = self._root, 0
+        for n, w in enumerate(reversed(tail), 1):
+            node = node.kids.get(w)
+            if node is None:
+                break
+            if n >= self.min_ngram:
+                best = n
+        return best
+
     def continuations(self, suffix_tokens: Sequence[int], limit: int) -> list[int]:
         """The distinct tokens that followed the longest match, most frequent then most recent first."""
         if not isinstance(limit, int) or limit < 1:

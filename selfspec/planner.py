@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 
-MARGIN = 0.03  # tokens per round a layout must win by over AR
+MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's one certain token
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
 
 
@@ -62,11 +62,11 @@ class Calibrator:
     """P(node accepted | parent accepted) from the node's own score, learnt from this generation.
 
     Bins over the local log-score (log q + lambda * log rho of the node itself); each bin's
-    estimate is (accepted + a * prior) / (reached + a), the prior being exp(bin centre), so the
-    first rounds trust the scores and later ones what the verifier did. The scores are not
-    calibrated probabilities (lambda * log rho shifts them), which is why this is learnt.
+    estimate is (accepted + a * prior) / (reached + a). The scores are not calibrated
+    probabilities (lambda * log rho pushes them down), so the prior is an optimistic
+    exp(centre / 2): the first rounds try trees, later ones trust what the verifier did.
     Example: 3 nodes of local score ~-0.25 were reached and 1 accepted -> that bin reads
-    (1 + 2 * exp(-0.25)) / (3 + 2) = 0.51.
+    (1 + 2 * exp(-0.125)) / (3 + 2) = 0.55.
     """
 
     EDGES = (-10.0, -8.0, -6.0, -5.0, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5)
@@ -75,7 +75,7 @@ class Calibrator:
         self.edges = torch.tensor(self.EDGES, dtype=torch.float64)
         lo = torch.cat([torch.tensor([-12.0], dtype=torch.float64), self.edges])
         hi = torch.cat([self.edges, torch.zeros(1, dtype=torch.float64)])
-        self.prior = ((lo + hi) / 2).exp()
+        self.prior = (0.5 * (lo + hi) / 2).exp()  # optimistic on purpose: untried layouts get tried
         self.a = prior_weight
         self.reached = torch.zeros(len(self.prior), dtype=torch.float64)
         self.accepted = torch.zeros(len(self.prior), dtype=torch.float64)
@@ -98,30 +98,41 @@ class Calibrator:
 
 
 class PositionCalibrator:
-    """P(the i-th token of a context-lookup chain is accepted | the first i-1 were), per i.
+    """P(the i-th token of a context-lookup chain is accepted | the first i-1 were), per i and per
+    length of the n-gram match the chain was copied after (a 3-gram match predicts better).
 
     Counts fade by `forget` per update, so what the context does now outweighs what it did
-    long ago, and one early miss cannot rule lookup out for good.
-    Example: position 1 reached 4 times and accepted 3 (no fading) -> (3 + 6 * 0.6) / (4 + 6) = 0.66.
+    long ago, and one early miss cannot rule lookup out for good. Plain Python floats: it is
+    read every round.
+    Example: position 1 reached 4 times and accepted 3 (no fading) -> (3 + 4 * 0.5) / (4 + 4) = 0.62.
     """
 
-    def __init__(self, positions: int = 64, prior: float = 0.6, prior_weight: float = 6.0, forget: float = 0.97):
-        self.forget = forget
-        self.prior, self.a = prior, prior_weight
-        self.reached = torch.zeros(positions, dtype=torch.float64)
-        self.accepted = torch.zeros(positions, dtype=torch.float64)
+    def __init__(self, positions: int = 64, prior: float = 0.5, prior_weight: float = 4.0, forget: float = 0.97):
+        self.forget, self.prior, self.a, self.positions = forget, prior, prior_weight, positions
+        self.counts: dict[int, tuple[list[float], list[float]]] = {}
 
-    def prob(self, n: int) -> torch.Tensor:
-        n = min(n, self.reached.shape[0])
-        return (self.accepted[:n] + self.a * self.prior) / (self.reached[:n] + self.a)
+    def _get(self, match: int):
+        if match not in self.counts:
+            self.counts[match] = ([0.0] * self.positions, [0.0] * self.positions)
+        return self.counts[match]
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def prob(self, n: int, match: int = 1) -> list[float]:
+        reached, accepted = self._get(match)
+        a, prior = self.a, self.prior
+        return [(accepted[i] + a * prior) / (reached[i] + a) for i in range(min(n, self.positions))]
+
+    def update(self, drafted: int, accepted: int, match: int = 1) -> None:
         """A chain of `drafted` tokens of which the first `accepted` were taken."""
-        drafted = min(drafted, self.reached.shape[0])
-        self.reached *= self.forget
-        self.accepted *= self.forget
-        self.reached[: min(accepted + 1, drafted)] += 1
-        self.accepted[: min(accepted, drafted)] += 1
+        reached_l, accepted_l = self._get(match)
+        f = self.forget
+        for i in range(self.positions):
+            reached_l[i] *= f
+            accepted_l[i] *= f
+        drafted = min(drafted, self.positions)
+        for i in range(min(accepted + 1, drafted)):
+            reached_l[i] += 1
+        for i in range(min(accepted, drafted)):
+            accepted_l[i] += 1
 
 
 def local_scores(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -157,7 +168,7 @@ def endpoint_mass(p: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
 class Forecast:
     """What the planner knows about the marginals at hand (None fields: no marginals)."""
 
-    accept: torch.Tensor | None = None  # P(accepted) per node of the largest tree (index order)
+    accept: torch.Tensor | list | None = None  # P(accepted) per node of the largest tree (index order); a list: a chain
     parents: torch.Tensor | None = None
     depths: torch.Tensor | None = None
     scores: torch.Tensor | None = None  # path scores: the top-N subtree is the N best (`tree.top_nodes`)
@@ -167,6 +178,9 @@ class Forecast:
     def lists(self) -> tuple[list[float], list[int], list[int], list[int]]:
         """(accept, depths, parents, order) as Python lists; `order` lists the non-root nodes in
         the order `tree.top_nodes` takes them (score descending, shallower first)."""
+        if self._lists is None and isinstance(self.accept, list):  # a chain given as plain floats
+            n = len(self.accept)
+            self._lists = (self.accept, list(range(n)), list(range(-1, n - 1)), list(range(1, n)))
         if self._lists is None:
             acc, dep, par = self.accept.tolist(), self.depths.tolist(), self.parents.tolist()
             n = len(acc)
@@ -284,14 +298,13 @@ class Planner:
         ar = Option(0)
         f1 = self._c(ar, c)
         rho = max(self.rate or 0.0, 1.0 / f1)  # never below AR's rate
-        cap = lambda e: min(e, float(room))  # noqa: E731
+        cap = lambda e: min(e, float(room)) * (1 - MARGIN)  # noqa: E731
         if f.accept is not None and f.kind == "tree":
             self.last_yields = self._yields(f, 10**9)
         y_all = self.last_yields
         # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
-        # anything but AR must beat it by MARGIN tokens: estimates are noisy, AR's cost is not
-        best, best_v = ar, 1.0 - rho * f1 + MARGIN
-        table = {ar.label: best_v - MARGIN}
+        best, best_v = ar, 1.0 - rho * f1
+        table = {ar.label: best_v}
         if self.allow_two_pass and room > 1:
             for n in self.budgets[1:]:
                 e = self.two_pass_yield.get(n, y_all.get(min(n, max(y_all)), 1.0))
@@ -302,7 +315,7 @@ class Planner:
         y_look = None
         if f.kind == "lookup" and f.accept is not None:  # copy the context: verify-only chains
             y = y_look = self._yields(f, 10**9)
-            for n in range(1, f.accept.shape[0]):
+            for n in range(1, len(f.lists()[0])):
                 o = Option(n, source="lookup")
                 table[o.label] = v = cap(y[n]) - rho * self._c(o, c)
                 if v > best_v + 1e-12:
@@ -326,7 +339,7 @@ class Planner:
             w = max(cap(y[min(n, max(y))]) - rho * self._c(Option(n, 1, g), c) for n in self.budgets)
             delta[g] = max(0.0, w - v_none)
         for n in self.budgets:
-            if n > f.accept.shape[0] - 1:
+            if n > len(f.lists()[0]) - 1:
                 break
             e = cap(y_all[n])
             cands = [Option(n)]

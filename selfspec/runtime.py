@@ -139,6 +139,7 @@ class Decoder:
         self.index = ContextIndex(self.prompt, min_ngram=cfg.lookup_min_ngram,
                                   max_ngram=cfg.lookup_max_ngram) if uses_index else None
         self.planner = planner_for(model, cfg, profile) if cfg.mode == "auto" else None
+        self._match = 1  # n-gram length behind the latest lookup forecast
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
 
@@ -243,13 +244,16 @@ class Decoder:
         if marg is None:
             if self.index is None:
                 return Forecast(), None
-            tree = self._lookup_chain(root, room)
-            if len(tree) == 1:
+            tail = self._tail(self.cfg.lookup_max_ngram)
+            drafted = self.index.propose(tail, min(self.cfg.lookup_tokens, room - 1))
+            if not drafted:
                 return Forecast(), None
-            p = self.planner.lookup_calibrator.prob(len(tree) - 1)
-            tree = Tree(tree.tokens, tree.parents, tree.depths, torch.cat([torch.zeros(1), p.log().cumsum(0)]).float())
-            return Forecast(torch.cat([torch.ones(1, dtype=torch.float64), p.cumprod(0)]), tree.parents,
-                            tree.depths, tree.scores, kind="lookup"), tree
+            self._match = self.index.match_length(tail)
+            acc, run = [1.0], 1.0
+            for p in self.planner.lookup_calibrator.prob(len(drafted), self._match):
+                run *= p
+                acc.append(run)
+            return Forecast(acc, kind="lookup"), drafted
         tree = self._draft(root, marg, self.cfg.budget, room)
         prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
         return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores), tree
@@ -319,10 +323,11 @@ class Decoder:
             if option.draft_pass:
                 marg = self._draft_pass(root) if room > 1 else None
             t0 = time.perf_counter()
-            if big is not None and not option.draft_pass:
+            if option.source == "lookup":
+                tree = (chain([root] + big[: option.nodes], torch.zeros(option.nodes + 1)) if isinstance(big, list)
+                        else self._lookup_chain(root, room))
+            elif big is not None and not option.draft_pass and not isinstance(big, list):
                 tree = top_nodes(big, option.nodes) if option.nodes else root_only(root)
-            elif option.source == "lookup":
-                tree = self._lookup_chain(root, room)
             else:
                 tree = self._draft(root, marg, option.nodes, room)
             self.stats.tree_seconds += time.perf_counter() - t0
@@ -350,7 +355,7 @@ class Decoder:
                 self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
                               tuple(path_context(self._tail(2), [], 2)), self.rho, self.ff.logits(hidden[:n]))
             if self.planner is not None and n > 1 and option.source == "lookup":
-                self.planner.lookup_calibrator.update(n - 1, len(path) - 1)
+                self.planner.lookup_calibrator.update(n - 1, len(path) - 1, self._match)
             elif self.planner is not None and n > 1:
                 on_path = torch.zeros(n, dtype=torch.bool)
                 on_path[path] = True

@@ -26,11 +26,11 @@ def test_acceptance_multiplies_down_paths_and_caps_siblings():
 def test_calibrator_moves_from_the_score_prior_to_observed_acceptance():
     cal = Calibrator()
     x = torch.tensor([-0.25])
-    assert cal.prob(x).item() == pytest.approx(torch.tensor(-0.25).exp().item(), rel=1e-6)
+    assert cal.prob(x).item() == pytest.approx(torch.tensor(-0.125).exp().item(), rel=1e-6)
     for _ in range(50):
         cal.update(x, torch.tensor([True]), torch.tensor([False]))
     assert cal.prob(x).item() < 0.05
-    assert cal.prob(torch.tensor([-3.2])).item() == pytest.approx(torch.tensor(-3.25).exp().item(), rel=1e-6)
+    assert cal.prob(torch.tensor([-3.2])).item() == pytest.approx(torch.tensor(-3.25 / 2).exp().item(), rel=1e-6)
 
 
 def _forecast(p_children: float, depth: int = 3, width: int = 2):
