@@ -25,6 +25,7 @@ node cost ~15 AR steps and lose to AR unless the tree is very likely to be accep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -49,6 +50,9 @@ class Option:
 
     @property
     def label(self) -> str:
+        return _label(self)
+
+    def _label(self) -> str:
         if self.source == "lookup":
             return f"lookup/N={self.nodes}"
         if self.draft_pass:
@@ -305,7 +309,7 @@ class Planner:
         # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
         best, best_v = ar, 1.0 - rho * f1
         table = {ar.label: best_v}
-        if self.allow_two_pass and room > 1:
+        if self.allow_two_pass and room > 1 and (self.two_pass_yield or len(y_all) > 1):
             for n in self.budgets[1:]:
                 e = self.two_pass_yield.get(n, y_all.get(min(n, max(y_all)), 1.0))
                 o = Option(n, draft_pass=True)
@@ -370,6 +374,11 @@ class Planner:
         r = min(e, float(room)) / self._c(best, c)
         self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
         return best, table
+
+
+@lru_cache(maxsize=4096)
+def _label(o: Option) -> str:
+    return o._label()
 
 
 def _family(o: Option) -> str:

@@ -140,6 +140,7 @@ class Decoder:
                                   max_ngram=cfg.lookup_max_ngram) if uses_index else None
         self.planner = planner_for(model, cfg, profile) if cfg.mode == "auto" else None
         self._match = 1  # n-gram length behind the latest lookup forecast
+        self._ar_streak, self._rest, self._dormant = 0, 4, 0
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
 
@@ -315,11 +316,15 @@ class Decoder:
             big = None
             if fixed is not None:
                 option = fixed
+            elif self._dormant > 0 and marg is None:  # a run of AR choices: plan again later
+                self._dormant -= 1
+                option = _AR
             else:
                 t0 = time.perf_counter()
                 forecast, big = self._forecast(root, marg, room)
                 self.stats.tree_seconds += time.perf_counter() - t0
                 option, _ = self.planner.choose(forecast, self.cache.length, room)
+                self._note_choice(option)
             if option.draft_pass:
                 marg = self._draft_pass(root) if room > 1 else None
             t0 = time.perf_counter()
@@ -343,8 +348,11 @@ class Decoder:
             groups = option.groups if room > 1 else 0
             owners = group_owners(tree, groups) if groups else None
             G = option.group_size or cfg.group
-            block, offsets = tree_block(tree.parents, tree.depths, owners, G if owners is not None else 0)
-            tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
+            if n == 1 and owners is None:  # AR: one token that sees the prefix, no mask to build
+                block, offsets, tokens = None, tree.depths, tree.tokens
+            else:
+                block, offsets = tree_block(tree.parents, tree.depths, owners, G if owners is not None else 0)
+                tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
             hidden = self._forward(tokens, offsets, None if tokens.shape[0] == 1 else block,
                                    draft_from=n if owners is not None else None)
             self.stats.forwards += 1
@@ -374,7 +382,7 @@ class Decoder:
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
             self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
-            if self.planner is not None:
+            if self.planner is not None and option is not _AR:
                 self.planner.observe(option, len(chunk), time.perf_counter() - t_round,
                                      self.stats.forward_seconds - f_before, c)
             if self.on_round is not None:  # the trace hook (contract: selfspec/trace.py docstring)
@@ -390,11 +398,24 @@ class Decoder:
                                           else cands.top_tok[:, : cfg.tree_top_k])})
             yield chunk
 
+    def _note_choice(self, option) -> None:
+        """After 8 AR choices in a row the planner rests for 4, 8, ... 32 rounds (AR without any
+        planning cost); any other choice wakes it. Speculation that keeps losing costs ~nothing."""
+        if option.nodes or option.groups or option.draft_pass:
+            self._ar_streak, self._rest = 0, 4
+            return
+        self._ar_streak += 1
+        if self._ar_streak >= 8:
+            self._dormant, self._rest, self._ar_streak = self._rest, min(2 * self._rest, 32), 0
+
     def _finish_oracle(self) -> None:
         for start, cand in self._pending_oracle:
             if start < len(self.emitted):
                 self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
         self._pending_oracle.clear()
+
+
+_AR = Option(0)
 
 
 def _fixed_label(cfg: DecodeConfig) -> str:
