@@ -28,6 +28,8 @@ CASES = {
     "presto two-pass": dict(schedule="two-pass"),
     "presto one-pass top-k 4": dict(schedule="one-pass", top_k=4),
     "presto two-pass top-p 0.8": dict(schedule="two-pass", top_p=0.8),
+    # plan auto on a GPU-like (flat) profile: planned one-pass trees with context candidates
+    "auto, flat profile": dict(mode="auto"),
 }
 
 
@@ -71,10 +73,13 @@ def critical(df: int, z: float = 3.09) -> float:
 
 
 def _sample(model, cfg):
+    from selfspec.profile import CostProfile
+
     gen = torch.Generator().manual_seed(1234)
     outs, first_round = [], []
+    extra = dict(profile=CostProfile.flat()) if cfg.mode == "auto" else {}
     for _ in range(N):
-        out, st = generate_ids(model, PROMPT, cfg, eos_token_id=[], generator=gen)
+        out, st = generate_ids(model, PROMPT, cfg, eos_token_id=[], generator=gen, **extra)
         outs.append(out)
         first_round.append(st.accept_lengths[0])
     return torch.tensor(outs), torch.tensor(first_round)
@@ -90,8 +95,10 @@ def test_sampled_tokens_at_every_depth_follow_the_exact_ar_distribution(model, c
         counts = torch.bincount(outs[:, k], minlength=V).float()
         stat, df = chi2(counts, exact[k], N)
         assert stat < critical(df), (k, stat, df)
-        if k == 2:  # negative control: the first token that can come from a non-root node
+        if k == 2 and cfg.mode != "auto":  # negative control (its power is shown once per fixed layout)
             w_stat, w_df = chi2(counts, wrong[k], N)
             assert w_stat > critical(w_df), (w_stat, w_df)
     # this model really accepts drafts here: a share of position-3 tokens was drawn at depth 2
-    assert (first_round >= 2).sum() > N // 4 and (first_round == 3).sum() > N // 20, first_round.bincount()
+    # (auto plans AR for part of its first rounds, so fewer of its samples come from deep nodes)
+    deep, floor = (first_round >= 2).sum(), (N // 20 if cfg.mode == "auto" else N // 4)
+    assert deep > floor and (first_round == 3).sum() > (0 if cfg.mode == "auto" else N // 20), first_round.bincount()
