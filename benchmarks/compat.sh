@@ -12,7 +12,7 @@ NEWEST=5.24.0   # the newest release below TRANSFORMERS_BELOW
 PY=${PYTHON:-python3.11}
 SCRATCH=${SCRATCH:-$(mktemp -d -t selfspec-compat.XXXXXX)}
 mkdir -p "$SCRATCH"
-TESTS=(tests/test_model.py tests/test_runtime.py tests/test_shipped_model.py tests/test_versions.py)
+TESTS=(tests/test_model.py tests/test_forward.py tests/test_runtime.py tests/test_hybrid.py tests/test_shipped_model.py tests/test_versions.py)
 versions=("$@")
 [ ${#versions[@]} -eq 0 ] && versions=("$OLDEST" "$NEWEST")
 

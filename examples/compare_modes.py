@@ -1,4 +1,5 @@
-"""Compare AR, linear and PRESTO on a prompt file with the bench machinery, in Python.
+"""Compare AR, the automatic plan, prompt lookup, linear, PRESTO and hybrid trees on a prompt file
+with the bench machinery, in Python.
 
     python examples/compare_modes.py [--prompts models/pystdlib-nld-9m/prompts.jsonl] [--limit 8]
 (`python -m selfspec bench` is the full command-line version, with plots and results.json.)
@@ -19,8 +20,9 @@ def main():
     a = ap.parse_args()
     model, tok = selfspec.load(a.model)
     prompts = read_prompts(a.prompts)[: a.limit]
-    configs = grid(["ar", "linear", "presto"], ["two-pass", "one-pass"], [8, 32], {"max_new_tokens": 64})
-    rows = run_bench(model, tok, prompts, configs)
+    configs = grid(["ar", "auto", "lookup", "linear", "presto", "hybrid"], ["two-pass", "one-pass"], [8, 32],
+                   {"max_new_tokens": 64})
+    rows = run_bench(model, tok, prompts, configs, peers=("hf", "hf-lookup"))
     print(markdown_table(rows))
 
 
