@@ -138,17 +138,17 @@ class ContextIndex:
                     node.add(end, t)
             ctx.append(t)
 
-    def _match(self, suffix: Sequence[int]) -> _Node | None:
-        """The node of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix, if any."""
+    def _match(self, suffix: Sequence[int]) -> tuple[_Node | None, int]:
+        """(node, n) of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix; (None, 0)."""
         tail = [int(t) for t in suffix[-self.max_ngram :]]
-        node, best = self._root, None
+        node, best, length = self._root, None, 0
         for n, w in enumerate(reversed(tail), 1):
             node = node.kids.get(w)
             if node is None:
                 break
             if n >= self.min_ngram:
-                best = node
-        return best
+                best, length = node, n
+        return best, length
 
     def propose(self, suffix_tokens: Sequence[int], num_tokens: int) -> list[int]:
         """Up to num_tokens tokens that followed the longest match of the suffix's last tokens.
@@ -158,7 +158,7 @@ class ContextIndex:
         """
         if not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_tokens must be an integer >= 1; got {num_tokens!r}")
-        node = self._match(suffix_tokens)
+        node = self._match(suffix_tokens)[0]
         if node is None:
             return []
         ends, last = node.ends, len(self._tokens) - 1
@@ -169,19 +169,11 @@ class ContextIndex:
     def match_length(self, suffix_tokens: Sequence[int]) -> int:
         """n of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix that occurs in
         the context with a token after it; 0 when there is none (what `propose` would copy from)."""
-        tail = [int(t) for t in suffix_tokens[-self.max_ngram :]]
-        node, best = self._root, 0
-        for n, w in enumerate(reversed(tail), 1):
-            node = node.kids.get(w)
-            if node is None:
-                break
-            if n >= self.min_ngram:
-                best = n
-        return best
+        return self._match(suffix_tokens)[1]
 
     def continuations(self, suffix_tokens: Sequence[int], limit: int) -> list[int]:
         """The distinct tokens that followed the longest match, most frequent then most recent first."""
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an integer >= 1; got {limit!r}")
-        node = self._match(suffix_tokens)
+        node = self._match(suffix_tokens)[0]
         return [] if node is None else node.successors(limit)

@@ -142,3 +142,10 @@ def test_extend_touches_at_most_max_ngram_entries_per_token_whatever_the_context
         # one update per n (1..3) per appended token, all at the newest positions: no rescan
         assert len(adds) == 4 * 3
         assert min(adds) == length - 1
+
+
+def test_match_length_is_the_n_of_the_ngram_propose_copies_after():
+    idx = ContextIndex([5, 6, 7, 5, 6, 8, 1], min_ngram=1, max_ngram=3)
+    assert idx.match_length([5, 6]) == 2 and idx.match_length([9, 5, 6]) == 2
+    assert idx.match_length([7, 5, 6]) == 3 and idx.match_length([4]) == 0
+    assert ContextIndex([5, 6, 7], min_ngram=2, max_ngram=3).match_length([6]) == 0
