@@ -6,7 +6,7 @@ set -euo pipefail
 OUT=${1:-docs/results}
 LIMIT=${2:-32}
 PY=${PYTHON:-.venv/bin/python}
-run() { name=$1; shift; "$PY" -m selfspec bench --limit "$LIMIT" --max-new-tokens 64 --out "$OUT/$name" "$@" > "$OUT/$name.log" 2>/dev/null; tail -1 "$OUT/$name.log"; }
+run() { name=$1; shift; "$PY" -m selfspec bench --limit "$LIMIT" --max-new-tokens 64 --peers --temperatures 0 --out "$OUT/$name" "$@" > "$OUT/$name.log" 2>/dev/null; tail -1 "$OUT/$name.log"; }
 mkdir -p "$OUT"
 # block length for the linear target of the model card (two-pass, B = 16) and B = 8
 run linear_b16 --modes ar linear --schedules two-pass one-pass --block-length 16

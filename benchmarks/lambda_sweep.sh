@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 for rho in ngram learned; do
   for lam in 0.1 0.2 0.5 1 2 4; do
     name=lam_${rho}_${lam}
-    "$PY" -m selfspec bench --limit "$LIMIT" --max-new-tokens 64 --modes presto --schedules two-pass one-pass \
+    "$PY" -m selfspec bench --peers --temperatures 0 --limit "$LIMIT" --max-new-tokens 64 --modes presto --schedules two-pass one-pass \
       --budgets 32 --rho "$rho" --lam "$lam" --out "$OUT/$name" > "$OUT/$name.log" 2>/dev/null
     tail -1 "$OUT/$name.log"
   done

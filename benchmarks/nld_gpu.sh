@@ -15,4 +15,4 @@ OUT=${3:-bench_out/nld-gpu-$(date +%Y%m%d-%H%M%S)}
 PY=${PYTHON:-python}
 exec "$PY" -m selfspec bench --model "$MODEL" --prompts "$PROMPTS" --device cuda --dtype bfloat16 \
   --limit ${LIMIT:-8} --max-new-tokens ${MAX_NEW:-256} --block-length 32 \
-  --modes ar linear presto --schedules two-pass one-pass --budgets 32 --out "$OUT"
+  --modes ar auto lookup linear presto hybrid --schedules two-pass one-pass --budgets 32 --out "$OUT"
