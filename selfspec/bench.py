@@ -328,6 +328,6 @@ def add_bench_parser(sub, add_common_args) -> None:
     b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])
     b.add_argument("--budgets", nargs="+", type=int, default=[8, 32])
     b.add_argument("--limit", type=int, default=32,
-                   help="use the first N prompts (default 32: the default grid then runs in ~2.5 min on 2 CPU cores; 0 = all)")
+                   help="use the first N prompts (default 32: the default grid then runs in ~9 min on 2 CPU cores; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
     b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)
