@@ -235,12 +235,25 @@ class Planner:
         self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
         self.probe_every, self.since_probe, self.probing = PROBE_MIN, 0, False
+        self.ar_streak, self.rest, self.dormant = 0, 4, 0
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings; the rate estimate and probe clock restart."""
         self.rate, self.since_probe, self.probing = None, 0, False
         self.last_yields = {0: 1.0}
+
+    def note_choice(self, option: Option) -> None:
+        """After 8 AR choices in a row the planner rests for 4, 8, ... 32 rounds (the runtime runs
+        AR without asking it); any other choice halves the next rest. Speculation that keeps losing
+        then costs ~nothing, one lucky round does not undo that, and the rest carries over into
+        the next generation with the same settings."""
+        if option.nodes or option.groups or option.draft_pass:
+            self.ar_streak, self.rest = 0, max(4, self.rest // 2)
+            return
+        self.ar_streak += 1
+        if self.ar_streak >= 8:
+            self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, 32), 0
 
     # -- bookkeeping from executed rounds -----------------------------------------------------------
     def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float, c: int = 0) -> None:

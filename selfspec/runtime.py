@@ -140,7 +140,6 @@ class Decoder:
                                   max_ngram=cfg.lookup_max_ngram) if uses_index else None
         self.planner = planner_for(model, cfg, profile) if cfg.mode == "auto" else None
         self._match = 1  # n-gram length behind the latest lookup forecast
-        self._ar_streak, self._rest, self._dormant = 0, 4, 0
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
 
@@ -316,15 +315,15 @@ class Decoder:
             big = None
             if fixed is not None:
                 option = fixed
-            elif self._dormant > 0 and marg is None:  # a run of AR choices: plan again later
-                self._dormant -= 1
+            elif self.planner.dormant > 0 and marg is None:  # a run of AR choices: plan again later
+                self.planner.dormant -= 1
                 option = _AR
             else:
                 t0 = time.perf_counter()
                 forecast, big = self._forecast(root, marg, room)
                 self.stats.tree_seconds += time.perf_counter() - t0
                 option, _ = self.planner.choose(forecast, self.cache.length, room)
-                self._note_choice(option)
+                self.planner.note_choice(option)
             if option.draft_pass:
                 marg = self._draft_pass(root) if room > 1 else None
             t0 = time.perf_counter()
@@ -397,16 +396,6 @@ class Decoder:
                     "oracle_candidates": (torch.zeros(0, 1, dtype=torch.long) if cands is None
                                           else cands.top_tok[:, : cfg.tree_top_k])})
             yield chunk
-
-    def _note_choice(self, option) -> None:
-        """After 8 AR choices in a row the planner rests for 4, 8, ... 32 rounds (AR without any
-        planning cost); any other choice wakes it. Speculation that keeps losing costs ~nothing."""
-        if option.nodes or option.groups or option.draft_pass:
-            self._ar_streak, self._rest = 0, 4
-            return
-        self._ar_streak += 1
-        if self._ar_streak >= 8:
-            self._dormant, self._rest, self._ar_streak = self._rest, min(2 * self._rest, 32), 0
 
     def _finish_oracle(self) -> None:
         for start, cand in self._pending_oracle:
