@@ -205,3 +205,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
+def engine(model) -> FastForward:
+    """The model's compact forward, made once and remade if any weight changed in place."""
+    version = sum(p._version for p in model.parameters())
+    ff = getattr(model, "_selfspec_forward", None)
+    if ff is None or ff[1] != version:
+        ff = (FastForward(model), version)
+        model._selfspec_forward = ff
+    return ff[0]

@@ -29,6 +29,8 @@ from functools import lru_cache
 
 import torch
 
+from .calibration import Calibrator, PositionCalibrator
+
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's one certain token
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
@@ -60,112 +62,6 @@ class Option:
         if self.groups:
             return f"one-pass/N={self.nodes}/m={self.groups}/G={self.group_size}"
         return "ar" if self.nodes == 0 else f"verify/N={self.nodes}"
-
-
-class Calibrator:
-    """P(node accepted | parent accepted) from the node's own score, learnt from this generation.
-
-    Bins over the local log-score (log q + lambda * log rho of the node itself); each bin's
-    estimate is (accepted + a * prior) / (reached + a). The scores are not calibrated
-    probabilities (lambda * log rho pushes them down), so the prior is an optimistic
-    exp(centre / 2): the first rounds try trees, later ones trust what the verifier did.
-    Example: 3 nodes of local score ~-0.25 were reached and 1 accepted -> that bin reads
-    (1 + 2 * exp(-0.125)) / (3 + 2) = 0.55.
-    """
-
-    EDGES = (-10.0, -8.0, -6.0, -5.0, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5)
-
-    def __init__(self, prior_weight: float = 2.0):
-        self.edges = torch.tensor(self.EDGES, dtype=torch.float64)
-        lo = torch.cat([torch.tensor([-12.0], dtype=torch.float64), self.edges])
-        hi = torch.cat([self.edges, torch.zeros(1, dtype=torch.float64)])
-        self.prior = (0.5 * (lo + hi) / 2).exp()  # optimistic on purpose: untried layouts get tried
-        self.a = prior_weight
-        self.reached = torch.zeros(len(self.prior), dtype=torch.float64)
-        self.accepted = torch.zeros(len(self.prior), dtype=torch.float64)
-
-    def _bin(self, local_logp: torch.Tensor) -> torch.Tensor:
-        return torch.bucketize(local_logp.double().nan_to_num(neginf=-1e9), self.edges)
-
-    FORGET = 0.995  # per update: evidence fades, so the estimate follows the text being written
-
-    def prob(self, local_logp: torch.Tensor) -> torch.Tensor:
-        est = (self.accepted + self.a * self.prior) / (self.reached + self.a)
-        return est[self._bin(local_logp)]
-
-    def update(self, local_logp: torch.Tensor, reached: torch.Tensor, accepted: torch.Tensor) -> None:
-        b = self._bin(local_logp)
-        self.reached *= self.FORGET
-        self.accepted *= self.FORGET
-        self.reached.index_add_(0, b, reached.double())
-        self.accepted.index_add_(0, b, accepted.double())
-
-
-class PositionCalibrator:
-    """P(the i-th token of a context-lookup chain is accepted | the first i-1 were), per i and per
-    length of the n-gram match the chain was copied after (a 3-gram match predicts better).
-
-    Counts fade by `forget` per update, so what the context does now outweighs what it did
-    long ago, and one early miss cannot rule lookup out for good. Plain Python floats: it is
-    read every round.
-    Example: position 1 reached 4 times and accepted 3 (no fading) -> (3 + 4 * 0.5) / (4 + 4) = 0.62.
-    """
-
-    def __init__(self, positions: int = 64, prior: float = 0.5, prior_weight: float = 4.0, forget: float = 0.97):
-        self.forget, self.prior, self.a, self.positions = forget, prior, prior_weight, positions
-        self.counts: dict[int, tuple[list[float], list[float]]] = {}
-
-    def _get(self, match: int):
-        if match not in self.counts:
-            self.counts[match] = ([0.0] * self.positions, [0.0] * self.positions)
-        return self.counts[match]
-
-    def prob(self, n: int, match: int = 1) -> list[float]:
-        reached, accepted = self._get(match)
-        a, prior = self.a, self.prior
-        return [(accepted[i] + a * prior) / (reached[i] + a) for i in range(min(n, self.positions))]
-
-    def update(self, drafted: int, accepted: int, match: int = 1) -> None:
-        """A chain of `drafted` tokens of which the first `accepted` were taken."""
-        reached_l, accepted_l = self._get(match)
-        f = self.forget
-        for i in range(self.positions):
-            reached_l[i] *= f
-            accepted_l[i] *= f
-        drafted = min(drafted, self.positions)
-        for i in range(min(accepted + 1, drafted)):
-            reached_l[i] += 1
-        for i in range(min(accepted, drafted)):
-            accepted_l[i] += 1
-
-
-def local_scores(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """Each non-root node's score minus its parent's ([n-1]): its own log-probability term."""
-    return scores[1:] - scores[parents[1:]]
-
-
-def acceptance(prob: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """P(v accepted) for every node (root = 1), from per-node conditional probabilities [n-1].
-
-    Parents precede children, so one pass in index order multiplies down each path. Siblings
-    exclude each other (one target token per node): their sum is capped at 1.
-    Example: chain parents [-1, 0, 1], prob [0.5, 0.5] -> [1, 0.5, 0.25].
-    """
-    n = parents.shape[0]
-    p = torch.ones(n, dtype=torch.float64)
-    cond = torch.cat([torch.ones(1, dtype=torch.float64), prob.double()])
-    sib = torch.zeros(n, dtype=torch.float64).index_add_(0, parents[1:], cond[1:])
-    scale = torch.where(sib > 1, 1 / sib, torch.ones_like(sib))
-    par = parents.tolist()
-    for v in range(1, n):
-        p[v] = p[par[v]] * cond[v] * scale[par[v]]
-    return p
-
-
-def endpoint_mass(p: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """P(the walk ends at v) = P(v accepted) - sum of its children's."""
-    child = torch.zeros_like(p).index_add_(0, parents[1:], p[1:])
-    return (p - child).clamp(min=0)
 
 
 @dataclass
@@ -392,6 +288,26 @@ class Planner:
 @lru_cache(maxsize=4096)
 def _label(o: Option) -> str:
     return o._label()
+
+
+def planner_for(model, cfg, profile=None) -> Planner:
+    """The model's planner for these settings: made once, then reused so that what one
+    generation learnt (acceptance calibration, overheads) starts the next one (fading)."""
+    from .profile import cost_model
+
+    cost = cost_model(model, profile)
+    key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
+           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
+    store = model.__dict__.setdefault("_selfspec_planners", {})
+    planner = store.get(key)
+    if planner is None:
+        if len(store) > 32:
+            store.clear()
+        planner = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
+                                       group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
+                                       block_length=cfg.block_length)
+    planner.begin()
+    return planner
 
 
 def _family(o: Option) -> str:

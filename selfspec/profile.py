@@ -163,7 +163,7 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: b
     """
     from tqdm import tqdm
 
-    from .runtime import engine
+    from .forward import engine
 
     ff = engine(model)
     limit = model.config.max_position_embeddings

@@ -25,12 +25,13 @@ import time
 
 import torch
 
+from .calibration import acceptance, local_scores
 from .config import DecodeConfig
-from .stats import Stats
-from .forward import FastForward
+from .forward import FastForward, engine
 from .lookup import ContextIndex
 from .masks import tree_block
-from .planner import Forecast, Option, Planner, acceptance, local_scores, log2_budgets
+from .planner import Forecast, Option, planner_for
+from .stats import Stats
 from .sampling import select
 from .scoring import NgramRho, make_extra_score, path_context
 from .tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
@@ -70,36 +71,6 @@ def scratch(cfg: DecodeConfig) -> int:
     """Cache slots a round may write beyond the committed text (every query token of a round)."""
     nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
     return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
-
-
-def engine(model) -> FastForward:
-    """The model's compact forward, made once and remade if any weight changed in place."""
-    version = sum(p._version for p in model.parameters())
-    ff = getattr(model, "_selfspec_forward", None)
-    if ff is None or ff[1] != version:
-        ff = (FastForward(model), version)
-        model._selfspec_forward = ff
-    return ff[0]
-
-
-def planner_for(model, cfg: DecodeConfig, profile=None) -> Planner:
-    """The model's planner for these settings: made once, then reused so that what one
-    generation learnt (acceptance calibration, overheads) starts the next one (fading)."""
-    from .profile import cost_model
-
-    cost = cost_model(model, profile)
-    key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
-           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
-    store = model.__dict__.setdefault("_selfspec_planners", {})
-    planner = store.get(key)
-    if planner is None:
-        if len(store) > 32:
-            store.clear()
-        planner = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
-                                       group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
-                                       block_length=cfg.block_length)
-    planner.begin()
-    return planner
 
 
 class Decoder:

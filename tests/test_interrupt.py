@@ -121,7 +121,7 @@ def test_an_interrupted_generation_reports_interrupted_and_keeps_the_committed_i
 def sigint_at_forward(monkeypatch):
     """Make the CLI's model send a real SIGINT to this process at its n-th output-head call."""
     import selfspec.model
-    from selfspec.runtime import engine
+    from selfspec.forward import engine
 
     real_load = selfspec.model.load
 

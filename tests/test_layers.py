@@ -7,7 +7,7 @@ import sys
 UPPER = ["selfspec.bench", "selfspec.cli", "selfspec.train", "selfspec.predictor", "selfspec.data",
          "selfspec.evaluate", "selfspec.peers", "selfspec.trace"]
 LOWER = ["selfspec.tree", "selfspec.masks", "selfspec.scoring", "selfspec.learned_rho", "selfspec.cache",
-         "selfspec.forward", "selfspec.planner", "selfspec.stats", "selfspec.lookup", "selfspec.verify", "selfspec.sampling",
+         "selfspec.forward", "selfspec.planner", "selfspec.stats", "selfspec.calibration", "selfspec.lookup", "selfspec.verify", "selfspec.sampling",
          "selfspec.runtime", "selfspec.streaming", "selfspec.model", "selfspec.profile"]
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from selfspec.config import DecodeConfig
-from selfspec.planner import Calibrator, Forecast, Option, Planner, acceptance, endpoint_mass, log2_budgets
+from selfspec.calibration import Calibrator, acceptance
+from selfspec.planner import Forecast, Option, Planner, log2_budgets
 from selfspec.profile import CostProfile
 from selfspec.runtime import Decoder, generate_ids
 
@@ -20,7 +21,9 @@ def test_acceptance_multiplies_down_paths_and_caps_siblings():
     # two siblings claiming 0.8 each cannot both be the target's token: scaled to sum 1
     sib = acceptance(torch.tensor([0.8, 0.8]), torch.tensor([-1, 0, 0]))
     assert sib.tolist() == pytest.approx([1.0, 0.5, 0.5])
-    assert endpoint_mass(chain, torch.tensor([-1, 0, 1])).tolist() == pytest.approx([0.5, 0.25, 0.25])
+    # endpoint masses of the chain: 0.5, 0.25, 0.25 -> one group covers half, two cover 3/4
+    cover = Forecast(chain, torch.tensor([-1, 0, 1]), torch.tensor([0, 1, 2])).coverage(2)
+    assert cover == pytest.approx([0.5, 0.75, 1.0])
 
 
 def test_calibrator_moves_from_the_score_prior_to_observed_acceptance():
