@@ -130,13 +130,13 @@ class Planner:
         self.scale: float | None = None  # measured / profiled forward time, smoothed
         self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
-        self.probe_every, self.since_probe, self.probing = PROBE_MIN, 0, False
+        self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings; the rate estimate and probe clock restart."""
-        self.rate, self.since_probe, self.probing = None, 0, False
+        self.rate, self.since_probe = None, 0
         self.last_yields = {0: 1.0}
 
     def note_choice(self, option: Option) -> None:
@@ -152,7 +152,7 @@ class Planner:
             self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, 32), 0
 
     # -- bookkeeping from executed rounds -----------------------------------------------------------
-    def observe(self, option: Option, tokens: int, seconds: float, forward_seconds: float, c: int = 0) -> None:
+    def observe(self, option: Option, seconds: float, forward_seconds: float, c: int = 0) -> None:
         """After a round: its overhead, and how the profile's forward time compares with reality."""
         predicted = self._f(option.query_tokens, c) + (self._f(self.block_length, c) if option.draft_pass else 0)
         if predicted > 0 and forward_seconds > 0:
@@ -240,11 +240,8 @@ class Planner:
             self.since_probe += 1
             if room > 1 and self.since_probe >= self.probe_every and best.nodes == 0 and self.group_sizes:
                 self.since_probe = 0
-                self.probing = True
                 return Option(0, 1, self.group_sizes[0]), table
             return self._chosen(best, table, c, room, y_look if best.source == "lookup" else y_all)
-        if self.probing:  # the probe's forecast decides how soon to probe again
-            self.probing = False
         # value of holding marginals of depth G-1 next round: one step ahead, over not holding them
         delta = {}
         for g in self.group_sizes:

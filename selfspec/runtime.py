@@ -136,9 +136,9 @@ class Decoder:
         self.stats.forward_seconds += time.perf_counter() - t0
         return logits
 
-    def _targets(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _targets(self, logits: torch.Tensor) -> torch.Tensor:
         c = self.cfg
-        return select(self._head(hidden), temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                       banned=self.mask_id, generator=self.gen).cpu()
 
     def _marginals(self, hidden: torch.Tensor) -> Marginals | None:
@@ -153,7 +153,7 @@ class Decoder:
         L = len(self.prompt)
         hidden = self._forward(torch.tensor(self.prompt), torch.arange(L), None, causal=True)
         self.cache.commit_all(L)
-        first = int(self._targets(hidden[-1:])[0])
+        first = int(self._targets(self._head(hidden[-1:]))[0])
         self.stats.prefill_forwards = 1
         if not with_group:
             return first, None
@@ -190,12 +190,13 @@ class Decoder:
                           extra_score=self.extra, history=(h2, root), max_depth=depth, entropy=marg.entropy,
                           lookup=ctx)
 
-    def _lookup_chain(self, root: int, room: int) -> Tree:
+    def _lookup_drafts(self, room: int) -> list[int]:
         """Prompt lookup: the tokens that followed the latest match of the context's last n-gram."""
         if room <= 1:
-            return root_only(root)
-        drafted = self.index.propose(self._tail(self.cfg.lookup_max_ngram), min(self.cfg.lookup_tokens, room - 1))
-        return chain([root] + drafted, torch.zeros(len(drafted) + 1))
+            return []
+        tail = self._tail(self.cfg.lookup_max_ngram)
+        self._match = self.index.match_length(tail)
+        return self.index.propose(tail, min(self.cfg.lookup_tokens, room - 1))
 
     def _fixed_option(self) -> Option:
         c = self.cfg
@@ -215,22 +216,24 @@ class Decoder:
         if marg is None:
             if self.index is None:
                 return Forecast(), None
-            tail = self._tail(self.cfg.lookup_max_ngram)
-            drafted = self.index.propose(tail, min(self.cfg.lookup_tokens, room - 1))
+            drafted = self._lookup_drafts(room)
             if not drafted:
                 return Forecast(), None
-            self._match = self.index.match_length(tail)
             acc, run = [1.0], 1.0
             for p in self.planner.lookup_calibrator.prob(len(drafted), self._match):
                 run *= p
                 acc.append(run)
             return Forecast(acc, kind="lookup"), drafted
         tree = self._draft(root, marg, self.cfg.budget, room)
+        return self._tree_forecast(tree), tree
+
+    def _tree_forecast(self, tree: Tree) -> Forecast:
+        """P(accepted) of every node of a tree, from its scores through the planner's calibration."""
         prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
-        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores), tree
+        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores)
 
     @staticmethod
-    def _next_marginals_rows(tree: Tree, owners: torch.Tensor, end: int, G: int) -> tuple[int, int]:
+    def _next_marginals_rows(tree: Tree, owners: torch.Tensor, end: int) -> tuple[int, int]:
         """(group index, first row inside the group) of the marginals after the accepted endpoint.
 
         The endpoint's own group, or its nearest ancestor's: slot 0 sits where the bonus goes,
@@ -283,7 +286,7 @@ class Decoder:
         while not done:
             t_round, f_before, q_before = time.perf_counter(), self.stats.forward_seconds, self.stats.query_tokens
             room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
-            big = None
+            big, drafted = None, None  # the planner's largest tree, or its lookup drafts
             if fixed is not None:
                 option = fixed
             elif self.planner.dormant > 0 and marg is None:  # a run of AR choices: plan again later
@@ -292,6 +295,8 @@ class Decoder:
             else:
                 t0 = time.perf_counter()
                 forecast, big = self._forecast(root, marg, room)
+                if isinstance(big, list):
+                    big, drafted = None, big
                 self.stats.tree_seconds += time.perf_counter() - t0
                 option, _ = self.planner.choose(forecast, self.cache.length, room)
                 self.planner.note_choice(option)
@@ -299,17 +304,15 @@ class Decoder:
                 marg = self._draft_pass(root) if room > 1 else None
             t0 = time.perf_counter()
             if option.source == "lookup":
-                tree = (chain([root] + big[: option.nodes], torch.zeros(option.nodes + 1)) if isinstance(big, list)
-                        else self._lookup_chain(root, room))
-            elif big is not None and not option.draft_pass and not isinstance(big, list):
+                drafted = (self._lookup_drafts(room) if drafted is None else drafted)[: option.nodes]
+                tree = chain([root] + drafted, torch.zeros(len(drafted) + 1))
+            elif big is not None and not option.draft_pass:
                 tree = top_nodes(big, option.nodes) if option.nodes else root_only(root)
             else:
                 tree = self._draft(root, marg, option.nodes, room)
             self.stats.tree_seconds += time.perf_counter() - t0
             if self.planner is not None and option.draft_pass and len(tree) > 1:
-                prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
-                self.planner.observe_two_pass(Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths,
-                                                       tree.scores))
+                self.planner.observe_two_pass(self._tree_forecast(tree))
             cands = marg
             if marg is not None or (fixed is not None and cfg.mode not in ("ar", "lookup")):
                 empty = torch.zeros(0, 1, dtype=torch.long)
@@ -327,11 +330,12 @@ class Decoder:
                                    draft_from=n if owners is not None else None)
             self.stats.forwards += 1
             self.stats.query_tokens += tokens.shape[0]
-            targets = self._targets(hidden[:n])
+            logits = self._head(hidden[:n])
+            targets = self._targets(logits)
             path, bonus = walk(tree, targets)
             if self.recorder is not None and marg is not None and n > 1:
                 self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
-                              tuple(path_context(self._tail(2), [], 2)), self.rho, self.ff.logits(hidden[:n]))
+                              tuple(path_context(self._tail(2), [], 2)), self.rho, logits)
             if self.planner is not None and n > 1 and option.source == "lookup":
                 self.planner.lookup_calibrator.update(n - 1, len(path) - 1, self._match)
             elif self.planner is not None and n > 1:
@@ -341,26 +345,26 @@ class Decoder:
                                                on_path[1:])
             new_marg = None
             if owners is not None:
-                j, skip = self._next_marginals_rows(tree, owners, path[-1], G)
+                j, skip = self._next_marginals_rows(tree, owners, path[-1])
                 start = n + j * G + skip
                 new_marg = self._marginals(hidden[start : n + (j + 1) * G])
             c = self.cache.length
             self.cache.commit(path)
             root, marg = bonus, new_marg
             self.stats.rounds += 1
-            self.stats.plan_hist[option.label if fixed is None else _fixed_label(cfg)] += 1
+            layout = option.label if fixed is None else _fixed_label(cfg)
+            self.stats.plan_hist[layout] += 1
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
             self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
             if self.planner is not None and option is not _AR:
-                self.planner.observe(option, len(chunk), time.perf_counter() - t_round,
-                                     self.stats.forward_seconds - f_before, c)
+                self.planner.observe(option, time.perf_counter() - t_round, self.stats.forward_seconds - f_before, c)
             if self.on_round is not None:  # the trace hook (contract: selfspec/trace.py docstring)
                 self.on_round({
                     "round": self.stats.rounds - 1, "c": c, "tree": tree,
                     "cands": None if cands is None else (cands.top_lq, cands.top_tok, cands.entropy),
                     "targets": targets, "path": path, "bonus": bonus, "committed": chunk,
-                    "layout": option.label if fixed is None else _fixed_label(cfg),
+                    "layout": layout,
                     "forward_seconds": self.stats.forward_seconds - f_before,
                     "query_tokens": self.stats.query_tokens - q_before,
                     "lam": cfg.lam if cfg.mode in ("presto", "auto") else 0.0,
