@@ -34,6 +34,9 @@ class KVCache:
         self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.length = 0
+        # per-request buffers the forward writes (the mask block): they live with the request, so
+        # generations running in other threads on the same model never see each other's writes
+        self.scratch: dict = {}
 
     @property
     def capacity(self) -> int:

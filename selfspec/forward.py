@@ -20,6 +20,8 @@ O(q^2) mask work however long the context is.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -91,8 +93,10 @@ class FastForward:
         self.head = model.diffusion_head.weight
         self.dtype = self.embed.dtype
         self.devices = [w[2].device for w in self.layers]
-        self._cos = self._sin = self._scale = None
-        self._masks = {d: MaskBuffer(d, self.dtype) for d in set(self.devices)}
+        # RoPE tables are shared read-only by every generation on this model; growing them is the
+        # one write, done under a lock into new tensors that are swapped in whole
+        self._lock = threading.Lock()
+        self._tab = None  # (n, {device: (q_cos, q_sin, k_cos, k_sin)}), replaced as one object
 
     @staticmethod
     def supports(model) -> bool:
@@ -105,34 +109,38 @@ class FastForward:
         return KVCache(self.devices, self.n_kv, self.head_dim, capacity, self.dtype)
 
     # -- position tables ---------------------------------------------------------------------
-    def _tables(self, n: int):
-        """Per position 0..n-1: (cos, signed sin) for keys and the same times the query scale.
+    def _make_tables(self, n: int):
+        """Per position 0..n-1: (q_cos, q_sin, k_cos, k_sin) with the sin signed and the query
+        tables times the query scale.
 
         rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi], and the Llama-4 query scale
         multiplies the rotated query, so it folds into the query's tables.
         """
-        if self._cos is None or self._cos.shape[0] < n:
-            n = max(n, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
-            pos = torch.arange(n, dtype=torch.float32)
-            freqs = pos[:, None] * self.inv_freq[None, :].cpu()
-            emb = torch.cat([freqs, freqs], -1)
-            cos = (emb.cos() * self.att_factor).to(self.dtype)
-            sin = (emb.sin() * self.att_factor).to(self.dtype)
-            h = sin.shape[-1] // 2
-            sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
-            scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(self.dtype)[:, None]
-            self._cos, self._sin = cos, sin
-            self._qcos, self._qsin = cos * scale, sin * scale
-            self._by_device = {}
-        return self._cos
+        pos = torch.arange(n, dtype=torch.float32)
+        freqs = pos[:, None] * self.inv_freq[None, :].cpu()
+        emb = torch.cat([freqs, freqs], -1)
+        cos = (emb.cos() * self.att_factor).to(self.dtype)
+        sin = (emb.sin() * self.att_factor).to(self.dtype)
+        h = sin.shape[-1] // 2
+        sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
+        scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(self.dtype)[:, None]
+        return cos * scale, sin * scale, cos, sin
 
     def _rope(self, positions: torch.Tensor, device):
         """(q_cos, q_sin, k_cos, k_sin), each [1, 1, q, D], for `positions` on `device`."""
-        n = self._tables(int(positions.max()) + 1).shape[0]
-        if device not in self._by_device or self._by_device[device][0].shape[0] != n:
-            self._by_device[device] = tuple(t.to(device) for t in (self._qcos, self._qsin, self._cos, self._sin))
+        need = int(positions.max()) + 1
+        tab = self._tab
+        if tab is None or tab[0] < need or device not in tab[1]:
+            with self._lock:
+                tab = self._tab
+                if tab is None or tab[0] < need:
+                    n = max(need, 2 * (0 if tab is None else tab[0]), 256)
+                    tab = (n, {"base": self._make_tables(n)})
+                if device not in tab[1]:
+                    tab = (tab[0], {**tab[1], device: tuple(t.to(device) for t in tab[1]["base"])})
+                self._tab = tab
         p = positions.to(device)
-        return tuple(t[p][None, None] for t in self._by_device[device])
+        return tuple(t[p][None, None] for t in tab[1][device])
 
     # -- the forward ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -163,7 +171,8 @@ class FastForward:
                 h = h.to(dev)
             if dev not in rope:
                 rope[dev] = self._rope(positions, dev)
-                masks[dev] = None if block is None or q == 0 else self._masks[dev].view(c, block.to(dev, self.dtype))
+                masks[dev] = None if block is None or q == 0 else _mask_buffer(cache, dev, self.dtype).view(
+                    c, block.to(dev, self.dtype))
             qc, qsn, kc_, ksn = rope[dev]
             x = _rms(h, ln1, self.eps)
             if len(qkv) == 1:
@@ -205,11 +214,34 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
+def _mask_buffer(cache: KVCache, device, dtype) -> MaskBuffer:
+    buf = cache.scratch.get(("mask", device))
+    if buf is None:
+        buf = cache.scratch[("mask", device)] = MaskBuffer(device, dtype)
+    return buf
+
+
+_ENGINE_LOCK = threading.Lock()
+
+
+def weights_key(model) -> tuple:
+    """Identity of the weights a `FastForward` copies or fuses: storage, dtype, device and in-place
+    version of every parameter. `model.to(...)`, `.half()`, loading new weights or editing one in
+    place all change it."""
+    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in model.parameters())
+
+
 def engine(model) -> FastForward:
-    """The model's compact forward, made once and remade if any weight changed in place."""
-    version = sum(p._version for p in model.parameters())
+    """The model's compact forward: made once, remade when the weights change (in place, or by
+    `model.to(dtype / device)`). Generations in several threads share it: it holds only
+    read-only state (weights, RoPE tables); each request's scratch lives in its `KVCache`."""
+    key = weights_key(model)
     ff = getattr(model, "_selfspec_forward", None)
-    if ff is None or ff[1] != version:
-        ff = (FastForward(model), version)
-        model._selfspec_forward = ff
+    if ff is not None and ff[1] == key:
+        return ff[0]
+    with _ENGINE_LOCK:
+        ff = getattr(model, "_selfspec_forward", None)
+        if ff is None or ff[1] != key:
+            ff = (FastForward(model), key)
+            model._selfspec_forward = ff
     return ff[0]

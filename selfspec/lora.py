@@ -42,15 +42,25 @@ class DraftLoRA:
         if not self.enabled:
             return out
         a, b = self.ab[layer]
+        if a.dtype != x.dtype or a.device != x.device:  # the model was moved (`model.to(...)`) after loading
+            a, b = self._moved(layer, x.dtype, x.device)
         out[:, rows] += (x[:, rows] @ a.T) @ b.T * self.scale
         return out
+
+    def _moved(self, layer: int, dtype, device):
+        moved = self.__dict__.setdefault("_moved_ab", {})
+        ab = moved.get((dtype, device))
+        if ab is None:
+            ab = moved[(dtype, device)] = [(a.to(device, dtype), b.to(device, dtype)) for a, b in self.ab]
+        return ab[layer]
 
     def _hook(self, a, b):
         def hook(module, inputs, output):
             if self.rows is None or not self.enabled:
                 return None
             x = inputs[0][:, self.rows]
-            delta = (x @ a.T) @ b.T * self.scale
+            a_, b_ = (a, b) if a.dtype == x.dtype and a.device == x.device else (a.to(x), b.to(x))
+            delta = (x @ a_.T) @ b_.T * self.scale
             output = output.clone()
             output[:, self.rows] += delta
             return output

@@ -24,6 +24,8 @@ node cost ~15 AR steps and lose to AR unless the tree is very likely to be accep
 
 from __future__ import annotations
 
+import copy
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -132,6 +134,15 @@ class Planner:
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
+
+    def fork(self) -> "Planner":
+        """A copy for one generation: it reads what was learnt so far and writes only its own
+        state, so generations in several threads never update one planner at once."""
+        new = copy.copy(self)
+        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "two_pass_yield", "last_yields",
+                     "_memo"):
+            setattr(new, name, copy.deepcopy(getattr(self, name)))
+        return new
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
@@ -287,24 +298,40 @@ def _label(o: Option) -> str:
     return o._label()
 
 
+_STORE_LOCK = threading.Lock()
+
+
 def planner_for(model, cfg, profile=None) -> Planner:
-    """The model's planner for these settings: made once, then reused so that what one
-    generation learnt (acceptance calibration, overheads) starts the next one (fading)."""
+    """A planner for one generation with these settings, forked from the model's stored one so
+    that what earlier generations learnt (acceptance calibration, overheads) starts this one
+    (fading); `keep_planner` stores it back when the generation ends."""
     from .profile import cost_model
 
     cost = cost_model(model, profile)
     key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
            cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
-    store = model.__dict__.setdefault("_selfspec_planners", {})
-    planner = store.get(key)
-    if planner is None:
-        if len(store) > 32:
-            store.clear()
-        planner = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
-                                       group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
-                                       block_length=cfg.block_length)
+    with _STORE_LOCK:
+        store = model.__dict__.setdefault("_selfspec_planners", {})
+        stored = store.get(key)
+        if stored is None:
+            if len(store) > 32:
+                store.clear()
+            stored = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
+                                          group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
+                                          block_length=cfg.block_length)
+        planner = stored.fork()
     planner.begin()
+    planner.home = (store, key)
     return planner
+
+
+def keep_planner(planner: Planner) -> None:
+    """A finished generation's planner becomes the stored one for its settings (of generations
+    running at once, the last to finish; none of them ever sees another's half-updated state)."""
+    home = getattr(planner, "home", None)
+    if home is not None:
+        with _STORE_LOCK:
+            home[0][home[1]] = planner
 
 
 def _family(o: Option) -> str:

@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 import warnings
 from bisect import bisect_left
@@ -210,6 +211,9 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: b
                        tuple(grid_q), tuple(grid_c), tuple(rows))
 
 
+_MEASURE_LOCK = threading.Lock()
+
+
 def cost_model(model, profile=None) -> CostProfile:
     """The profile to plan with: the given one (object or path), else the cached one, else measured.
 
@@ -225,6 +229,14 @@ def cost_model(model, profile=None) -> CostProfile:
     memo = getattr(model, "_selfspec_profile", None)
     if memo is not None and memo[0] == want:
         return memo[1]
+    with _MEASURE_LOCK:  # threads starting at once measure (and write the cache) once
+        memo = getattr(model, "_selfspec_profile", None)
+        if memo is not None and memo[0] == want:
+            return memo[1]
+        return _cached_or_measured(model, want)
+
+
+def _cached_or_measured(model, want: dict) -> CostProfile:
     path = default_path(model)
     prof = None
     if os.path.isfile(path):
@@ -238,7 +250,7 @@ def cost_model(model, profile=None) -> CostProfile:
             prof.save(path)
         except OSError as e:
             warnings.warn(f"the cost profile could not be cached in {os.path.dirname(path)} ({e}); "
-                          f"it is used from memory for this process", stacklevel=2)
+                          f"it is used from memory for this process", stacklevel=3)
     model._selfspec_profile = (want, prof)
     return prof
 

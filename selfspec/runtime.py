@@ -30,7 +30,7 @@ from .config import DecodeConfig
 from .forward import FastForward, engine
 from .lookup import ContextIndex
 from .masks import tree_block
-from .planner import Forecast, Option, planner_for
+from .planner import Forecast, Option, keep_planner, planner_for
 from .stats import Stats
 from .sampling import select
 from .scoring import NgramRho, make_extra_score, path_context
@@ -251,6 +251,8 @@ class Decoder:
         finally:
             self.stats.seconds = time.perf_counter() - t_start
             self._finish_oracle()
+            if self.planner is not None:
+                keep_planner(self.planner)
 
     def _emit(self, tokens: list[int]) -> tuple[list[int], bool]:
         """Truncate at eos (inclusive) and at max_new_tokens; returns (chunk, finished)."""
