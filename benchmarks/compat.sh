@@ -7,7 +7,7 @@
 # release and exits non-zero if any release fails. Needs PyPI (transformers) and the torch pin.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OLDEST=5.4.0    # = TRANSFORMERS_MIN in selfspec/versions.py
+OLDEST=5.4.0    # = TRANSFORMERS_MIN in selfspec/checkpoint/versions.py
 NEWEST=5.24.0   # the newest release below TRANSFORMERS_BELOW
 PY=${PYTHON:-python3.11}
 SCRATCH=${SCRATCH:-$(mktemp -d -t selfspec-compat.XXXXXX)}

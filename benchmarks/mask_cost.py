@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from selfspec.forward import MaskBuffer
-from selfspec.masks import tree_and_groups, tree_block
-from selfspec.tree import build_tree, group_owners
+from selfspec.engine.forward import MaskBuffer
+from selfspec.engine.masks import tree_and_groups, tree_block
+from selfspec.drafting.tree import build_tree, group_owners
 
 
 def _median_ms(fn, n):
@@ -60,9 +60,10 @@ def main():
            "round_full_mask_ms": round(_median_ms(lambda: tree_and_groups(c, tree.parents, tree.depths, owners, a.group),
                                                   max(3, a.repeats // 4)), 3)}
     # prefill: the engine's own _prefill on a tiny model long enough for the prompt, minus its forwards
-    from selfspec.config import DecodeConfig, NemotronLabsDiffusionConfig
-    from selfspec.model import NemotronLabsDiffusionModel
-    from selfspec.runtime import Decoder
+    from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.checkpoint.model import NemotronLabsDiffusionModel
+    from selfspec.engine.decoder import Decoder
 
     L = a.prompt
     cfg = NemotronLabsDiffusionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -15,8 +15,8 @@ import os
 import torch
 
 import selfspec
-from selfspec.config import DecodeConfig
-from selfspec.runtime import generate_ids
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.decoder import generate_ids
 
 MODES = {
     "ar": dict(mode="ar"),

@@ -17,11 +17,11 @@ import sys
 
 import torch
 
-from selfspec.bench import aggregate, read_prompts
-from selfspec.config import DecodeConfig
-from selfspec.model import default_model_dir, load
-from selfspec.predictor import Predictor
-from selfspec.runtime import Decoder
+from selfspec.tools.bench import aggregate, read_prompts
+from selfspec.engine.options import DecodeConfig
+from selfspec.checkpoint.model import default_model_dir, load
+from selfspec.training.predictor import Predictor
+from selfspec.engine.decoder import Decoder
 from selfspec.streaming import encode_prompt
 
 

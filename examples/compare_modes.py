@@ -9,7 +9,7 @@ import argparse
 import os
 
 import selfspec
-from selfspec.bench import grid, markdown_table, read_prompts, run_bench
+from selfspec.tools.bench import grid, markdown_table, read_prompts, run_bench
 
 
 def main():

@@ -13,7 +13,7 @@ import os
 import tempfile
 
 import selfspec
-from selfspec.profile import FORMAT, CostProfile, cost_model
+from selfspec.engine.profile import FORMAT, CostProfile, cost_model
 
 
 def main():

@@ -7,8 +7,8 @@ import argparse
 
 import torch
 
-from selfspec.masks import tree_and_groups
-from selfspec.tree import Tree
+from selfspec.engine.masks import tree_and_groups
+from selfspec.drafting.tree import Tree
 
 
 def main():

@@ -6,16 +6,20 @@
         print(delta, end="")
 """
 
-from .versions import check_transformers
+from selfspec.checkpoint.versions import check_transformers
 
 check_transformers()  # before anything builds on transformers: one clear error naming the range
 
-from .config import DecodeConfig, NemotronLabsDiffusionConfig  # noqa: E402
-from .model import NemotronLabsDiffusionModel, default_model_dir, load, register  # noqa: E402
-from .runtime import Decoder, Stats, generate_ids  # noqa: E402
-from .streaming import Generation, generate, stream  # noqa: E402
+from selfspec.checkpoint.config import NemotronLabsDiffusionConfig  # noqa: E402
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel, default_model_dir, load, register  # noqa: E402
+from selfspec.compat import ar_generate, attach, linear_spec_generate, presto_spec_generate  # noqa: E402
+from selfspec.engine.decoder import Decoder, generate_ids  # noqa: E402
+from selfspec.engine.options import DecodeConfig  # noqa: E402
+from selfspec.engine.stats import Stats  # noqa: E402
+from selfspec.streaming import Generation, generate, stream  # noqa: E402
 
 register()
+attach(NemotronLabsDiffusionModel)
 
 __all__ = [
     "DecodeConfig",
@@ -24,6 +28,9 @@ __all__ = [
     "NemotronLabsDiffusionConfig",
     "NemotronLabsDiffusionModel",
     "Stats",
+    "ar_generate",
+    "linear_spec_generate",
+    "presto_spec_generate",
     "default_model_dir",
     "generate",
     "generate_ids",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import DecodeConfig
-from .runtime import generate_ids
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.decoder import generate_ids
 
 
 def _prompt_list(prompt_ids) -> list[int]:
@@ -59,3 +59,10 @@ def presto_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_len
                        temperature=temperature, top_k=top_k, top_p=top_p, budget=budget, tree_top_k=tree_top_k,
                        lam=lam, rho=rho)
     return _run(model, prompt_ids, cfg, eos_token_id, mask_token_id, **kw)
+
+
+def attach(cls) -> None:
+    """Give the model class upstream's remote-code methods (`model.ar_generate(ids, ...)` etc.).
+    Attached from here, above the checkpoint layer, so the model module imports no decoder."""
+    for fn in (ar_generate, linear_spec_generate, presto_spec_generate):
+        setattr(cls, fn.__name__, fn)

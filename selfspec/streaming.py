@@ -11,42 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DecodeConfig
-from .runtime import Decoder, Stats, check_request
-
-
-class IncrementalDetokenizer:
-    """Token ids in, text deltas out.
-
-    Decodes a short window [prefix_offset:] and emits only what extends the already-emitted
-    window text, and only when it does not end in U+FFFD (an unfinished UTF-8 sequence).
-    Example with byte-fallback pieces for "é" (<0xC3>, <0xA9>): push([<0xC3>]) -> "",
-    push([<0xA9>]) -> "é".
-    """
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-
-    def _decode(self, ids) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
-
-    def push(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return full[len(prefix) :]
-        return ""
-
-    def flush(self) -> str:
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix) :]
+from selfspec.engine.options import DecodeConfig
+from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
+from selfspec.engine.decoder import Decoder, Stats, check_request
 
 
 def _held_suffix(text: str, stops: list[str]) -> int:
@@ -189,7 +156,7 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     if not isinstance(trace, bool):
         raise ValueError(f"trace must be True or False, got {trace!r}")
     if cfg.mode == "auto":
-        from .profile import cost_model
+        from selfspec.engine.profile import cost_model
 
         profile = cost_model(model, profile)  # a bad profile file fails here, before any model work
     dec = Decoder(model, ids, cfg, eos_token_id=eos_token_id, generator=generator, profile=profile)
@@ -197,7 +164,7 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     if trace:
         from dataclasses import asdict
 
-        from .trace import Trace
+        from selfspec.trace import Trace
 
         gen.trace = Trace(tokenizer, ids, settings=asdict(cfg))
         dec.on_round = gen.trace.add

@@ -16,7 +16,7 @@ truncation applied), with one plain dict holding exactly these keys:
 
     round              int, 0-based index of the verification round
     c                  int, KV-cache length (accepted prefix) before the round
-    tree               selfspec.tree.Tree that was verified (node 0 = root, `scores` = path
+    tree               selfspec.drafting.tree.Tree that was verified (node 0 = root, `scores` = path
                        scores from construction, or None)
     cands              (top-k log q [D, K], tokens [D, K], entropy [D] or None) the tree was
                        built from, or None (AR, or no room left)
@@ -38,11 +38,9 @@ source); the prefix-aligned part lambda * log rho = score(v) - score(p) - log q.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
-from .verify import oracle_length
+from selfspec.drafting.verify import oracle_length
 
 
 @dataclass(frozen=True)
@@ -157,7 +155,7 @@ class Trace:
 
     def to_html(self, *, open_rounds: int = 8, max_trees: int = 128) -> str:
         """One self-contained HTML page; see `selfspec.trace_html.render`."""
-        from .trace_html import render
+        from selfspec.trace_html import render
 
         return render(self, open_rounds=open_rounds, max_trees=max_trees)
 
@@ -173,57 +171,3 @@ def _as_tensor(rows: list[list[int]]):
     import torch
 
     return torch.tensor(rows, dtype=torch.long) if rows else torch.zeros(0, 1, dtype=torch.long)
-
-
-# -- command line ------------------------------------------------------------------------------
-def cmd_trace(a) -> int:
-    from .cli import _decode_kwargs
-    from .config import DecodeConfig
-    from .model import load
-    from .streaming import generate
-
-    if a.mode is None and a.plan is None:
-        a.mode = "presto"
-    DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
-    if a.open_rounds < 0 or a.max_trees < 0:
-        raise ValueError("--open-rounds and --max-trees must be >= 0")
-    out_dir = os.path.dirname(os.path.abspath(a.out))
-    if not os.path.isdir(out_dir):
-        raise ValueError(f"output folder {out_dir} does not exist")
-    if a.prompt_file is not None:
-        if not os.path.isfile(a.prompt_file):
-            raise SystemExit(f"error: prompt file {a.prompt_file} not found")
-        with open(a.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
-    else:
-        prompt = a.prompt
-    if not prompt:
-        raise SystemExit("error: empty prompt")
-    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
-    gen = generate(model, tok, prompt, seed=a.seed, stop=a.stop or None, trace=True, profile=a.profile,
-                   **_decode_kwargs(a))
-    size = gen.trace.save(a.out, open_rounds=a.open_rounds, max_trees=a.max_trees)
-    s = gen.stats.as_dict()
-    print(f"{a.out}: {size / 1e6:.2f} MB, {s['rounds']} rounds, {s['new_tokens']} tokens, tau {s['tau']:.2f}",
-          file=sys.stderr)
-    return 0
-
-
-def add_trace_parser(sub, add_common_args) -> None:
-    t = sub.add_parser("trace", help="generate and write the per-round draft trees as one HTML page")
-    src = t.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file whose whole content is the prompt")
-    t.add_argument("--stop", action="append", help="stop string (repeatable)")
-    t.add_argument("--plan", default=None, choices=["auto", "fixed"],
-                   help="auto: every round's layout chosen by the planner; fixed (default here): the flags' layout")
-    t.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
-                   help="layout (default: presto, the trees this page is for; --plan auto picks per round)")
-    t.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
-    t.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
-    t.add_argument("--out", default="trace.html", help="output HTML file (default trace.html)")
-    t.add_argument("--open-rounds", type=int, default=8, help="rounds shown unfolded (default 8)")
-    t.add_argument("--max-trees", type=int, default=128,
-                   help="rounds drawn as trees; later rounds get one summary line each (default 128)")
-    add_common_args(t)
-    t.set_defaults(func=cmd_trace)

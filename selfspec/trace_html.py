@@ -212,7 +212,7 @@ def draw_strip(accepted: list[int], oracle: list[int]) -> str:
 
 def text_spans(tokenizer, chunks: list[list[int]]) -> list[str]:
     """Each chunk's share of the decoded text; the shares concatenate to the full decode."""
-    from .streaming import IncrementalDetokenizer
+    from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
 
     d = IncrementalDetokenizer(tokenizer)
     spans = [d.push(ch) for ch in chunks]

@@ -15,8 +15,8 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("selfspec", derandomize=True, database=None)
 settings.load_profile("selfspec")
 
-from selfspec.config import NemotronLabsDiffusionConfig  # noqa: E402
-from selfspec.model import NemotronLabsDiffusionModel  # noqa: E402
+from selfspec.checkpoint.config import NemotronLabsDiffusionConfig  # noqa: E402
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel  # noqa: E402
 
 
 def tiny_config(**overrides) -> NemotronLabsDiffusionConfig:
@@ -72,7 +72,7 @@ SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A checkpoint directory: a tiny random model with the shipped tokenizer's vocabulary."""
-    from selfspec.tokenizer import SentencePieceTokenizer
+    from selfspec.checkpoint.tokenizer import SentencePieceTokenizer
 
     tok = SentencePieceTokenizer(os.path.join(SHIPPED, "tokenizer.model"))
     path = tmp_path_factory.mktemp("tiny_ckpt")

@@ -13,8 +13,8 @@ import os
 import pytest
 
 import selfspec
-from selfspec.config import DecodeConfig
-from selfspec.runtime import generate_ids
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.decoder import generate_ids
 
 from conftest import SHIPPED
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import selfspec
-from selfspec.cli import main
-from selfspec.config import DecodeConfig
-from selfspec.model import NemotronLabsDiffusionModel
+from selfspec.tools.cli import main
+from selfspec.engine.options import DecodeConfig
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 
 NO_MODEL = "/nonexistent/model"
 

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from selfspec.bench import read_prompts
-from selfspec.cli import main
+from selfspec.tools.bench import read_prompts
+from selfspec.tools.cli import main
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from selfspec.cli import main
+from selfspec.tools.cli import main
 
 
 def test_generate_json_record_has_the_documented_fields(tiny_dir, capsys):

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from selfspec.cache import KVCache
-from selfspec.forward import FastForward, MaskBuffer
-from selfspec.masks import additive, tree_block
-from selfspec.tree import ancestors
+from selfspec.engine.cache import KVCache
+from selfspec.engine.forward import FastForward, MaskBuffer
+from selfspec.engine.masks import additive, tree_block
+from selfspec.drafting.tree import ancestors
 
 from conftest import tiny_model
 
@@ -18,7 +18,7 @@ def _ref(model, ids, pos, mask=None):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_causal_logits_equal_the_transformers_reference_past_the_original_context(model, fused, monkeypatch):
-    monkeypatch.setattr("selfspec.forward.FUSE_MAX_PARAMS", 10**12 if fused else 0)
+    monkeypatch.setattr("selfspec.engine.forward.FUSE_MAX_PARAMS", 10**12 if fused else 0)
     ff = FastForward(model)
     assert ff.fused is fused
     ids = torch.randint(5, 64, (40,))
@@ -118,7 +118,7 @@ def test_kv_cache_commit_moves_accepted_rows_into_place():
 
 
 def test_draft_lora_reaches_only_draft_rows(model):
-    from selfspec.lora import DraftLoRA
+    from selfspec.checkpoint.lora import DraftLoRA
 
     H, D = model.config.hidden_size, model.config.num_attention_heads * model.config.head_dim
     g = torch.Generator().manual_seed(0)

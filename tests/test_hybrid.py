@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec.config import DecodeConfig
-from selfspec.runtime import generate_ids
-from selfspec.scoring import NgramRho, TokenScore
-from selfspec.tree import ContextCandidates, build_tree, is_prefix_closed, path_to
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.decoder import generate_ids
+from selfspec.drafting.scoring import NgramRho, TokenScore
+from selfspec.drafting.tree import ContextCandidates, build_tree, is_prefix_closed, path_to
 
 from conftest import SHIPPED, tiny_model
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import selfspec
-from selfspec.cli import main
-from selfspec.lora import DraftLoRA
+from selfspec.tools.cli import main
+from selfspec.checkpoint.lora import DraftLoRA
 
 from conftest import SHIPPED, tiny_model
 from test_streaming import TOK
@@ -120,10 +120,10 @@ def test_an_interrupted_generation_reports_interrupted_and_keeps_the_committed_i
 @pytest.fixture
 def sigint_at_forward(monkeypatch):
     """Make the CLI's model send a real SIGINT to this process at its n-th output-head call."""
-    import selfspec.model
-    from selfspec.forward import engine
+    import selfspec.checkpoint.model
+    from selfspec.engine.forward import engine
 
-    real_load = selfspec.model.load
+    real_load = selfspec.checkpoint.model.load
 
     def install(n):
         def load(*a, **k):
@@ -140,7 +140,7 @@ def sigint_at_forward(monkeypatch):
             ff.logits = logits
             return model, tok
 
-        monkeypatch.setattr(selfspec.model, "load", load)
+        monkeypatch.setattr(selfspec.checkpoint.model, "load", load)
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     return install

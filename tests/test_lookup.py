@@ -3,8 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec import lookup
-from selfspec.lookup import ContextIndex
+from selfspec.drafting import lookup
+from selfspec.drafting.lookup import ContextIndex
 
 
 # -- brute force: scan the whole context for every query ------------------------------------------

@@ -2,9 +2,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec import cache as kv
-from selfspec.masks import additive, draft_block, joint_training_allowed, tree_and_groups
-from selfspec.tree import Tree, path_to
+from selfspec.engine import cache as kv
+from selfspec.engine.masks import additive, draft_block, joint_training_allowed, tree_and_groups
+from selfspec.drafting.tree import Tree, path_to
 
 from conftest import tiny_model
 

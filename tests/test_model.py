@@ -7,9 +7,9 @@ from safetensors.torch import save_file
 from transformers import AutoModel, Ministral3Config, Ministral3ForCausalLM
 
 import selfspec  # noqa: F401  (registers the Auto classes)
-from selfspec import cache as kv
-from selfspec.masks import additive
-from selfspec.model import NemotronLabsDiffusionModel
+from selfspec.engine import cache as kv
+from selfspec.engine.masks import additive
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 
 from conftest import tiny_config, tiny_model
 

@@ -6,11 +6,11 @@ import os
 import pytest
 import torch
 
-from selfspec.config import DecodeConfig
-from selfspec.calibration import Calibrator, acceptance
-from selfspec.planner import Forecast, Option, Planner, log2_budgets
-from selfspec.profile import CostProfile
-from selfspec.runtime import Decoder, generate_ids
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.calibration import Calibrator, acceptance
+from selfspec.engine.planner import Forecast, Option, Planner, log2_budgets
+from selfspec.engine.profile import CostProfile
+from selfspec.engine.decoder import Decoder, generate_ids
 
 from conftest import SHIPPED, tiny_model
 
@@ -108,7 +108,7 @@ def test_on_the_shipped_model_a_flat_profile_plans_one_pass_presto_with_budget_3
 
 
 def test_expected_tokens_of_n_nodes_are_those_of_the_subtree_the_runtime_verifies():
-    from selfspec.tree import Tree, top_nodes
+    from selfspec.drafting.tree import Tree, top_nodes
 
     # index order (depth by depth) differs from score order: node 3 (depth 2) beats node 2 (depth 1)
     tree = Tree(torch.tensor([9, 1, 2, 3]), torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]),

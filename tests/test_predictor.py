@@ -5,11 +5,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from selfspec.config import DecodeConfig
-from selfspec.predictor import FEATURES, LearnedRho, Predictor, auc, collect, round_examples, train
-from selfspec.runtime import generate_ids
-from selfspec.scoring import NgramRho
-from selfspec.tree import Tree
+from selfspec.engine.options import DecodeConfig
+from selfspec.training.predictor import FEATURES, LearnedRho, Predictor, auc, collect, round_examples, train
+from selfspec.engine.decoder import generate_ids
+from selfspec.drafting.scoring import NgramRho
+from selfspec.drafting.tree import Tree
 
 from conftest import tiny_model
 
@@ -81,7 +81,7 @@ def test_learned_rho_needs_a_predictor_and_keeps_greedy_exact(tmp_path):
         cfg = DecodeConfig(mode="presto", schedule=schedule, rho="learned", block_length=6, budget=8, max_new_tokens=24)
         assert generate_ids(model, prompt, cfg, eos_token_id=[])[0] == ar
     rho = LearnedRho(model.presto_predictor, NgramRho(8, prompt))
-    from selfspec.scoring import Expansion
+    from selfspec.drafting.scoring import Expansion
 
     z = torch.zeros(2, 3)
     x = Expansion(1, z.long(), z.long(), z.long(), z - 1, z, z, z - 1, 0.5)
@@ -106,8 +106,8 @@ def test_collection_writes_resumable_shards(tmp_path):
 @settings(max_examples=20, deadline=None)
 @given(D=st.integers(1, 6), K=st.integers(1, 4), budget=st.integers(1, 30), seed=st.integers(0, 999))
 def test_tabulated_learned_scores_build_the_same_tree_as_per_step_scoring(D, K, budget, seed):
-    from selfspec.scoring import make_extra_score
-    from selfspec.tree import build_tree
+    from selfspec.drafting.scoring import make_extra_score
+    from selfspec.drafting.tree import build_tree
 
     g = torch.Generator().manual_seed(seed)
     logq = (torch.randn(D, 40, generator=g) * 2).log_softmax(-1)
@@ -128,7 +128,7 @@ def test_tabulated_learned_scores_build_the_same_tree_as_per_step_scoring(D, K, 
 
 # -- labels at T > 0: the verifier's acceptance probability -----------------------------------------
 def test_acceptance_probs_worked_example():
-    from selfspec.predictor import acceptance_probs
+    from selfspec.training.predictor import acceptance_probs
 
     logits = torch.tensor([[0.0, float(torch.tensor(3.0).log()), -1e9]])
     assert acceptance_probs(logits, temperature=1.0).tolist()[0][:2] == pytest.approx([0.25, 0.75])
@@ -138,9 +138,9 @@ def test_acceptance_probs_worked_example():
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.6, 3, 1.0), (1.3, 0, 0.8)])
 def test_soft_labels_equal_the_rate_at_which_the_verifier_accepts_each_candidate(temperature, top_k, top_p):
-    from selfspec.predictor import acceptance_probs
-    from selfspec.sampling import select
-    from selfspec.verify import walk
+    from selfspec.training.predictor import acceptance_probs
+    from selfspec.drafting.sampling import select
+    from selfspec.drafting.verify import walk
 
     g = torch.Generator().manual_seed(1)
     V = 6

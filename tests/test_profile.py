@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from selfspec.profile import FORMAT, CostProfile, cost_model, default_path, device_key, measure, model_key
+from selfspec.engine.profile import FORMAT, CostProfile, cost_model, default_path, device_key, measure, model_key
 
 from conftest import tiny_model
 

@@ -9,11 +9,11 @@ import torch
 from safetensors.torch import save_file
 
 import selfspec
-from selfspec.lora import load_draft_lora
-from selfspec.masks import tree_and_groups
-from selfspec.runtime import generate_ids
+from selfspec.checkpoint.lora import load_draft_lora
+from selfspec.engine.masks import tree_and_groups
+from selfspec.engine.decoder import generate_ids
 from selfspec.streaming import encode_prompt
-from selfspec.config import DecodeConfig
+from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
 from test_model import _write_sharded_bf16

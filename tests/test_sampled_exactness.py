@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from selfspec.config import DecodeConfig
-from selfspec.runtime import generate_ids
-from selfspec.sampling import process_logits
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.decoder import generate_ids
+from selfspec.drafting.sampling import process_logits
 
 from conftest import tiny_model
 
@@ -73,7 +73,7 @@ def critical(df: int, z: float = 3.09) -> float:
 
 
 def _sample(model, cfg):
-    from selfspec.profile import CostProfile
+    from selfspec.engine.profile import CostProfile
 
     gen = torch.Generator().manual_seed(1234)
     outs, first_round = [], []

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from selfspec.scoring import NgramRho
+from selfspec.drafting.scoring import NgramRho
 
 
 def _brute(ctx, V, a, b, t):

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import TextIteratorStreamer
 
-from selfspec.runtime import Stats
+from selfspec.engine.decoder import Stats
 from selfspec.streaming import Generation, IncrementalDetokenizer, generate, stream
 
 from conftest import tiny_model

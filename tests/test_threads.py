@@ -11,7 +11,7 @@ import torch
 
 import selfspec
 from conftest import SHIPPED, tiny_model
-from selfspec.lora import DraftLoRA
+from selfspec.checkpoint.lora import DraftLoRA
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHIPPED), reason="the shipped model is not in this checkout")
 

@@ -13,11 +13,11 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from selfspec.cli import main
+from selfspec.tools.cli import main
 from selfspec.streaming import generate
 from selfspec.trace import Trace, split_scores
 from selfspec.trace_html import esc, short, tree_rows, visible
-from selfspec.verify import walk
+from selfspec.drafting.verify import walk
 
 from conftest import SHIPPED, tiny_config, tiny_model
 

@@ -2,10 +2,10 @@ import json
 
 import torch
 
-from selfspec.data import function_prompts, is_held_out, split_corpus
-from selfspec.masks import joint_training_allowed
-from selfspec.model import NemotronLabsDiffusionModel
-from selfspec.train import main, noise_block_types
+from selfspec.training.data import function_prompts, is_held_out, split_corpus
+from selfspec.engine.masks import joint_training_allowed
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel
+from selfspec.training.train import main, noise_block_types
 
 
 def test_a_few_training_steps_on_a_tiny_slice_save_a_loadable_resumable_model(tmp_path):

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec.scoring import NgramRho, make_extra_score
-from selfspec.tree import ancestors, build_tree, chain, is_prefix_closed, path_to
+from selfspec.drafting.scoring import NgramRho, make_extra_score
+from selfspec.drafting.tree import ancestors, build_tree, chain, is_prefix_closed, path_to
 
 
 def _random_logq(D, V, seed):
@@ -80,7 +80,7 @@ def test_max_depth_caps_the_tree():
 
 
 def test_budget_below_one_is_rejected_by_the_decode_config():
-    from selfspec.config import DecodeConfig
+    from selfspec.engine.options import DecodeConfig
 
     for bad in (dict(budget=0), dict(tree_top_k=0), dict(lam=-0.1), dict(group_size=0)):
         with pytest.raises(ValueError):
@@ -88,7 +88,7 @@ def test_budget_below_one_is_rejected_by_the_decode_config():
 
 
 def test_group_owners_worked_example_and_fallback():
-    from selfspec.tree import group_owners, nearest_owner
+    from selfspec.drafting.tree import group_owners, nearest_owner
 
     t = chain([1, 2, 3], torch.tensor([0.0, -0.1, -2.0]))
     assert group_owners(t, 2).tolist() == [0, 1]

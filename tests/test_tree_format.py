@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfspec.engines.tree_format import EagleTree, from_eagle, greedy_accept, to_eagle
-from selfspec.tree import Tree, ancestors, chain
-from selfspec.verify import walk
+from selfspec.drafting.tree import Tree, ancestors, chain
+from selfspec.drafting.verify import walk
 
 VOCAB = 4  # few tokens: sibling clashes and repeated tokens happen often
 

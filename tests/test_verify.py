@@ -1,7 +1,7 @@
 import torch
 
-from selfspec.tree import Tree, chain
-from selfspec.verify import oracle_length, walk
+from selfspec.drafting.tree import Tree, chain
+from selfspec.drafting.verify import oracle_length, walk
 
 
 def _tree(tokens, parents):

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import selfspec.model as model_module
-from selfspec import cache as kv
-from selfspec import versions
+import selfspec.checkpoint.model as model_module
+from selfspec.engine import cache as kv
+from selfspec.checkpoint import versions
 from transformers import Ministral3Model
 
 ROOT = Path(__file__).resolve().parent.parent

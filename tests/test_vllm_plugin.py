@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from selfspec.engines import vllm as plugin
-from selfspec.model import default_model_dir, expected_shapes
+from selfspec.checkpoint.model import default_model_dir, expected_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def test_an_unknown_tensor_fails_the_load_naming_the_tensor(name):
 
 
 def test_llama_4_scaling_is_read_from_the_checkpoint_rope_parameters():
-    from selfspec.config import NemotronLabsDiffusionConfig
+    from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
 
     cfg = NemotronLabsDiffusionConfig.from_pretrained(default_model_dir())
     assert plugin.llama_4_scaling(cfg) == {"beta": 0.1, "original_max_position_embeddings": 1024}

@@ -1,4 +1,4 @@
-"""A `selfspec.tree.Tree` as the EAGLE / SGLang tree-verification tensors, and back. Pure.
+"""A `selfspec.drafting.tree.Tree` as the EAGLE / SGLang tree-verification tensors, and back. Pure.
 
 SGLang's EAGLE worker verifies a draft tree of q nodes from five per-request tensors, built by
 `build_tree_efficient` and read by `VerifyTreeGreedy` in sglang's
@@ -30,7 +30,7 @@ Worked example (root 7; children 11 and 12; 13 under 11), seq_len 5:
     tree_mask             [[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]]
     positions             [5, 6, 6, 7]
     targets [12, 5, 9, 4] -> from 0 look for 12 among 1, 2 -> accept 2; 2 has no child ->
-    accepted [0, 2], bonus 9: the same as `selfspec.verify.walk`.
+    accepted [0, 2], bonus 9: the same as `selfspec.drafting.verify.walk`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import Tree, ancestors
+from selfspec.drafting.tree import Tree, ancestors
 
 
 @dataclass(frozen=True)

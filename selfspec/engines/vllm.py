@@ -82,7 +82,7 @@ def llama_4_scaling(config) -> dict | None:
 
 def check_vllm(version: str) -> None:
     """Raise ImportError naming the tested range for a vLLM release outside it."""
-    from ..versions import in_range
+    from selfspec.checkpoint.versions import in_range
 
     if not in_range(version, VLLM_MIN, VLLM_BELOW):
         raise ImportError(f"the selfspec vLLM plugin is tested with vllm {VLLM_RANGE} "
@@ -95,7 +95,7 @@ def register() -> None:
     from vllm import ModelRegistry
 
     check_vllm(vllm.__version__)
-    from ..model import register as register_transformers
+    from selfspec.checkpoint.model import register as register_transformers
 
     register_transformers()  # AutoConfig must know model_type 'nemotron_labs_diffusion'
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():

@@ -164,7 +164,7 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: b
     """
     from tqdm import tqdm
 
-    from .forward import engine
+    from selfspec.engine.forward import engine
 
     ff = engine(model)
     limit = model.config.max_position_embeddings
@@ -253,27 +253,3 @@ def _cached_or_measured(model, want: dict) -> CostProfile:
                           f"it is used from memory for this process", stacklevel=3)
     model._selfspec_profile = (want, prof)
     return prof
-
-
-def cmd_profile(a) -> int:
-    from .model import load
-
-    model, _ = load(a.model, dtype=a.dtype, device=a.device)
-    t0 = time.time()
-    prof = measure(model)
-    path = a.out or default_path(model)
-    prof.save(path)
-    f1 = prof(1, prof.c[0])
-    print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "seconds": round(time.time() - t0, 1),
-                      "f1_ms": round(1e3 * f1, 3),
-                      "relative": {str(q): round(prof(q, prof.c[0]) / f1, 2) for q in prof.q}}))
-    return 0
-
-
-def add_profile_parser(sub) -> None:
-    p = sub.add_parser("profile", help="measure this device's forward-cost curve (used by --plan auto)")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--out", default=None, help="write here instead of the cache folder")
-    p.set_defaults(func=cmd_profile)

@@ -119,3 +119,37 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out.
+
+    Decodes a short window [prefix_offset:] and emits only what extends the already-emitted
+    window text, and only when it does not end in U+FFFD (an unfinished UTF-8 sequence).
+    Example with byte-fallback pieces for "é" (<0xC3>, <0xA9>): push([<0xC3>]) -> "",
+    push([<0xA9>]) -> "é".
+    """
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _decode(self, ids) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :]

@@ -25,18 +25,18 @@ import time
 
 import torch
 
-from .calibration import acceptance, local_scores
-from .config import DecodeConfig
-from .forward import FastForward, engine
-from .lookup import ContextIndex
-from .masks import tree_block
-from .planner import Forecast, Option, keep_planner, planner_for
-from .stats import Stats
-from .sampling import select
-from .scoring import NgramRho, make_extra_score, path_context
-from .tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
+from selfspec.engine.calibration import acceptance, local_scores
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.forward import FastForward, engine
+from selfspec.drafting.lookup import ContextIndex
+from selfspec.engine.masks import tree_block
+from selfspec.engine.planner import Forecast, Option, keep_planner, planner_for
+from selfspec.engine.stats import Stats
+from selfspec.drafting.sampling import select
+from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
+from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
                    top_nodes)
-from .verify import oracle_length, walk
+from selfspec.drafting.verify import oracle_length, walk
 
 
 def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
@@ -52,7 +52,7 @@ def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
         )
     if cfg.rho == "learned" and cfg.mode in ("presto", "auto") and getattr(model, "presto_predictor", None) is None:
         raise ValueError("rho 'learned' needs a trained predictor (presto_predictor.safetensors next to the model; "
-                         "make one with `python -m selfspec.predictor collect/train`); none is loaded")
+                         "make one with `python -m selfspec.training.predictor collect/train`); none is loaded")
     if not FastForward.supports(model):
         raise ValueError("selfspec's engine needs every weight on a device (no offloading to disk or the meta "
                          "device) and no sliding-window attention; this model has one of those")
@@ -98,7 +98,7 @@ class Decoder:
         self.rho = NgramRho(model.config.vocab_size, self.prompt) if trees and cfg.rho in ("ngram", "learned") else None
         self.learned = trees and cfg.rho == "learned"
         if self.learned:
-            from .learned_rho import LearnedRho
+            from selfspec.drafting.learned_rho import LearnedRho
 
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:

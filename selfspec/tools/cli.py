@@ -2,50 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit 2, like every other bad input."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _add_common_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
-    p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")
-    p.add_argument("--group-size", type=int, default=None, help="one-pass mask-group size (default B)")
-    p.add_argument("--group-nodes", type=int, default=None, help="one-pass: nodes that get a group (default all)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="sampling top-k, as in transformers (0 = off)")
-    p.add_argument("--tree-top-k", type=int, default=4, help="PRESTO candidates per depth")
-    p.add_argument("--lam", type=float, default=0.2, help="PRESTO lambda")
-    p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
-    p.add_argument("--no-draft-lora", action="store_true", help="ignore the checkpoint's linear_spec_lora adapter")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
-    p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--lookup", default=None, choices=["on", "off"],
-                   help="add each path's context continuations to PRESTO's candidates (default: on for --plan auto)")
-    p.add_argument("--lookup-min-ngram", type=int, default=1, help="context lookup: shortest n-gram matched")
-    p.add_argument("--lookup-max-ngram", type=int, default=3, help="context lookup: longest n-gram matched")
-    p.add_argument("--lookup-tokens", type=int, default=10, help="--mode lookup: tokens copied per round")
-    p.add_argument("--profile", default=None,
-                   help="cost-profile JSON for --plan auto (default: measured once per device/model/dtype and cached)")
-
-
-def _decode_kwargs(a) -> dict:
-    return dict(mode=a.mode, plan=a.plan, lookup=None if a.lookup is None else a.lookup == "on",
-                lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram, lookup_tokens=a.lookup_tokens,
-                schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
-                max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+from selfspec.tools.args import Parser, add_common_args, decode_kwargs
 
 
 def _read_prompt(a) -> str:
@@ -80,13 +40,13 @@ def _record(a, gen) -> dict:
 
 
 def cmd_generate(a) -> int:
-    from .config import DecodeConfig
-    from .model import load
-    from .streaming import stream
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.checkpoint.model import load
+    from selfspec.streaming import stream
 
-    cfg = DecodeConfig(**_decode_kwargs(a))  # bad options fail before the model loads
+    cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
     if a.profile is not None:
-        from .profile import CostProfile
+        from selfspec.engine.profile import CostProfile
 
         CostProfile.load(a.profile)
     prompt = _read_prompt(a)
@@ -96,7 +56,7 @@ def cmd_generate(a) -> int:
 
     hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
-    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **_decode_kwargs(a))
+    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **decode_kwargs(a))
     try:
         for delta in gen:
             if not a.json:
@@ -121,7 +81,7 @@ def cmd_generate(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
+    ap = Parser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="stream a continuation of a prompt")
     src = g.add_mutually_exclusive_group(required=True)
@@ -136,17 +96,15 @@ def main(argv=None) -> int:
                    help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
     g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
-    _add_common_args(g)
+    add_common_args(g)
     g.set_defaults(func=cmd_generate)
-    from .bench import add_bench_parser
+    from selfspec.tools.bench import add_bench_parser
 
-    add_bench_parser(sub, _add_common_args)
-    from .profile import add_profile_parser
+    add_bench_parser(sub, add_common_args)
+    from selfspec.tools.commands import add_profile_parser, add_trace_parser
 
     add_profile_parser(sub)
-    from .trace import add_trace_parser
-
-    add_trace_parser(sub, _add_common_args)
+    add_trace_parser(sub, add_common_args)
     a = ap.parse_args(argv)
     a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:

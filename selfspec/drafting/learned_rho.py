@@ -2,7 +2,7 @@
 
 rho(t | path) ~= sigmoid(h_phi(features)); `LearnedRho` evaluates it for one expansion step or
 for a whole tree at once. This is the part the runtime needs; collection and training (which
-run the runtime) live in `selfspec.predictor`, so nothing here imports upward.
+run the runtime) live in `selfspec.training.predictor`, so nothing here imports upward.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .scoring import Expansion
+from selfspec.drafting.scoring import Expansion
 
 FEATURES = ["lq", "rank", "entropy", "depth", "parent_lq", "parent_rank", "ngram", "margin", "repeat"]
 FILE, META = "presto_predictor.safetensors", "presto_predictor.json"
@@ -90,7 +90,7 @@ class Predictor(torch.nn.Module):
 def grid_features(cand_lq, cand_tok, root: int, h2: int, entropy, ngram) -> torch.Tensor:
     """[D, K, K, K, F]: the features of every (depth, grandparent, parent, candidate) combination
     of one tree, indexed as `scoring.token_grid`; equal to `features` of the matching expansion."""
-    from .scoring import token_grid
+    from selfspec.drafting.scoring import token_grid
 
     D, K = cand_tok.shape
     shape = (D, K, K, K)

@@ -1,8 +1,8 @@
 """Train a small NLD-architecture model with the joint AR + diffusion objective.
 
-    python -m selfspec.train --out models/stdlib-nld-9m --minutes 60
+    python -m selfspec.training.train --out models/stdlib-nld-9m --minutes 60
 
-Corpus: the interpreter's standard library (selfspec.data; held-out files never seen).
+Corpus: the interpreter's standard library (selfspec.training.data; held-out files never seen).
 Objective (docs/training.md): the doubled sequence [x_t | x_0] with the block mask of
 `masks.joint_training_allowed`; each noisy block is, at random, fully masked (the one-pass
 inference pattern), clean-first-then-masked (the two-pass pattern [seed, M...]) or masked at a
@@ -23,11 +23,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .config import NemotronLabsDiffusionConfig
-from .data import split_corpus
-from .masks import additive, joint_training_allowed
-from .model import NemotronLabsDiffusionModel
-from .tokenizer import SPECIALS, SentencePieceTokenizer, train_sentencepiece
+from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
+from selfspec.training.data import split_corpus
+from selfspec.engine.masks import additive, joint_training_allowed
+from selfspec.checkpoint.model import NemotronLabsDiffusionModel
+from selfspec.checkpoint.tokenizer import SPECIALS, SentencePieceTokenizer, train_sentencepiece
 
 
 def model_config(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> NemotronLabsDiffusionConfig:
@@ -110,7 +110,7 @@ def encode_corpus(tok, texts, cache_path: str | None) -> torch.Tensor:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m selfspec.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m selfspec.training.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="where the final checkpoint is written")
     ap.add_argument("--run-dir", default=None, help="resumable state (default runs/<out name>)")
     ap.add_argument("--vocab", type=int, default=8192)

@@ -25,7 +25,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from .cache import KVCache
+from selfspec.engine.cache import KVCache
 
 FUSE_MAX_PARAMS = 1_000_000_000
 

@@ -76,7 +76,7 @@ def tree_block(parents: torch.Tensor, depths: torch.Tensor, owners: torch.Tensor
         g0: 1 1 | 1 1
         g1: 1 1 | 1 1
     """
-    from .tree import ancestors
+    from selfspec.drafting.tree import ancestors
 
     n = parents.shape[0]
     owners = torch.zeros(0, dtype=torch.long) if owners is None else owners.long()

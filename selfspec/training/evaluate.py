@@ -1,6 +1,6 @@
 """Held-out AR perplexity of a model on the stdlib hold-out (the shipped model's card figure).
 
-    python -m selfspec.evaluate [--model DIR] [--max-tokens 100000]
+    python -m selfspec.training.evaluate [--model DIR] [--max-tokens 100000]
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .data import split_corpus
+from selfspec.training.data import split_corpus
 
 
 @torch.inference_mode()
@@ -38,9 +38,9 @@ def heldout_perplexity(model, tokenizer, *, window: int = 256, max_tokens: int =
 
 
 def main(argv=None):
-    from .model import load
+    from selfspec.checkpoint.model import load
 
-    ap = argparse.ArgumentParser(prog="python -m selfspec.evaluate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m selfspec.training.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--max-tokens", type=int, default=100_000)
     a = ap.parse_args(argv)

@@ -20,11 +20,11 @@ from transformers import AutoConfig, AutoModel, Ministral3Model, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.utils import ModelOutput
 
-from .config import NemotronLabsDiffusionConfig
-from .validate import check_device, check_safetensors_files
-from .versions import cache_argument
+from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
+from selfspec.checkpoint.validate import check_device, check_safetensors_files
+from selfspec.checkpoint.versions import cache_argument
 
-# read once: 5.23 and older take `past_key_values` and silently ignore `cache` (selfspec.versions)
+# read once: 5.23 and older take `past_key_values` and silently ignore `cache` (selfspec.checkpoint.versions)
 CACHE_ARG = cache_argument(Ministral3Model.forward)
 
 
@@ -108,7 +108,7 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
             raise RuntimeError(
                 f"the KV cache did not grow by the query length ({past} + {q_len} expected, "
                 f"{cache.get_seq_length()} found): transformers did not use the cache passed as "
-                f"`{CACHE_ARG}`; see selfspec.versions for the tested transformers range"
+                f"`{CACHE_ARG}`; see selfspec.checkpoint.versions for the tested transformers range"
             )
         hidden = out.last_hidden_state
         if logits_to_keep:
@@ -117,22 +117,6 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
         return DiffusionLMOutput(
             logits=logits, cache=cache if use_cache else None, hidden_states=hidden if output_hidden_states else None
         )
-
-    # upstream remote-code API: (ids including the prompt, nfe); see selfspec.compat
-    def ar_generate(self, prompt_ids, **kw):
-        from .compat import ar_generate
-
-        return ar_generate(self, prompt_ids, **kw)
-
-    def linear_spec_generate(self, prompt_ids, **kw):
-        from .compat import linear_spec_generate
-
-        return linear_spec_generate(self, prompt_ids, **kw)
-
-    def presto_spec_generate(self, prompt_ids, **kw):
-        from .compat import presto_spec_generate
-
-        return presto_spec_generate(self, prompt_ids, **kw)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -238,6 +222,7 @@ def register() -> None:
 
 
 DEFAULT_MODEL_NAME = "pystdlib-nld-9m"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def default_model_dir() -> str:
@@ -245,7 +230,7 @@ def default_model_dir() -> str:
     env = os.environ.get("SELFSPEC_MODEL")
     if env:
         return env
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", DEFAULT_MODEL_NAME)
+    return os.path.join(REPO_ROOT, "models", DEFAULT_MODEL_NAME)
 
 
 def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, device: str | None = None,
@@ -257,7 +242,7 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
     weights are initialised on the meta device and streamed from the safetensors shards.
     A `linear_spec_lora/` adapter is attached for drafting unless `draft_lora=False`.
     """
-    from .tokenizer import load_tokenizer
+    from selfspec.checkpoint.tokenizer import load_tokenizer
 
     path = os.fspath(path) if path is not None else default_model_dir()
     check_device(device)
@@ -287,11 +272,11 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
     if device is not None and device_map is None:
         model = model.to(device)
     _merge_generation_eos(model, path)
-    from .lora import load_draft_lora
+    from selfspec.checkpoint.lora import load_draft_lora
 
     if draft_lora:
         model.draft_lora = load_draft_lora(model, path)
-    from .learned_rho import Predictor
+    from selfspec.drafting.learned_rho import Predictor
 
     model.presto_predictor = Predictor.load(path)
     return model.eval(), tokenizer

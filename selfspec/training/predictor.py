@@ -1,7 +1,7 @@
 """Learned prefix-alignment predictor h_phi for PRESTO: rho(t | path) ~= sigmoid(h_phi(features)).
 
-    python -m selfspec.predictor collect [--model DIR] --out runs/predictor [--prompts N]
-    python -m selfspec.predictor train --data runs/predictor [--model DIR]
+    python -m selfspec.training.predictor collect [--model DIR] --out runs/predictor [--prompts N]
+    python -m selfspec.training.predictor train --data runs/predictor [--model DIR]
 
 Collection runs the target's tree verification over prompts from the *training* side of the
 corpus (never the held-out files) and records, for every verified tree node and each of its K
@@ -27,8 +27,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .learned_rho import FEATURES, FILE, META, LearnedRho, Predictor, features, grid_features  # noqa: F401
-from .scoring import Expansion
+from selfspec.drafting.learned_rho import FEATURES, FILE, META, LearnedRho, Predictor, features, grid_features  # noqa: F401
+from selfspec.drafting.scoring import Expansion
 
 def acceptance_probs(node_logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
                      banned: int | None = None) -> torch.Tensor | None:
@@ -41,7 +41,7 @@ def acceptance_probs(node_logits: torch.Tensor, *, temperature: float, top_k: in
     """
     if temperature == 0:
         return None
-    from .sampling import process_logits
+    from selfspec.drafting.sampling import process_logits
 
     x = process_logits(node_logits, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned)
     return x.softmax(-1).cpu()
@@ -96,8 +96,8 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
     """
     from tqdm import tqdm
 
-    from .config import DecodeConfig
-    from .runtime import Decoder
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.decoder import Decoder
 
     os.makedirs(out, exist_ok=True)
     # lambda = 0 trees (the marginals alone choose), with the n-gram context kept for the features
@@ -205,10 +205,10 @@ def train(x: torch.Tensor, y: torch.Tensor, *, hidden: int = 32, epochs: int = 3
 
 
 def main(argv=None):
-    from .data import function_prompts, split_corpus
-    from .model import default_model_dir, load
+    from selfspec.training.data import function_prompts, split_corpus
+    from selfspec.checkpoint.model import default_model_dir, load
 
-    ap = argparse.ArgumentParser(prog="python -m selfspec.predictor", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m selfspec.training.predictor", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="record (features, accepted?) from tree verification")
     c.add_argument("--model", default=None)
@@ -234,7 +234,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.cmd == "collect":
         if a.prompt_file:
-            from .bench import read_prompts
+            from selfspec.tools.bench import read_prompts
 
             prompts = [p["prompt"] for p in read_prompts(a.prompt_file) if isinstance(p["prompt"], str)]
         else:
@@ -263,7 +263,7 @@ def main(argv=None):
         target = a.out or a.model or default_model_dir()
         os.makedirs(target, exist_ok=True)
         pred.save(target, {"metrics": metrics, "data": a.data,
-                           "command": "python -m selfspec.predictor " + " ".join(sys.argv[1:] if argv is None else argv)})
+                           "command": "python -m selfspec.training.predictor " + " ".join(sys.argv[1:] if argv is None else argv)})
         print(json.dumps({k: v for k, v in metrics.items() if k != "reliability"}))
 
 

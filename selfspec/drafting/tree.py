@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .scoring import Expansion, ScoreFn
+from selfspec.drafting.scoring import Expansion, ScoreFn
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree import Tree
+from selfspec.drafting.tree import Tree
 
 
 def walk(tree: Tree, targets: torch.Tensor) -> tuple[list[int], int]:

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from .config import MODES, SCHEDULES, DecodeConfig
+from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
 
 PEERS = ("hf", "hf-lookup")
 
@@ -79,7 +79,7 @@ def label(c: DecodeConfig) -> str:
 
 def aggregate(records: list[dict]) -> dict:
     """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once)."""
-    from .stats import Stats
+    from selfspec.engine.stats import Stats
 
     keys = ("new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds")
     st = Stats.total([Stats(**{k: r.get(k, 0) for k in keys}, accept_lengths=r.get("accept_lengths", []),
@@ -179,9 +179,9 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     import torch
     from tqdm import tqdm
 
-    from .peers import HFPeer
-    from .runtime import Decoder
-    from .streaming import encode_prompt
+    from selfspec.tools.peers import HFPeer
+    from selfspec.engine.decoder import Decoder
+    from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     temps = sorted({c.temperature for c in configs})
@@ -251,7 +251,7 @@ def cmd_bench(a) -> int:
     import torch
     import transformers
 
-    from .model import default_model_dir, load
+    from selfspec.checkpoint.model import default_model_dir, load
 
     for m in a.modes:
         if m not in MODES + ("hybrid",):
@@ -275,7 +275,7 @@ def cmd_bench(a) -> int:
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets))
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:
-        from .profile import CostProfile
+        from selfspec.engine.profile import CostProfile
 
         CostProfile.load(a.profile)  # a bad file fails before the model loads
     out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))

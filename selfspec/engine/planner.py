@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import torch
 
-from .calibration import Calibrator, PositionCalibrator
+from selfspec.engine.calibration import Calibrator, PositionCalibrator
 
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's one certain token
@@ -305,7 +305,7 @@ def planner_for(model, cfg, profile=None) -> Planner:
     """A planner for one generation with these settings, forked from the model's stored one so
     that what earlier generations learnt (acceptance calibration, overheads) starts this one
     (fading); `keep_planner` stores it back when the generation ends."""
-    from .profile import cost_model
+    from selfspec.engine.profile import cost_model
 
     cost = cost_model(model, profile)
     key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,

@@ -98,10 +98,10 @@ def write_jsonl(rows: list[dict], path: str | os.PathLike) -> None:
 
 
 def main(argv=None) -> None:
-    """python -m selfspec.data --prompts OUT.jsonl [--limit N]: write the held-out prompt set."""
+    """python -m selfspec.training.data --prompts OUT.jsonl [--limit N]: write the held-out prompt set."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m selfspec.data", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m selfspec.training.data", description=main.__doc__)
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--limit", type=int, default=64)
     a = ap.parse_args(argv)

@@ -1,0 +1,1 @@
+"""The checkpoint: config schema, model, draft LoRA, tokenizer, conversion, version and file checks."""

@@ -1,0 +1,1 @@
+"""Tools on top of the public API: CLI, bench, peers."""

@@ -1,0 +1,88 @@
+"""The subcommands beside `generate`: `trace` (one HTML page of the draft trees) and `profile`
+(this device's forward-cost curve)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from selfspec.tools.args import decode_kwargs
+
+
+def cmd_trace(a) -> int:
+    from selfspec.checkpoint.model import load
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.streaming import generate
+
+    if a.mode is None and a.plan is None:
+        a.mode = "presto"
+    DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
+    if a.open_rounds < 0 or a.max_trees < 0:
+        raise ValueError("--open-rounds and --max-trees must be >= 0")
+    out_dir = os.path.dirname(os.path.abspath(a.out))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"output folder {out_dir} does not exist")
+    if a.prompt_file is not None:
+        if not os.path.isfile(a.prompt_file):
+            raise SystemExit(f"error: prompt file {a.prompt_file} not found")
+        with open(a.prompt_file, encoding="utf-8") as f:
+            prompt = f.read()
+    else:
+        prompt = a.prompt
+    if not prompt:
+        raise SystemExit("error: empty prompt")
+    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    gen = generate(model, tok, prompt, seed=a.seed, stop=a.stop or None, trace=True, profile=a.profile,
+                   **decode_kwargs(a))
+    size = gen.trace.save(a.out, open_rounds=a.open_rounds, max_trees=a.max_trees)
+    s = gen.stats.as_dict()
+    print(f"{a.out}: {size / 1e6:.2f} MB, {s['rounds']} rounds, {s['new_tokens']} tokens, tau {s['tau']:.2f}",
+          file=sys.stderr)
+    return 0
+
+
+def add_trace_parser(sub, add_common_args) -> None:
+    t = sub.add_parser("trace", help="generate and write the per-round draft trees as one HTML page")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file whose whole content is the prompt")
+    t.add_argument("--stop", action="append", help="stop string (repeatable)")
+    t.add_argument("--plan", default=None, choices=["auto", "fixed"],
+                   help="auto: every round's layout chosen by the planner; fixed (default here): the flags' layout")
+    t.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
+                   help="layout (default: presto, the trees this page is for; --plan auto picks per round)")
+    t.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    t.add_argument("--budget", type=int, default=32, help="PRESTO draft-node budget")
+    t.add_argument("--out", default="trace.html", help="output HTML file (default trace.html)")
+    t.add_argument("--open-rounds", type=int, default=8, help="rounds shown unfolded (default 8)")
+    t.add_argument("--max-trees", type=int, default=128,
+                   help="rounds drawn as trees; later rounds get one summary line each (default 128)")
+    add_common_args(t)
+    t.set_defaults(func=cmd_trace)
+
+
+def cmd_profile(a) -> int:
+    from selfspec.checkpoint.model import load
+    from selfspec.engine.profile import default_path, measure
+
+    model, _ = load(a.model, dtype=a.dtype, device=a.device)
+    t0 = time.time()
+    prof = measure(model)
+    path = a.out or default_path(model)
+    prof.save(path)
+    f1 = prof(1, prof.c[0])
+    print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "seconds": round(time.time() - t0, 1),
+                      "f1_ms": round(1e3 * f1, 3),
+                      "relative": {str(q): round(prof(q, prof.c[0]) / f1, 2) for q in prof.q}}))
+    return 0
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure this device's forward-cost curve (used by --plan auto)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--out", default=None, help="write here instead of the cache folder")
+    p.set_defaults(func=cmd_profile)

@@ -1,0 +1,1 @@
+"""Training recipes: the shipped models and the learned rho's collection."""
