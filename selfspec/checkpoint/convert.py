@@ -15,7 +15,7 @@ interleaved rotary layout, undone here exactly as transformers' GGUF loader does
 dequantized with `gguf.quants.dequantize` to float32 first. The tokenizer is transformers' own
 conversion of the GGUF metadata, plus the mask token as a special token.
 
-Nothing here imports selfspec: this module must stay movable on its own.
+It imports only its reader module from selfspec (checkpoint layer).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from .convert_sources import GGUFSource, HFSource
+from selfspec.checkpoint.convert_sources import GGUFSource, HFSource
 
 MASK_TOKEN = "<|mask|>"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,4 +1,4 @@
-"""Readers for `selfspec.convert`: a llama.cpp GGUF file or a transformers Llama/Mistral directory.
+"""Readers for `selfspec.checkpoint.convert`: a llama.cpp GGUF file or a transformers Llama/Mistral directory.
 
 Each source validates its whole header on construction (architecture, hyper-parameters, tensor
 names, shapes, quantization types, sizes), so a bad input fails before anything is written, with
