@@ -7,6 +7,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch a hub
 # cost profiles measured by tests go to a throwaway folder, never the user's cache
 os.environ.setdefault("SELFSPEC_CACHE", tempfile.mkdtemp(prefix="selfspec-test-cache-"))
+# the default model is SmolLM2 (converted on first use); tests that do not name a model get the 9M one
+os.environ["SELFSPEC_MODEL"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models",
+                                            "pystdlib-nld-9m")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from hypothesis import settings  # noqa: E402

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.utils import ModelOutput
 
 from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
+from selfspec.checkpoint.registry import resolve
 from selfspec.checkpoint.validate import check_device, check_safetensors_files
 from selfspec.checkpoint.versions import cache_argument
 
@@ -221,21 +222,16 @@ def register() -> None:
         pass
 
 
-DEFAULT_MODEL_NAME = "pystdlib-nld-9m"
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def default_model_dir() -> str:
-    """The shipped model: $SELFSPEC_MODEL, else models/<DEFAULT_MODEL_NAME> in this checkout."""
-    env = os.environ.get("SELFSPEC_MODEL")
-    if env:
-        return env
-    return os.path.join(REPO_ROOT, "models", DEFAULT_MODEL_NAME)
+    """The default model's directory: $SELFSPEC_MODEL, else SmolLM2-135M-Instruct converted on first
+    use (`selfspec.checkpoint.registry`)."""
+    return resolve(None)
 
 
 def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, device: str | None = None,
          device_map=None, max_memory=None, draft_lora: bool = True):
-    """(model, tokenizer) from a checkpoint directory; no argument loads the shipped model.
+    """(model, tokenizer) from a checkpoint directory or a model name (`registry.names()`); no
+    argument loads the default model (SmolLM2-135M-Instruct, converted on first use).
 
     dtype defaults to float32 on CPU (exact greedy ties) and bfloat16 on CUDA. `device_map` /
     `max_memory` go to accelerate (e.g. device_map="auto" to spread a 14B over several GPUs);
@@ -244,7 +240,6 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
     """
     from selfspec.checkpoint.tokenizer import load_tokenizer
 
-    path = os.fspath(path) if path is not None else default_model_dir()
     check_device(device)
     if device is None and device_map is None:
         device = "cpu"
@@ -257,8 +252,7 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
         dtype = getattr(torch, dtype)
     if not dtype.is_floating_point:
         raise ValueError(f"dtype {dtype} is not a floating-point type; use float32, bfloat16 or float16")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path} does not exist")
+    path = resolve(path)
     kw = {"dtype": dtype}
     if device_map is not None:
         kw["device_map"] = device_map

@@ -154,13 +154,16 @@ def default_path(model) -> str:
 
 
 @torch.inference_mode()
-def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: bool = True) -> CostProfile:
+def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, budget_s: float = 20.0,
+            progress: bool = True) -> CostProfile:
     """Time the compact forward over the grid on the model's own device and dtype.
 
     The grid is swept `sweeps` times (after one warm-up sweep) and each point keeps its fastest
     time: interference from other work only ever adds time, so the minimum is the device's own
     cost, and sweeping spreads a burst of interference over the grid instead of one point.
-    Costs are then made non-decreasing in q (more query tokens never cost less).
+    Costs are then made non-decreasing in q (more query tokens never cost less). A model whose
+    sweep is slow (135M parameters on 2 CPU cores: ~4 s) gets fewer sweeps, at least 2, so that
+    the whole measurement stays near `budget_s`.
     """
     from tqdm import tqdm
 
@@ -185,7 +188,9 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: b
     best = [[float("inf")] * len(grid_q) for _ in grid_c]
     bar = tqdm(total=(sweeps + 1) * len(points), desc="measuring the cost profile", file=sys.stderr,
                disable=not progress, leave=False)
-    for sweep in range(sweeps + 1):
+    sweep, total = 0, sweeps + 1
+    while sweep < total:
+        t_sweep = time.perf_counter()
         for i, j in points:
             c, q = grid_c[i], grid_q[j]
             cache.length = c
@@ -198,6 +203,11 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, progress: b
             if sweep:  # sweep 0 warms up
                 best[i][j] = min(best[i][j], time.perf_counter() - t0)
             bar.update(1)
+        if sweep == 0:
+            total = 1 + max(2, min(sweeps, int(budget_s / max(1e-9, time.perf_counter() - t_sweep)) - 1))
+            bar.total = total * len(points)
+            bar.refresh()
+        sweep += 1
     bar.close()
     cache.length = 0
     rows = []

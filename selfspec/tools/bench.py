@@ -253,6 +253,10 @@ def cmd_bench(a) -> int:
 
     from selfspec.checkpoint.model import default_model_dir, load
 
+    if a.modes is None:
+        a.modes = ["ar", "auto", "lookup", "linear", "presto", "hybrid"] if a.full else ["ar", "auto", "lookup"]
+    if a.limit is None:
+        a.limit = 32 if a.full else 8
     for m in a.modes:
         if m not in MODES + ("hybrid",):
             raise ValueError(f"unknown mode {m!r}; expected some of {MODES + ('hybrid',)}")
@@ -319,15 +323,20 @@ def add_bench_parser(sub, add_common_args) -> None:
     b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
-    b.add_argument("--modes", nargs="+", default=["ar", "auto", "lookup", "linear", "presto", "hybrid"],
-                   help="rows: ar, auto, lookup, linear, presto, hybrid (PRESTO with context candidates)")
+    b.add_argument("--full", action="store_true",
+                   help="the full grid: every mode, both schedules, budgets 8 and 32, 32 prompts (tens of minutes on "
+                        "the default model on 2 CPU cores; ~9 min on pystdlib-nld-9m)")
+    b.add_argument("--modes", nargs="+", default=None,
+                   help="rows: ar, auto, lookup, linear, presto, hybrid (PRESTO with context candidates); "
+                        "default ar auto lookup (--full: all)")
     b.add_argument("--peers", nargs="*", default=list(PEERS),
                    help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup)")
     b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
                    help="one row set per temperature (--temperature T runs only T)")
     b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])
     b.add_argument("--budgets", nargs="+", type=int, default=[8, 32])
-    b.add_argument("--limit", type=int, default=32,
-                   help="use the first N prompts (default 32: the default grid then runs in ~9 min on 2 CPU cores; 0 = all)")
+    b.add_argument("--limit", type=int, default=None,
+                   help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "
+                        "on 2 CPU cores; --full: 32; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
     b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)

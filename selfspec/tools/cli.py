@@ -1,4 +1,4 @@
-"""Command line: `python -m selfspec generate ...`, `python -m selfspec bench ...` and `python -m selfspec trace ...`."""
+"""Command line: `python -m selfspec generate | chat | bench | trace | profile | convert ...`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import sys
 from selfspec.tools.args import Parser, add_common_args, decode_kwargs
 
 
-def _read_prompt(a) -> str:
+def _read_prompt(a):
+    if getattr(a, "chat", None) is not None:
+        if not a.chat.strip():
+            raise ValueError("empty --chat message")
+        return [{"role": "user", "content": a.chat}]
     if a.prompt_file is None:
         prompt = a.prompt
     else:
@@ -80,6 +84,12 @@ def cmd_generate(a) -> int:
     return 0
 
 
+def _cmd_convert(a) -> int:
+    from selfspec.checkpoint.convert import main as convert_main
+
+    return convert_main(a)
+
+
 def main(argv=None) -> int:
     ap = Parser(prog="python -m selfspec", description="Self-speculative decoding with diffusion LMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -87,6 +97,7 @@ def main(argv=None) -> int:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file whose whole content is the prompt")
+    src.add_argument("--chat", help="one user message, sent through the model's chat template")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
     g.add_argument("--plan", default=None, choices=["auto", "fixed"],
@@ -105,6 +116,15 @@ def main(argv=None) -> int:
 
     add_profile_parser(sub)
     add_trace_parser(sub, add_common_args)
+    from selfspec.tools.chat import add_chat_parser
+
+    add_chat_parser(sub, add_common_args)
+    c = sub.add_parser("convert", help="convert a Llama GGUF file or transformers Llama folder into an NLD checkpoint")
+    c.add_argument("src", help="a .gguf file (llama architecture) or a transformers Llama directory")
+    c.add_argument("out", help="output checkpoint folder (must not exist, or be empty)")
+    c.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="stored weight dtype")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_convert)
     a = ap.parse_args(argv)
     a.argv = list(argv) if argv is not None else sys.argv[1:]
     try:

@@ -1,0 +1,90 @@
+"""`python -m selfspec chat`: an interactive, streaming, multi-turn conversation.
+
+Each turn applies the model's chat template to the whole conversation and streams the answer
+until the template's end-of-turn token (the model's eos). Ctrl-C while an answer streams stops
+that answer (what was shown stays in the conversation) and returns to the prompt; Ctrl-C or
+Ctrl-D at the prompt ends the session. `/reset` starts a new conversation, `/exit` leaves.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def chat_turn(model, tok, messages: list[dict], out, **kw):
+    """Stream one assistant answer to `out`; returns the finished or interrupted `Generation`."""
+    from selfspec.streaming import stream
+
+    gen = stream(model, tok, messages, **kw)
+    try:
+        for delta in gen:
+            out.write(delta)
+            out.flush()
+    except KeyboardInterrupt:
+        pass  # finish_reason is "interrupted"; the partial answer stays in the conversation
+    out.write("\n")
+    out.flush()
+    messages.append({"role": "assistant", "content": gen.text})
+    return gen
+
+
+def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = None, show_stats: bool = False,
+             **kw) -> int:
+    inp, out, err = inp or sys.stdin, out or sys.stdout, err or sys.stderr
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use `generate --prompt` instead")
+    base = [{"role": "system", "content": system}] if system else []
+    messages = list(base)
+    interactive = inp.isatty() if hasattr(inp, "isatty") else False
+    err.write("chat: Ctrl-C stops an answer, Ctrl-D (or /exit) leaves, /reset forgets the conversation\n")
+    while True:
+        try:
+            if interactive:
+                out.write("> ")
+                out.flush()
+            line = inp.readline()
+        except KeyboardInterrupt:
+            out.write("\n")
+            return 0
+        if not line:
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/exit":
+            return 0
+        if text == "/reset":
+            messages = list(base)
+            continue
+        messages.append({"role": "user", "content": text})
+        gen = chat_turn(model, tok, messages, out, **kw)
+        if show_stats:
+            s = gen.stats.as_dict()
+            err.write(f"[{s['new_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_second']:.1f} tok/s, "
+                      f"{gen.finish_reason}]\n")
+
+
+def cmd_chat(a) -> int:
+    from selfspec.checkpoint.model import load
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.tools.args import decode_kwargs
+
+    kw = decode_kwargs(a)
+    DecodeConfig(**kw)  # bad options fail before the model loads
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    return run_chat(model, tok, system=a.system, show_stats=a.stats, seed=a.seed, profile=a.profile, **kw)
+
+
+def add_chat_parser(sub, add_common_args) -> None:
+    c = sub.add_parser("chat", help="talk to the model: streaming, multi-turn, with its chat template")
+    c.add_argument("--system", default=None, help="system prompt (default: the chat template's own)")
+    c.add_argument("--stats", action="store_true", help="print tokens, tau and tok/s after each answer (stderr)")
+    c.add_argument("--plan", default=None, choices=["auto", "fixed"])
+    c.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"])
+    c.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    c.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
+    add_common_args(c)
+    c.set_defaults(func=cmd_chat, max_new_tokens=512)
