@@ -16,7 +16,7 @@ def prompts(tmp_path):
 
 def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--budgets", "2", "6",
+    rc = main(["bench", "--full", "--model", str(tiny_dir), "--prompts", str(prompts), "--budgets", "2", "6",
                "--max-new-tokens", "10", "--block-length", "4", "--out", str(out)])
     assert rc == 0
     stdout = capsys.readouterr().out.strip().splitlines()
@@ -94,3 +94,17 @@ def test_unwritable_output_folder_is_a_clear_error(prompts, tmp_path, capsys):
     blocker.write_text("x")
     assert main(["bench", "--model", "/nonexistent/model", "--prompts", str(prompts), "--out", str(blocker / "sub")]) == 2
     assert "cannot be written" in capsys.readouterr().err
+
+
+def test_the_default_bench_is_the_short_grid_and_full_is_every_mode(tiny_dir, prompts, tmp_path, capsys):
+    assert main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "4",
+                 "--peers", "--temperatures", "0", "--out", str(tmp_path / "o")]) == 0
+    res = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert {r["label"] for r in res["rows"]} == {"ar", "auto", "lookup"}
+
+
+def test_the_llama_cpp_peer_without_its_package_is_one_clear_error(tiny_dir, prompts, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--peers", "llama.cpp",
+               "--gguf", str(prompts), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "llama-cpp-python" in capsys.readouterr().err

@@ -17,8 +17,9 @@ from collections import Counter
 from dataclasses import replace
 
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
+from selfspec.tools.peers import llama_cpp_available
 
-PEERS = ("hf", "hf-lookup")
+PEERS = ("hf", "hf-lookup", "llama.cpp")
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -170,7 +171,7 @@ def plot(rows: list[dict], out: str) -> list[str]:
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
-              profile=None) -> list[dict]:
+              profile=None, gguf: str | None = None) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
 
     Runs are interleaved by prompt (every row on prompt 1, then every row on prompt 2, ...), so
@@ -179,7 +180,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     import torch
     from tqdm import tqdm
 
-    from selfspec.tools.peers import HFPeer
+    from selfspec.tools.peers import HFPeer, LlamaCppPeer
     from selfspec.engine.decoder import Decoder
     from selfspec.streaming import encode_prompt
 
@@ -188,8 +189,10 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     base = configs[0]
     runners = [("cfg", c) for c in configs]
     for name in peers:
-        lookup = 10 if name == "hf-lookup" else 0
-        hp = HFPeer(model, prompt_lookup=lookup)
+        if name == "llama.cpp":
+            hp = LlamaCppPeer(gguf)
+        else:
+            hp = HFPeer(model, prompt_lookup=10 if name == "hf-lookup" else 0)
         runners += [("peer", (hp, t)) for t in temps]
     eos = Decoder(model, encoded[0], configs[0]).eos
     for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
@@ -247,6 +250,20 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     return rows
 
 
+def _default_gguf(a) -> str | None:
+    """The default model's GGUF when the bench runs it (the llama.cpp peer's weights)."""
+    from selfspec.checkpoint.registry import DEFAULT_MODEL
+
+    if a.model not in (None, DEFAULT_MODEL) or os.environ.get("SELFSPEC_MODEL"):
+        return None
+    try:
+        from selfspec.checkpoint.convert import smollm2_gguf
+
+        return smollm2_gguf()
+    except FileNotFoundError:
+        return None
+
+
 def cmd_bench(a) -> int:
     import torch
     import transformers
@@ -267,9 +284,16 @@ def cmd_bench(a) -> int:
     prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
     prompts = read_prompts(prompts_path)
     prompts = prompts[: a.limit] if a.limit else prompts
+    gguf = a.gguf
+    if a.peers is None:  # default: transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
+        a.peers = ["hf", "hf-lookup"] + (["llama.cpp"] if llama_cpp_available() and _default_gguf(a) else [])
     for name in a.peers:
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}; expected some of {PEERS}")
+    if "llama.cpp" in a.peers:
+        gguf = gguf or _default_gguf(a)
+        if not gguf or not os.path.isfile(gguf):
+            raise ValueError("the llama.cpp peer needs the model's GGUF: --gguf FILE (found by itself for the default model)")
     temps = [a.temperature] if a.temperature is not None else a.temperatures
     configs = []
     for t in temps:
@@ -293,7 +317,7 @@ def cmd_bench(a) -> int:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     t0 = time.time()
-    rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile)
+    rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf)
     table = markdown_table(rows)
     print(table)
     pngs = plot(rows, out)
@@ -329,8 +353,10 @@ def add_bench_parser(sub, add_common_args) -> None:
     b.add_argument("--modes", nargs="+", default=None,
                    help="rows: ar, auto, lookup, linear, presto, hybrid (PRESTO with context candidates); "
                         "default ar auto lookup (--full: all)")
-    b.add_argument("--peers", nargs="*", default=list(PEERS),
-                   help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup)")
+    b.add_argument("--peers", nargs="*", default=None,
+                   help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup); "
+                        "llama.cpp on the original GGUF (needs llama-cpp-python; default: on when installed)")
+    b.add_argument("--gguf", default=None, help="the GGUF the llama.cpp peer runs (default model: found by itself)")
     b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
                    help="one row set per temperature (--temperature T runs only T)")
     b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])

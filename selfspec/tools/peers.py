@@ -57,3 +57,42 @@ class HFPeer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0
+
+
+class LlamaCppPeer:
+    """llama.cpp (`llama-cpp-python`) on the original GGUF: the number CPU users know.
+
+    It runs the quantized weights (Q4_1 / Q8_0 for the default model) with its own kernels, so
+    its greedy tokens may differ from the fp32 reference; the bench reports how often they match.
+    Sampling: temperature / top-p / top-k as given, min-p off, no repetition penalty.
+    """
+
+    def __init__(self, gguf_path: str, *, threads: int | None = None):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise ValueError("the llama.cpp peer needs llama-cpp-python (pip install llama-cpp-python; it "
+                             "compiles from source, ~20 min on 2 cores)") from None
+        self.llm = Llama(model_path=gguf_path, n_ctx=4096, n_threads=threads or torch.get_num_threads(),
+                         verbose=False)
+
+    def label(self) -> str:
+        return "llama.cpp"
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+            eos: set[int], seed: int) -> tuple[list[int], float]:
+        self.llm.set_seed(seed)
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(prompt_ids, temp=temperature, top_p=top_p, top_k=top_k or 0, min_p=0.0,
+                                     repeat_penalty=1.0, reset=True):
+            out.append(int(tok))
+            if tok in eos or len(out) >= max_new_tokens:
+                break
+        return out, time.perf_counter() - t0
+
+
+def llama_cpp_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
