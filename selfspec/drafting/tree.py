@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from selfspec.drafting.sampling import ban_token
 from selfspec.drafting.scoring import Expansion, ScoreFn
 
 
@@ -58,11 +59,7 @@ class Marginals:
     @classmethod
     def from_logits(cls, logits: torch.Tensor, k: int, banned: int | None, *, entropy: bool = False) -> "Marginals":
         """Diffusion logits [D, V] (unshifted: row d is the token at depth d) -> Marginals."""
-        x = logits.float()
-        if banned is not None:
-            x = x.clone()
-            x[..., banned] = float("-inf")
-        lq = x.log_softmax(-1)
+        lq = ban_token(logits, banned).log_softmax(-1)
         vals, toks = lq.topk(min(k, lq.shape[-1]), dim=-1)
         ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu() if entropy else None
         return cls(vals.cpu(), toks.cpu(), lq, ent)
