@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.options import DecodeConfig, check_args, check_type
 from selfspec.engine.decoder import generate_ids
 
 
 def _prompt_list(prompt_ids) -> list[int]:
-    t = torch.as_tensor(prompt_ids)
+    try:
+        t = torch.as_tensor(prompt_ids)
+    except (TypeError, ValueError, RuntimeError):
+        t = None
+    if t is None or t.dim() not in (1, 2) or t.numel() and (
+            t.dtype in (torch.bool, torch.uint8) or t.dtype.is_floating_point or t.dtype.is_complex):
+        raise TypeError(f"prompt_ids must be a LongTensor [1, L] or a list of int, got {type(prompt_ids).__name__}"
+                        + (f" of {t.dtype} and shape {tuple(t.shape)}" if t is not None else ""))
     if t.dim() == 2:
         if t.shape[0] != 1:
             raise ValueError(f"batch size 1 only (as upstream); got prompt_ids of shape {tuple(t.shape)}")
@@ -26,7 +33,11 @@ def _prompt_list(prompt_ids) -> list[int]:
     return t.tolist()
 
 
-def _run(model, prompt_ids, cfg: DecodeConfig, eos_token_id, mask_token_id=None, generator=None):
+def _run(model, prompt_ids, cfg: DecodeConfig, eos_token_id: int | list[int] | None,
+         mask_token_id: int | None = None, generator: torch.Generator | None = None):
+    # the options went through DecodeConfig; the other arguments are typed here, from these annotations
+    typed = check_args(_run, eos_token_id=eos_token_id, mask_token_id=mask_token_id, generator=generator)
+    eos_token_id = typed["eos_token_id"]
     if mask_token_id is not None and int(mask_token_id) != int(model.config.mask_token_id):
         raise ValueError(f"mask_token_id {mask_token_id} differs from the checkpoint's {model.config.mask_token_id}")
     prompt = _prompt_list(prompt_ids)
@@ -44,7 +55,7 @@ def ar_generate(model, prompt_ids, max_new_tokens: int = 128, temperature: float
 def linear_spec_generate(model, prompt_ids, max_new_tokens: int = 128, block_length: int = 32, temperature: float = 0.0,
                          mask_token_id=None, eos_token_id=None, threshold: float = 0.0, schedule: str = "two-pass",
                          top_k: int = 0, top_p: float = 1.0, **kw):
-    if threshold != 0.0:
+    if check_type("threshold", threshold, float) != 0.0:
         raise ValueError("threshold != 0 trades exactness for speed; selfspec decodes losslessly only (threshold=0.0)")
     cfg = DecodeConfig(mode="linear", schedule=schedule, block_length=block_length, max_new_tokens=max_new_tokens,
                        temperature=temperature, top_k=top_k, top_p=top_p)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.options import DecodeConfig, check_args
 from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
 from selfspec.engine.decoder import Decoder, Stats, check_request
 
@@ -128,8 +128,8 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 
 
 def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torch.Generator | None = None,
-           eos_token_id=None, stop: str | list[str] | None = None, streamer=None, profile=None, trace: bool = False,
-           **decode) -> Generation:
+           eos_token_id: int | list[int] | None = None, stop: str | list[str] | None = None, streamer=None,
+           profile=None, trace: bool = False, **decode) -> Generation:
     """Start a generation; iterate the result for text deltas. All errors are raised here.
 
     `decode` holds the `DecodeConfig` fields (max_new_tokens, plan, mode, schedule, block_length,
@@ -137,11 +137,12 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     `profile` (plan "auto"): a cost-profile path or `profile.CostProfile`; default: this
     device's cached profile, measured on first use.
     trace=True records every round (`selfspec.trace`): the result's `.trace.to_html()`.
+    An unknown option is a ValueError; a value of the wrong type (here or in `decode`) a TypeError
+    naming it.
     """
-    try:
-        cfg = DecodeConfig(**decode)
-    except TypeError as e:
-        raise ValueError(f"unknown decoding option: {e}") from None
+    cfg = DecodeConfig.from_options(decode)
+    typed = check_args(stream, seed=seed, generator=generator, eos_token_id=eos_token_id, stop=stop, trace=trace)
+    seed, eos_token_id, stop = typed["seed"], typed["eos_token_id"], typed["stop"]
     ids = prompt if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int) else encode_prompt(tokenizer, prompt)
     check_request(model, ids, cfg)
     if generator is None and seed is not None:
@@ -153,8 +154,6 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise ValueError("stop strings must be non-empty")
-    if not isinstance(trace, bool):
-        raise ValueError(f"trace must be True or False, got {trace!r}")
     if cfg.mode == "auto":
         from selfspec.engine.profile import cost_model
 

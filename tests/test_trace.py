@@ -278,7 +278,7 @@ def test_rounds_past_max_trees_are_folded_and_256_tokens_at_budget_32_stay_under
 def test_trace_option_is_checked_and_off_by_default():
     gen = generate(tiny_model(), TOK, [5, 6], max_new_tokens=4)
     assert gen.trace is None
-    with pytest.raises(ValueError, match="trace"):
+    with pytest.raises(TypeError, match="trace must be a bool"):
         generate(tiny_model(), TOK, [5, 6], max_new_tokens=4, trace="yes")
     with pytest.raises(ValueError, match="max_trees"):
         Trace(TOK, [5]).to_html(max_trees=-1)

@@ -86,15 +86,57 @@ class SentencePieceTokenizer:
     def vocab_size(self) -> int:
         return len(self)
 
-    def encode(self, text: str, *, add_special_tokens: bool = False, **_) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False, truncation: bool | str | None = None,
+               max_length: int | None = None, padding: bool | str = False, padding_side: str | None = None,
+               return_tensors: str | None = None, **_):
+        """One string -> ids, with the arguments HF's `encode` takes for one string: a list, or a
+        [1, L] tensor / array for return_tensors "pt" / "np". No BOS unless add_special_tokens (the
+        shipped model was trained without one); `truncation` cuts to `max_length`; padding
+        "max_length" pads to it with the pad id (on `padding_side`, default right)."""
+        ids, _ = self._encode(text, add_special_tokens, truncation, max_length, padding, padding_side)
+        return _as(ids, return_tensors)
+
+    def __call__(self, text: str, *, return_tensors: str | None = None, **kw):
+        """`encode` as HF's tokenizer call: a BatchEncoding with input_ids and attention_mask."""
+        from transformers import BatchEncoding
+
+        ids, mask = self._encode(text, kw.get("add_special_tokens", False), kw.get("truncation"),
+                                 kw.get("max_length"), kw.get("padding", False), kw.get("padding_side"))
+        return BatchEncoding({"input_ids": _as(ids, return_tensors), "attention_mask": _as(mask, return_tensors)})
+
+    def _encode(self, text, add_special_tokens, truncation, max_length, padding, padding_side):
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes one string, got {type(text).__name__}")
         ids = self.sp.encode(text)
-        return [self.bos_token_id, *ids] if add_special_tokens else ids
+        if add_special_tokens:
+            ids = [self.bos_token_id, *ids]
+        if truncation not in (None, False, "do_not_truncate") and max_length is not None:
+            ids = ids[:max_length]
+        mask = [1] * len(ids)
+        if padding == "max_length" and max_length is not None and len(ids) < max_length:
+            n = max_length - len(ids)
+            left = padding_side == "left"
+            ids = [self.pad_token_id] * n + ids if left else ids + [self.pad_token_id] * n
+            mask = [0] * n + mask if left else mask + [0] * n
+        return ids, mask
 
-    def __call__(self, text: str, **kw):
-        return {"input_ids": self.encode(text, **kw)}
+    def decode(self, token_ids, skip_special_tokens: bool = True, **_) -> str | list[str]:
+        """Ids -> text, as HF's `decode`: one int, a list of ints or a 1-D tensor / array -> a str
+        (HF streamers decode a single int after a line break); a batch (a list of lists, a 2-D
+        tensor, one row or more) -> a list of str. Specials are skipped unless asked otherwise."""
+        ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
+        if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple)):
+            return [self._decode(row, skip_special_tokens) for row in ids]
+        return self._decode([ids] if isinstance(ids, int) else ids, skip_special_tokens)
 
-    def decode(self, ids, *, skip_special_tokens: bool = True, **_) -> str:
-        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    def batch_decode(self, sequences, skip_special_tokens: bool = True, **kw) -> list[str]:
+        """A batch of id sequences -> one str each (a single sequence -> a list of one, as HF)."""
+        out = self.decode(sequences, skip_special_tokens=skip_special_tokens, **kw)
+        rows = sequences.tolist() if hasattr(sequences, "tolist") else sequences
+        return out if isinstance(out, list) else ([] if not rows else [out])
+
+    def _decode(self, ids, skip_special_tokens: bool) -> str:
+        ids = [int(i) for i in ids]
         if skip_special_tokens:
             special = set(SPECIALS.values())
             ids = [i for i in ids if i not in special]
@@ -110,6 +152,21 @@ class SentencePieceTokenizer:
         dst = os.path.join(path, SP_FILE)
         if os.path.abspath(dst) != os.path.abspath(self.model_file):
             shutil.copyfile(self.model_file, dst)
+
+
+def _as(ids: list[int], return_tensors: str | None):
+    """A list as HF returns it for one string: itself, or a [1, L] tensor ("pt") / array ("np")."""
+    if return_tensors is None:
+        return ids
+    if return_tensors == "pt":
+        import torch
+
+        return torch.tensor([ids], dtype=torch.long)
+    if return_tensors == "np":
+        import numpy as np
+
+        return np.array([ids], dtype=np.int64)
+    raise ValueError(f"return_tensors must be 'pt', 'np' or None, got {return_tensors!r}")
 
 
 def load_tokenizer(path: str):

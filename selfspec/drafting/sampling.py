@@ -12,16 +12,25 @@ import torch
 NEG = float("-inf")
 
 
+def ban_token(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
+    """Float32 logits with `banned` (the mask id) at -inf: a token that is never produced nor drafted.
+
+    A copy whenever it changes anything, so the caller's logits stay intact.
+    """
+    x = logits.float()
+    if banned is not None:
+        x = x.clone()
+        x[..., banned] = NEG
+    return x
+
+
 def process_logits(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
                    banned: int | None = None) -> torch.Tensor:
     """Logits [..., V] -> filtered, temperature-scaled float32 logits (HF semantics).
 
     `banned` (the mask id) can never be produced. Temperature 0 returns the raw logits (argmax).
     """
-    x = logits.float()
-    if banned is not None:
-        x = x.clone()
-        x[..., banned] = NEG
+    x = ban_token(logits, banned)
     if temperature == 0:
         return x
     x = x / temperature
@@ -50,12 +59,3 @@ def select(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: f
     u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
     idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
     return idx.clamp_(max=cdf.shape[-1] - 1)
-
-
-def draft_logprobs(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
-    """Diffusion marginals [D, V] -> log q with the mask id removed (never drafted)."""
-    x = logits.float()
-    if banned is not None:
-        x = x.clone()
-        x[..., banned] = NEG
-    return x.log_softmax(-1)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from selfspec.drafting.sampling import NEG, ban_token
 from selfspec.drafting.scoring import Expansion, ScoreFn
 
 
@@ -58,11 +59,7 @@ class Marginals:
     @classmethod
     def from_logits(cls, logits: torch.Tensor, k: int, banned: int | None, *, entropy: bool = False) -> "Marginals":
         """Diffusion logits [D, V] (unshifted: row d is the token at depth d) -> Marginals."""
-        x = logits.float()
-        if banned is not None:
-            x = x.clone()
-            x[..., banned] = float("-inf")
-        lq = x.log_softmax(-1)
+        lq = ban_token(logits, banned).log_softmax(-1)
         vals, toks = lq.topk(min(k, lq.shape[-1]), dim=-1)
         ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu() if entropy else None
         return cls(vals.cpu(), toks.cpu(), lq, ent)
@@ -114,8 +111,6 @@ def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:
     return out[::-1]
 
 
-
-
 @dataclass(frozen=True)
 class ContextCandidates:
     """Per-path candidates beyond q's top-K: what the context predicts after each path.
@@ -134,13 +129,13 @@ class ContextCandidates:
     paths: int = 4
 
 
-def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budget: int,
+def build_tree(root: int, top_lq: torch.Tensor, top_tok: torch.Tensor, *, budget: int,
                extra_score: ScoreFn | None = None, history: tuple[int, int] | None = None,
                max_depth: int | None = None, entropy: torch.Tensor | None = None,
                lookup: ContextCandidates | None = None) -> Tree:
     """Priority-based construction: the `budget` best draft nodes under the root, by path score.
 
-    cand_lq / cand_tok [D, K] are the top-K log marginals and their tokens for depths 1..D
+    top_lq / top_tok [D, K] are the top-K log marginals and their tokens for depths 1..D
     (`logq.topk(K)`), so the candidate space is K tokens per depth. A child t at depth d under a node with
     path score S gets S + log q_d(t) + extra_score(expansion) (see `Expansion`; the history
     tokens are the context, then the path), where extra_score is lambda * log rho (<= 0).
@@ -152,125 +147,103 @@ def build_tree(root: int, cand_lq: torch.Tensor, cand_tok: torch.Tensor, *, budg
         candidate paths 0 (.6), 1 (.3), 0->0 (.54), 1->0 (.27), ... -> keeps 0 and 0->0.
     With `lookup` whose context continues "0" by token 2: under node 0 the candidates at depth
     2 are 0, 1 (top-K) and 2 (.6 * .05 = .03), each scored the same way.
+
+    One loop serves both: context candidates are `width` more columns per frontier node whose
+    log q comes from the full marginal instead of the top-K; absent ones (-1) score -inf, and a
+    candidate scoring -inf (probability 0) never becomes a node.
     """
-    if lookup is not None:
-        return _build_with_context(root, cand_lq, cand_tok, budget=budget, extra_score=extra_score,
-                                   history=history, max_depth=max_depth, lookup=lookup)
-    depth_cap = cand_tok.shape[0] if max_depth is None else min(max_depth, cand_tok.shape[0])
-    k = cand_tok.shape[1]
+    if lookup is not None and extra_score is not None and not hasattr(extra_score, "tokens"):
+        raise ValueError("context candidates need a token-level rho (ngram or none), not a feature-level one")
+    depth_cap = top_tok.shape[0] if max_depth is None else min(max_depth, top_tok.shape[0])
     if budget < 1 or depth_cap < 1:
         return root_only(root)
+    k = top_tok.shape[1]
+    width = k + (lookup.width if lookup is not None else 0)  # candidate columns per frontier node
     h2 = history[0] if history is not None else -1
-    # frontier state, one entry per retained node at the current depth
-    f_idx = torch.tensor([0])
-    f_score = torch.zeros(1)
-    f_w2 = torch.tensor([h2])
-    f_w1 = torch.tensor([root])
-    f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)
-    ranks = torch.arange(k, dtype=torch.float32)
-    # token-level scores come tabulated per tree; f_i2 / f_i1 index the frontier's last two tokens
-    tab = None
-    if hasattr(extra_score, "table"):
-        tab = extra_score.table(cand_lq[:depth_cap], cand_tok[:depth_cap], root, h2,
-                                None if entropy is None else entropy[:depth_cap])
-    f_i2 = f_i1 = torch.zeros(1, dtype=torch.long)
-    needs_expansion = extra_score is not None and tab is None
+    # How the extra score is read, chosen once per tree. A per-tree table (every (w2, w1, t) of the
+    # top-K grid) is gathered by the frontier's top-K columns (i2, i1); once context candidates
+    # exist a path can leave that grid, so the token-level rho scores (w2, w1, t) directly; a
+    # score with neither is called per step with the whole `Expansion`.
+    table = by_tokens = by_expansion = None
+    if extra_score is not None and lookup is not None:
+        by_tokens = extra_score.tokens
+    elif hasattr(extra_score, "table"):
+        table = extra_score.table(top_lq[:depth_cap], top_tok[:depth_cap], root, h2,
+                                  None if entropy is None else entropy[:depth_cap])
+    elif extra_score is not None:
+        by_expansion, ranks = extra_score, torch.arange(k, dtype=torch.float32)
+    # the frontier: one entry per node retained at the current depth
+    f_idx, f_score = torch.tensor([0]), torch.zeros(1)
+    f_w2, f_w1 = torch.tensor([h2]), torch.tensor([root])  # the last two tokens of each path
+    f_i2 = f_i1 = torch.zeros(1, dtype=torch.long)  # their top-K columns (table rows)
+    f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)  # each node's own log q and rank (Expansion)
+    f_ctx = [tuple(lookup.context)] if lookup is not None else None  # committed tail + path
     tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
     count, kth_best = 1, None
     for d in range(1, depth_cap + 1):
         p = f_idx.shape[0]
-        child_tok = cand_tok[d - 1].expand(p, k)
-        s = cand_lq[d - 1].expand(p, k)
-        if tab is not None:
-            s = s + tab[d - 1][f_i2, f_i1]
-        elif extra_score is not None:
-            s = s + extra_score(Expansion(
-                d, f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, s, ranks.expand(p, k),
-                f_lq[:, None].expand(p, k), f_rank[:, None].expand(p, k),
-                None if entropy is None else float(entropy[d - 1])))
+        child_tok, lq = top_tok[d - 1].expand(p, k), top_lq[d - 1].expand(p, k)
+        if lookup is not None:
+            child_tok, lq = _with_context(lookup, d, child_tok, lq, f_score, f_ctx)
+        if table is not None:
+            s = lq + table[d - 1][f_i2, f_i1]
+        elif by_tokens is not None:
+            s = lq + by_tokens(f_w2[:, None].expand(p, width), f_w1[:, None].expand(p, width),
+                               child_tok.clamp(min=0), d)
+        elif by_expansion is not None:
+            s = lq + by_expansion(Expansion(
+                d, f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, lq,
+                ranks.expand(p, k), f_lq[:, None].expand(p, k),
+                f_rank[:, None].expand(p, k), None if entropy is None else float(entropy[d - 1])))
+        else:
+            s = lq
         child = (f_score[:, None] + s).reshape(-1)
         if kth_best is not None and float(child.max()) <= kth_best:
             break  # nothing deeper can enter the global top set
-        keep = torch.topk(child, min(budget, child.shape[0])).indices
-        parent_slot = keep // k
-        new_idx = torch.arange(count, count + keep.shape[0])
+        vals, keep = torch.topk(child, min(budget, child.shape[0]))  # sorted: -inf ones come last
+        if float(vals[-1]) == NEG:
+            keep, vals = keep[vals > NEG], vals[vals > NEG]
+            if keep.numel() == 0:
+                break
+        parent_slot, col = keep // width, keep % width
         kept_tok = child_tok.reshape(-1)[keep]
         tok_l.append(kept_tok)
         par_l.append(f_idx[parent_slot])
         dep_l.append(torch.full((keep.shape[0],), d))
-        score_l.append(child[keep])
-        rank_idx = keep % k
-        if needs_expansion:  # what the next step's Expansion needs about its parents
+        score_l.append(vals)
+        # what scoring the next depth needs about these nodes (only what this tree's score reads)
+        if by_tokens is not None or by_expansion is not None:
             f_w2, f_w1 = f_w1[parent_slot], kept_tok
-            f_lq, f_rank = cand_lq[d - 1][rank_idx], ranks[rank_idx]
-        f_i2, f_i1 = f_i1[parent_slot], rank_idx
-        f_idx, f_score = new_idx, child[keep]
+        if by_expansion is not None:
+            f_lq, f_rank = lq.reshape(-1)[keep], col.float()
+        if table is not None:
+            f_i2, f_i1 = f_i1[parent_slot], col
+        if lookup is not None:
+            n_ctx = len(lookup.context)
+            f_ctx = [(f_ctx[j] + (t,))[-n_ctx:] for j, t in zip(parent_slot.tolist(), kept_tok.tolist())]
+        f_idx, f_score = torch.arange(count, count + keep.shape[0]), vals
         count += keep.shape[0]
         if count - 1 >= budget:
             kth_best = float(torch.topk(torch.cat(score_l[1:]), budget).values[-1])
     tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
-    # global top-`budget` non-root nodes by (score desc, depth asc): prefix-closed. Nodes were
-    # appended depth by depth, so index order is depth order and stable sorts give the tie rule.
-    cand = torch.arange(1, count)
-    top = cand[torch.argsort(-scores[1:], stable=True)][:budget]
-    keep = torch.cat([torch.tensor([0]), top.sort().values])
-    remap = torch.full((count + 1,), -1, dtype=torch.long)  # slot -1 (last) maps the root's parent
-    remap[keep] = torch.arange(keep.shape[0])
-    return Tree(tokens[keep], remap[parents[keep]], depths[keep], scores[keep])
-
-
-def _build_with_context(root, cand_lq, cand_tok, *, budget, extra_score, history, max_depth,
-                        lookup: ContextCandidates) -> Tree:
-    """`build_tree` over q's top-K plus each path's context continuations (scored directly)."""
-    if extra_score is not None and not hasattr(extra_score, "tokens"):
-        raise ValueError("context candidates need a token-level rho (ngram or none), not a feature-level one")
-    depth_cap = cand_tok.shape[0] if max_depth is None else min(max_depth, cand_tok.shape[0])
-    if budget < 1 or depth_cap < 1:
-        return root_only(root)
-    K, E = cand_tok.shape[1], lookup.width
-    h2 = history[0] if history is not None else -1
-    f_idx, f_score = torch.tensor([0]), torch.zeros(1)
-    f_w2, f_w1 = torch.tensor([h2]), torch.tensor([root])
-    f_ctx = [tuple(lookup.context)]
-    tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
-    count, kth_best = 1, None
-    neg = float("-inf")
-    for d in range(1, depth_cap + 1):
-        p = f_idx.shape[0]
-        top = set(cand_tok[d - 1].tolist())
-        ext = torch.full((p, E), -1, dtype=torch.long)
-        for i in torch.argsort(-f_score, stable=True)[: lookup.paths].tolist():
-            extra = [t for t in dict.fromkeys(lookup.propose(list(f_ctx[i]))) if t not in top][:E]
-            ext[i, : len(extra)] = torch.tensor(extra, dtype=torch.long)
-        child_tok = torch.cat([cand_tok[d - 1].expand(p, K), ext], 1)
-        ext_lq = lookup.logq[d - 1][ext.clamp(min=0).to(lookup.logq.device)].float().cpu()
-        lq = torch.cat([cand_lq[d - 1].expand(p, K), ext_lq.masked_fill(ext < 0, neg)], 1)
-        s = lq
-        if extra_score is not None:
-            s = s + extra_score.tokens(f_w2[:, None].expand(p, K + E), f_w1[:, None].expand(p, K + E),
-                                       child_tok.clamp(min=0), d)
-        child = (f_score[:, None] + s).reshape(-1)
-        if kth_best is not None and float(child.max()) <= kth_best:
-            break
-        keep = torch.topk(child, min(budget, child.shape[0])).indices
-        keep = keep[child[keep] > neg]
-        if keep.numel() == 0:
-            break
-        parent_slot = keep // (K + E)
-        kept_tok = child_tok.reshape(-1)[keep]
-        tok_l.append(kept_tok)
-        par_l.append(f_idx[parent_slot])
-        dep_l.append(torch.full((keep.shape[0],), d))
-        score_l.append(child[keep])
-        n_ctx = len(lookup.context)
-        f_ctx = [(f_ctx[j] + (t,))[-n_ctx:] for j, t in zip(parent_slot.tolist(), kept_tok.tolist())]
-        f_w2, f_w1 = f_w1[parent_slot], kept_tok
-        f_idx, f_score = torch.arange(count, count + keep.shape[0]), child[keep]
-        count += keep.shape[0]
-        if count - 1 >= budget:
-            kth_best = float(torch.topk(torch.cat(score_l[1:]), budget).values[-1])
-    tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
+    # nodes were appended depth by depth, so index order is depth order: `top_nodes`' stable
+    # sort keeps the global top-`budget` with the tie rule, prefix-closed
     return top_nodes(Tree(tokens, parents, depths, scores), budget)
+
+
+def _with_context(lookup: ContextCandidates, d: int, child_tok: torch.Tensor, lq: torch.Tensor,
+                  f_score: torch.Tensor, f_ctx: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-K columns [P, K] plus `lookup.width` context columns: what the context continues
+    each of the `lookup.paths` best frontier paths with (tokens not already in the top-K), their
+    log q read from the full marginal; -1 / -inf where a path has fewer continuations."""
+    p = child_tok.shape[0]
+    top = set(child_tok[0].tolist())
+    ext = torch.full((p, lookup.width), -1, dtype=torch.long)
+    for i in torch.argsort(-f_score, stable=True)[: lookup.paths].tolist():
+        extra = [t for t in dict.fromkeys(lookup.propose(list(f_ctx[i]))) if t not in top][: lookup.width]
+        ext[i, : len(extra)] = torch.tensor(extra, dtype=torch.long)
+    ext_lq = lookup.logq[d - 1][ext.clamp(min=0).to(lookup.logq.device)].float().cpu()
+    return torch.cat([child_tok, ext], 1), torch.cat([lq, ext_lq.masked_fill(ext < 0, NEG)], 1)
 
 
 def top_nodes(tree: Tree, n: int) -> Tree:

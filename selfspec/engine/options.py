@@ -1,10 +1,21 @@
 """Decoding options: a frozen dataclass validated at construction, so bad input fails before any
-model work. HF names where HF has one."""
+model work. HF names where HF has one.
+
+Types are checked at the boundary, from the annotations (`check_type`): a field annotated `bool`
+takes only True / False (never "off"), `int` an integer that is not a bool, `float` any real
+number but a bool, `X | None` also None. The same check serves the keyword arguments of the
+public entry points that are not options (`check_args`).
+"""
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
+import types
+import typing
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 MODES = ("auto", "ar", "linear", "presto", "lookup")
 PLANS = ("auto", "fixed")
@@ -41,9 +52,12 @@ class DecodeConfig:
     lookup_tokens: int = 10
 
     def __post_init__(self):
-        for f in fields(self):  # every float option, present and future: NaN / inf would poison scores or sampling
-            v = getattr(self, f.name)
-            if isinstance(v, float) and not math.isfinite(v):
+        hints = _hints(DecodeConfig)
+        for f in fields(self):  # every option, present and future, is typed by its annotation
+            v = check_type(f.name, getattr(self, f.name), hints[f.name])
+            if v is not getattr(self, f.name):
+                object.__setattr__(self, f.name, v)
+            if isinstance(v, float) and not math.isfinite(v):  # NaN / inf would poison scores or sampling
                 raise ValueError(f"{f.name} must be a finite number, got {v}")
         if self.plan is not None and self.plan not in PLANS:
             raise ValueError(f"unknown plan {self.plan!r}; expected one of {PLANS}")
@@ -89,6 +103,18 @@ class DecodeConfig:
         if self.rho not in RHOS:
             raise ValueError(f"unknown rho {self.rho!r}; expected one of {RHOS}")
 
+    @classmethod
+    def from_options(cls, options: dict) -> "DecodeConfig":
+        """`DecodeConfig(**options)`, with a ValueError naming any unknown option (and the closest
+        known one) instead of Python's TypeError about an unexpected keyword."""
+        known = [f.name for f in fields(cls)]
+        for name in options:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "the options are " + ", ".join(known)
+                raise ValueError(f"unknown decoding option {name!r} ({hint})")
+        return cls(**options)
+
     @property
     def group(self) -> int:
         return self.group_size if self.group_size is not None else self.block_length
@@ -96,3 +122,71 @@ class DecodeConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+# -- types at the boundary ------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _hints(obj) -> dict:
+    return typing.get_type_hints(obj)
+
+
+def check_args(fn, **values):
+    """Each keyword value checked against `fn`'s annotation of that parameter (see `check_type`)."""
+    hints = _hints(fn)
+    return {name: check_type(name, v, hints[name]) for name, v in values.items()}
+
+
+def check_type(name: str, value, annotation):
+    """`value` if it fits `annotation`, as the builtin type (an int for a numpy integer, a float for
+    an int given as a float); else a TypeError naming the option, the expected type and the value.
+
+    Understood: bool, int, float, str, None, list[X] (a list or tuple of X), classes, and unions of
+    these. Example: check_type("budget", "32", int) raises "budget must be an int, got '32' (str)".
+    """
+    ok, v = _fit(value, annotation)
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(f"{name} must be {_describe(annotation)}, got {shown} ({type(value).__name__})")
+    return v
+
+
+def _fit(value, ann) -> tuple[bool, object]:
+    if typing.get_origin(ann) in (types.UnionType, typing.Union):
+        for a in typing.get_args(ann):
+            ok, v = _fit(value, a)
+            if ok:
+                return True, v
+        return False, None
+    if ann is None or ann is type(None):
+        return value is None, value
+    if ann is bool:  # a string such as "off" is truthy: it must never pass as a flag
+        return isinstance(value, bool), value
+    if ann is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        return ok, (value if type(value) is int else int(value)) if ok else None
+    if ann is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        return ok, (value if type(value) is float else float(value)) if ok else None
+    if typing.get_origin(ann) is list:
+        (item,) = typing.get_args(ann)
+        if not isinstance(value, (list, tuple)):
+            return False, None
+        fitted = [_fit(x, item) for x in value]
+        return all(ok for ok, _ in fitted), [x for _, x in fitted]
+    if isinstance(ann, type):
+        return isinstance(value, ann), value
+    return True, value  # an annotation this check does not read
+
+
+def _describe(ann) -> str:
+    if typing.get_origin(ann) in (types.UnionType, typing.Union):
+        parts = [_describe(a) for a in typing.get_args(ann)]
+        return ", ".join(parts[:-1]) + " or " + parts[-1]
+    if ann is None or ann is type(None):
+        return "None"
+    if typing.get_origin(ann) is list:
+        return f"a list of {typing.get_args(ann)[0].__name__}"
+    return {bool: "a bool (True or False)", int: "an int", float: "a real number", str: "a str"}.get(
+        ann, f"a {getattr(ann, '__name__', ann)}")
