@@ -8,28 +8,8 @@
 
 The page itself is drawn by `selfspec.trace_html` (one self-contained file, no scripts).
 
-The runtime hook (the contract any engine must keep)
-------------------------------------------------------
-`Decoder.on_round` is None or a callable. When set, the engine calls it once per verification
-round, after the walk and after the round's tokens were emitted (eos / max_new_tokens
-truncation applied), with one plain dict holding exactly these keys:
-
-    round              int, 0-based index of the verification round
-    c                  int, KV-cache length (accepted prefix) before the round
-    tree               selfspec.drafting.tree.Tree that was verified (node 0 = root, `scores` = path
-                       scores from construction, or None)
-    cands              (top-k log q [D, K], tokens [D, K], entropy [D] or None) the tree was
-                       built from, or None (AR, or no room left)
-    targets            LongTensor [n]: the target's token after each node's path
-    path               list[int]: accepted node indices, root first
-    bonus              int: the target token at the end of the path
-    committed          list[int]: tokens emitted by this round (accepted draft nodes + bonus,
-                       after eos / max_new_tokens truncation)
-    layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ...
-    forward_seconds    float: this round's model time (two-pass: both passes)
-    query_tokens       int: query tokens this round's forwards ran (nodes + mask slots)
-    lam                float: lambda of the score (0.0 outside PRESTO)
-    oracle_candidates  LongTensor [D, K]: the top-K candidate tokens per depth for oracle tau
+Records are built from the decoder's round hook, `Decoder.on_round`: its contract (one dict per
+round, which keys, what they hold) is in the `selfspec.engine.decoder.Decoder` docstring.
 
 Score split of a node v with parent p at depth d: log q = the log marginal of v's token in
 row d-1 of `cands` (None when the token is not among them, e.g. a candidate from another
@@ -71,7 +51,7 @@ class RoundRecord:
         return len(self.committed)
 
 
-def split_scores(tokens, parents, depths, scores, cand_lq, cand_tok):
+def split_scores(tokens, parents, depths, scores, top_lq, top_tok):
     """(log q, lambda * log rho) per node from path scores and the candidates the tree came from.
 
     Example: root 7 with child 11 (depth 1) and grandchild 13 (depth 2), path scores
@@ -85,21 +65,21 @@ def split_scores(tokens, parents, depths, scores, cand_lq, cand_tok):
     rho: list[float | None] = [None] * n
     for v in range(1, n):
         row = depths[v] - 1
-        if cand_tok is None or row >= len(cand_tok) or tokens[v] not in cand_tok[row]:
+        if top_tok is None or row >= len(top_tok) or tokens[v] not in top_tok[row]:
             continue
-        lq[v] = float(cand_lq[row][cand_tok[row].index(tokens[v])])
+        lq[v] = float(top_lq[row][top_tok[row].index(tokens[v])])
         if scores is not None:
             rho[v] = float(scores[v] - scores[parents[v]] - lq[v])
     return lq, rho
 
 
 def record_from_info(info: dict) -> RoundRecord:
-    """The hook's dict (see the module docstring) -> a RoundRecord of plain lists."""
+    """The round hook's dict (contract: the `Decoder` docstring) -> a RoundRecord of plain lists."""
     tree, cands = info["tree"], info["cands"]
     tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
     scores = None if tree.scores is None else [float(s) for s in tree.scores.tolist()]
-    cand_lq, cand_tok = (cands[0].tolist(), cands[1].tolist()) if cands is not None else (None, None)
-    lq, rho = split_scores(tokens, parents, depths, scores, cand_lq, cand_tok)
+    top_lq, top_tok = (cands[0].tolist(), cands[1].tolist()) if cands is not None else (None, None)
+    lq, rho = split_scores(tokens, parents, depths, scores, top_lq, top_tok)
     return RoundRecord(
         round=int(info["round"]), c=int(info["c"]), tokens=tokens, parents=parents, depths=depths, scores=scores,
         log_q=lq, rho_part=rho, targets=[int(t) for t in info["targets"].tolist()], path=[int(p) for p in info["path"]],

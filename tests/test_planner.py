@@ -8,7 +8,7 @@ import torch
 
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.calibration import Calibrator, acceptance
-from selfspec.engine.planner import Forecast, Option, Planner, log2_budgets
+from selfspec.engine.planner import Forecast, Option, Planner, config_label, log2_budgets
 from selfspec.engine.profile import CostProfile
 from selfspec.engine.decoder import Decoder, generate_ids
 
@@ -120,3 +120,16 @@ def test_expected_tokens_of_n_nodes_are_those_of_the_subtree_the_runtime_verifie
         sub = top_nodes(tree, n)
         kept = [tree.tokens.tolist().index(t) for t in sub.tokens.tolist()]
         assert y[n] == pytest.approx(float(acc[kept].sum()))
+
+
+def test_layout_labels_of_rounds_settings_and_bench_rows_are_spelled_by_one_function():
+    from selfspec.tools.bench import label
+
+    assert [Option(0).label, Option(8).label, Option(8, draft_pass=True).label, Option(8, 9, 16).label,
+            Option(10, source="lookup").label] == ["ar", "verify/N=8", "two-pass/N=8", "one-pass/N=8/m=9/G=16",
+                                                    "lookup/N=10"]
+    presto = DecodeConfig(mode="presto", schedule="one-pass", budget=32, lookup=True)
+    assert [config_label(DecodeConfig(mode=m)) for m in ("ar", "lookup", "auto")] == ["ar", "lookup", "auto"]
+    assert config_label(DecodeConfig(mode="linear", schedule="two-pass")) == "linear/two-pass"
+    assert config_label(presto) == "presto/one-pass/N=32/lookup"
+    assert label(presto) == "hybrid/one-pass/N=32" and label(DecodeConfig(mode="linear")) == "linear/one-pass"

@@ -87,20 +87,20 @@ class Predictor(torch.nn.Module):
         return p.eval()
 
 
-def grid_features(cand_lq, cand_tok, root: int, h2: int, entropy, ngram) -> torch.Tensor:
+def grid_features(top_lq, top_tok, root: int, h2: int, entropy, ngram) -> torch.Tensor:
     """[D, K, K, K, F]: the features of every (depth, grandparent, parent, candidate) combination
     of one tree, indexed as `scoring.token_grid`; equal to `features` of the matching expansion."""
     from selfspec.drafting.scoring import token_grid
 
-    D, K = cand_tok.shape
+    D, K = top_tok.shape
     shape = (D, K, K, K)
     ranks = torch.arange(K, dtype=torch.float32)
     parent_rank = ranks[None, None, :, None].expand(shape).clone()
     parent_rank[0] = -1.0  # depth-1 candidates hang under the root
-    parent_rows_lq = torch.cat([torch.zeros(1, K), cand_lq[:-1]])  # the root's log q is 0
+    parent_rows_lq = torch.cat([torch.zeros(1, K), top_lq[:-1]])  # the root's log q is 0
     per_depth = lambda v: v[:, None, None, None]  # noqa: E731
-    x = Expansion(per_depth(torch.arange(1, D + 1)), *token_grid(cand_tok, root, h2),
-                  cand_lq[:, None, None, :].expand(shape), ranks.expand(shape),
+    x = Expansion(per_depth(torch.arange(1, D + 1)), *token_grid(top_tok, root, h2),
+                  top_lq[:, None, None, :].expand(shape), ranks.expand(shape),
                   parent_rows_lq[:, None, :, None].expand(shape), parent_rank,
                   None if entropy is None else per_depth(entropy.float()))
     return features(x, ngram)
@@ -117,8 +117,8 @@ class LearnedRho:
         return F.logsigmoid(self.predictor(features(x, self.ngram)))
 
     @torch.inference_mode()
-    def log_rho_table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
-        return F.logsigmoid(self.predictor(grid_features(cand_lq, cand_tok, root, h2, entropy, self.ngram)))
+    def log_rho_table(self, top_lq, top_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+        return F.logsigmoid(self.predictor(grid_features(top_lq, top_tok, root, h2, entropy, self.ngram)))
 
 
 # -- collection ----------------------------------------------------------------------------------

@@ -111,12 +111,12 @@ class NgramRho:
         return p3.log()
 
 
-def token_grid(cand_tok: torch.Tensor, root: int, h2: int):
+def token_grid(top_tok: torch.Tensor, root: int, h2: int):
     """(w2, w1, t), each [D, K, K, K]: entry [d-1, i2, i1, j] is candidate j of depth d after the
     i1-th candidate of depth d-1 and the i2-th of depth d-2 (depth 0 is the root, depth -1 the
     context token before it; their rows repeat one token)."""
-    D, K = cand_tok.shape
-    rows = torch.cat([torch.full((1, K), h2), torch.full((1, K), root), cand_tok])  # depths -1, 0, 1..D
+    D, K = top_tok.shape
+    rows = torch.cat([torch.full((1, K), h2), torch.full((1, K), root), top_tok])  # depths -1, 0, 1..D
     w2 = rows[:D][:, :, None, None].expand(D, K, K, K)
     w1 = rows[1 : D + 1][:, None, :, None].expand(D, K, K, K)
     t = rows[2:][:, None, None, :].expand(D, K, K, K)
@@ -141,9 +141,9 @@ class TokenScore:
         """The term for arbitrary (w2, w1, t) triples (candidates outside the table's top-K)."""
         return self.lam * self.rho(w2, w1, t, depth)
 
-    def table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+    def table(self, top_lq, top_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
         """[D, K, K, K] scores, indexed as in `token_grid`."""
-        return self.lam * self.rho(*token_grid(cand_tok, root, h2), 0)
+        return self.lam * self.rho(*token_grid(top_tok, root, h2), 0)
 
 
 class FeatureScore:
@@ -155,8 +155,8 @@ class FeatureScore:
     def __call__(self, x) -> torch.Tensor:
         return self.lam * self.rho.log_rho(x)
 
-    def table(self, cand_lq, cand_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
-        return self.lam * self.rho.log_rho_table(cand_lq, cand_tok, root, h2, entropy)
+    def table(self, top_lq, top_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
+        return self.lam * self.rho.log_rho_table(top_lq, top_tok, root, h2, entropy)
 
 
 def make_extra_score(rho, lam: float):

@@ -30,7 +30,7 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.forward import FastForward, engine
 from selfspec.drafting.lookup import ContextIndex
 from selfspec.engine.masks import tree_block
-from selfspec.engine.planner import Forecast, Option, keep_planner, planner_for
+from selfspec.engine.planner import Forecast, Option, config_label, fixed_option, keep_planner, planner_for
 from selfspec.engine.stats import Stats
 from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
@@ -76,10 +76,35 @@ def scratch(cfg: DecodeConfig) -> int:
 class Decoder:
     """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes.
 
-    Hooks: `recorder(tree, top_lq, top_tok, targets, entropy, history, ngram)` after each
-    drafted round (predictor collection); `on_round(info: dict)` after every round (traces;
-    keys: round, c, tree, cands, targets, path, bonus, committed, layout, forward_seconds,
-    query_tokens, lam, oracle_candidates).
+    Hooks (None, or set before iterating):
+
+    `recorder(tree, top_lq, top_tok, targets, entropy, history, ngram, node_logits)` after each
+    round that verified a drafted tree from marginals (predictor collection): the marginals' top-K
+    [D, K], the targets [n], the entropy [D] or None, the two tokens before the root, the n-gram
+    rho and the target logits [n, V].
+
+    `on_round(info: dict)`, the round hook: the contract any engine must keep (`selfspec.trace`
+    builds on it). Called once per verification round, after the walk and after the round's
+    tokens were emitted (eos / max_new_tokens truncation applied), with one plain dict holding
+    exactly these keys:
+
+        round              int, 0-based index of the verification round
+        c                  int, KV-cache length (accepted prefix) before the round
+        tree               drafting.tree.Tree that was verified (node 0 = root, `scores` = path
+                           scores from construction, or None)
+        cands              (top_lq [D, K], top_tok [D, K], entropy [D] or None): the candidates
+                           the tree was built from, or None (AR, lookup chains, no room left)
+        targets            LongTensor [n]: the target's token after each node's path
+        path               list[int]: accepted node indices, root first
+        bonus              int: the target token at the end of the path
+        committed          list[int]: tokens emitted by this round (accepted draft nodes + bonus,
+                           after eos / max_new_tokens truncation)
+        layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ... (`planner.config_label`;
+                           plan "auto": the round's `Option.label`, e.g. "one-pass/N=8/m=9/G=8")
+        forward_seconds    float: this round's model time (two-pass: both passes)
+        query_tokens       int: query tokens this round's forwards ran (nodes + mask slots)
+        lam                float: lambda of the score (0.0 outside PRESTO and auto)
+        oracle_candidates  LongTensor [D, K]: the top-K candidate tokens per depth for oracle tau
     """
 
     def __init__(self, model, prompt_ids, cfg: DecodeConfig, *, eos_token_id=None,
@@ -103,7 +128,7 @@ class Decoder:
             self.extra = make_extra_score(LearnedRho(model.presto_predictor, self.rho), cfg.lam)
         else:
             self.extra = make_extra_score(self.rho, cfg.lam) if trees else None
-        self.recorder = None  # callback(tree, cand_lq, cand_tok, targets, entropy, history, ngram, node_logits)
+        self.recorder = None  # see the class docstring
         self.on_round = None
         self.k = cfg.tree_top_k if trees else 1
         uses_index = cfg.mode == "lookup" or (trees and cfg.lookup)
@@ -137,8 +162,8 @@ class Decoder:
         return logits
 
     def _targets(self, logits: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+        cfg = self.cfg
+        return select(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       banned=self.mask_id, generator=self.gen).cpu()
 
     def _marginals(self, hidden: torch.Tensor) -> Marginals | None:
@@ -197,17 +222,6 @@ class Decoder:
         tail = self._tail(self.cfg.lookup_max_ngram)
         self._match = self.index.match_length(tail)
         return self.index.propose(tail, min(self.cfg.lookup_tokens, room - 1))
-
-    def _fixed_option(self) -> Option:
-        c = self.cfg
-        if c.mode == "ar":
-            return Option(0)
-        if c.mode == "lookup":
-            return Option(c.lookup_tokens, source="lookup")
-        n = c.budget if c.mode == "presto" else c.block_length - 1
-        if c.schedule == "two-pass":
-            return Option(n, draft_pass=True)
-        return Option(n, n + 1 if c.group_nodes is None else c.group_nodes, c.group)
 
     def _forecast(self, root: int, marg: Marginals | None, room: int) -> tuple[Forecast, Tree | None]:
         """The largest tree the planner may pick from, with calibrated acceptance per node."""
@@ -280,7 +294,7 @@ class Decoder:
     def _run(self):
         cfg = self.cfg
         self.cache = self.ff.new_cache(len(self.prompt) + cfg.max_new_tokens + scratch(cfg) + 1)
-        fixed = None if self.planner is not None else self._fixed_option()
+        fixed = None if self.planner is not None else fixed_option(cfg)
         one_pass = self.planner is not None or (fixed.groups > 0)
         root, marg = self._prefill(with_group=one_pass)
         chunk, done = self._emit([root])
@@ -315,7 +329,7 @@ class Decoder:
             self.stats.tree_seconds += time.perf_counter() - t0
             if self.planner is not None and option.draft_pass and len(tree) > 1:
                 self.planner.observe_two_pass(self._tree_forecast(tree))
-            cands = marg
+            drafted_from = marg  # the marginals this round's tree came from (`marg` moves on below)
             if marg is not None or (fixed is not None and cfg.mode not in ("ar", "lookup")):
                 empty = torch.zeros(0, 1, dtype=torch.long)
                 self._pending_oracle.append((len(self.emitted), empty if marg is None else marg.top_tok[:, : cfg.tree_top_k]))
@@ -354,24 +368,25 @@ class Decoder:
             self.cache.commit(path)
             root, marg = bonus, new_marg
             self.stats.rounds += 1
-            layout = option.label if fixed is None else _fixed_label(cfg)
+            layout = option.label if fixed is None else config_label(cfg)
             self.stats.plan_hist[layout] += 1
             chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
             self.stats.accept_lengths.append(len(chunk))
             self.stats.round_tokens += len(chunk)
             if self.planner is not None and option is not _AR:
                 self.planner.observe(option, time.perf_counter() - t_round, self.stats.forward_seconds - f_before, c)
-            if self.on_round is not None:  # the trace hook (contract: selfspec/trace.py docstring)
+            if self.on_round is not None:  # the round hook (contract: the class docstring)
                 self.on_round({
                     "round": self.stats.rounds - 1, "c": c, "tree": tree,
-                    "cands": None if cands is None else (cands.top_lq, cands.top_tok, cands.entropy),
+                    "cands": None if drafted_from is None else (drafted_from.top_lq, drafted_from.top_tok,
+                                                                drafted_from.entropy),
                     "targets": targets, "path": path, "bonus": bonus, "committed": chunk,
                     "layout": layout,
                     "forward_seconds": self.stats.forward_seconds - f_before,
                     "query_tokens": self.stats.query_tokens - q_before,
                     "lam": cfg.lam if cfg.mode in ("presto", "auto") else 0.0,
-                    "oracle_candidates": (torch.zeros(0, 1, dtype=torch.long) if cands is None
-                                          else cands.top_tok[:, : cfg.tree_top_k])})
+                    "oracle_candidates": (torch.zeros(0, 1, dtype=torch.long) if drafted_from is None
+                                          else drafted_from.top_tok[:, : cfg.tree_top_k])})
             yield chunk
 
     def _finish_oracle(self) -> None:
@@ -382,13 +397,6 @@ class Decoder:
 
 
 _AR = Option(0)
-
-
-def _fixed_label(cfg: DecodeConfig) -> str:
-    if cfg.mode in ("ar", "lookup"):
-        return cfg.mode
-    return (f"{cfg.mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if cfg.mode == "presto" else "")
-            + ("/lookup" if cfg.mode == "presto" and cfg.lookup else ""))
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:

@@ -21,6 +21,7 @@ O(q^2) mask work however long the context is.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,26 @@ import torch.nn.functional as F
 from selfspec.engine.cache import KVCache
 
 FUSE_MAX_PARAMS = 1_000_000_000
+
+
+class LayerWeights(NamedTuple):
+    """One decoder layer's weights as the forward reads them (the model's own tensors, or fused copies)."""
+
+    ln1: torch.Tensor  # input RMSNorm
+    qkv: tuple[torch.Tensor, ...]  # (q_proj, k_proj, v_proj), or one fused [q; k; v]
+    wo: torch.Tensor  # o_proj
+    ln2: torch.Tensor  # post-attention RMSNorm
+    gate_up: tuple[torch.Tensor, ...]  # (gate_proj, up_proj), or one fused [gate; up]
+    down: torch.Tensor  # down_proj
+
+
+class Rope(NamedTuple):
+    """RoPE tables: rows per position, sin signed for the rolled half, the query's times its scale."""
+
+    q_cos: torch.Tensor
+    q_sin: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
 
 
 class MaskBuffer:
@@ -87,16 +108,16 @@ class FastForward:
             gu = (mlp.gate_proj.weight, mlp.up_proj.weight)
             if self.fused:
                 qkv, gu = (torch.cat(qkv, 0),), (torch.cat(gu, 0),)
-            self.layers.append((layer.input_layernorm.weight, qkv, at.o_proj.weight,
-                                layer.post_attention_layernorm.weight, gu, mlp.down_proj.weight))
+            self.layers.append(LayerWeights(layer.input_layernorm.weight, qkv, at.o_proj.weight,
+                                            layer.post_attention_layernorm.weight, gu, mlp.down_proj.weight))
         self.norm = enc.norm.weight
         self.head = model.diffusion_head.weight
         self.dtype = self.embed.dtype
-        self.devices = [w[2].device for w in self.layers]
+        self.devices = [w.wo.device for w in self.layers]
         # RoPE tables are shared read-only by every generation on this model; growing them is the
         # one write, done under a lock into new tensors that are swapped in whole
         self._lock = threading.Lock()
-        self._tab = None  # (n, {device: (q_cos, q_sin, k_cos, k_sin)}), replaced as one object
+        self._tab = None  # (n, {device: Rope}), replaced as one object
 
     @staticmethod
     def supports(model) -> bool:
@@ -109,9 +130,9 @@ class FastForward:
         return KVCache(self.devices, self.n_kv, self.head_dim, capacity, self.dtype)
 
     # -- position tables ---------------------------------------------------------------------
-    def _make_tables(self, n: int):
-        """Per position 0..n-1: (q_cos, q_sin, k_cos, k_sin) with the sin signed and the query
-        tables times the query scale.
+    def _make_tables(self, n: int) -> Rope:
+        """Per position 0..n-1: the RoPE tables, with the sin signed and the query tables times
+        the query scale.
 
         rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi], and the Llama-4 query scale
         multiplies the rotated query, so it folds into the query's tables.
@@ -124,10 +145,10 @@ class FastForward:
         h = sin.shape[-1] // 2
         sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
         scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(self.dtype)[:, None]
-        return cos * scale, sin * scale, cos, sin
+        return Rope(cos * scale, sin * scale, cos, sin)
 
-    def _rope(self, positions: torch.Tensor, device):
-        """(q_cos, q_sin, k_cos, k_sin), each [1, 1, q, D], for `positions` on `device`."""
+    def _rope(self, positions: torch.Tensor, device) -> Rope:
+        """The tables' rows for `positions`, each [1, 1, q, D], on `device`."""
         need = int(positions.max()) + 1
         tab = self._tab
         if tab is None or tab[0] < need or device not in tab[1]:
@@ -137,10 +158,10 @@ class FastForward:
                     n = max(need, 2 * (0 if tab is None else tab[0]), 256)
                     tab = (n, {"base": self._make_tables(n)})
                 if device not in tab[1]:
-                    tab = (tab[0], {**tab[1], device: tuple(t.to(device) for t in tab[1]["base"])})
+                    tab = (tab[0], {**tab[1], device: Rope(*(t.to(device) for t in tab[1]["base"]))})
                 self._tab = tab
         p = positions.to(device)
-        return tuple(t[p][None, None] for t in tab[1][device])
+        return Rope(*(t[p][None, None] for t in tab[1][device]))
 
     # -- the forward ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -165,7 +186,7 @@ class FastForward:
         use_causal = causal and c == 0 and block is None
         if causal and not use_causal and block is None:
             block = torch.full((q, q), float("-inf"), dtype=self.dtype, device=dev0).triu_(1)
-        for i, (ln1, qkv, wo, ln2, gu, wd) in enumerate(self.layers):
+        for i, w in enumerate(self.layers):
             dev = self.devices[i]
             if h.device != dev:
                 h = h.to(dev)
@@ -173,31 +194,31 @@ class FastForward:
                 rope[dev] = self._rope(positions, dev)
                 masks[dev] = None if block is None or q == 0 else _mask_buffer(cache, dev, self.dtype).view(
                     c, block.to(dev, self.dtype))
-            qc, qsn, kc_, ksn = rope[dev]
-            x = _rms(h, ln1, self.eps)
-            if len(qkv) == 1:
-                qs, ks, vs = F.linear(x, qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
+            r = rope[dev]
+            x = _rms(h, w.ln1, self.eps)
+            if len(w.qkv) == 1:
+                qs, ks, vs = F.linear(x, w.qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
             else:
-                qs, ks, vs = (F.linear(x, w) for w in qkv)
+                qs, ks, vs = (F.linear(x, p) for p in w.qkv)
             qs = qs.view(1, q, nh, D).transpose(1, 2)
             ks = ks.view(1, q, nkv, D).transpose(1, 2)
             vs = vs.view(1, q, nkv, D).transpose(1, 2)
-            qs = qs * qc + qs.roll(D // 2, -1) * qsn
-            ks = ks * kc_ + ks.roll(D // 2, -1) * ksn
-            kc, vc = cache.write(i, c, ks, vs)
-            a = F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
+            qs = qs * r.q_cos + qs.roll(D // 2, -1) * r.q_sin
+            ks = ks * r.k_cos + ks.roll(D // 2, -1) * r.k_sin
+            keys, values = cache.write(i, c, ks, vs)  # the cached prefix and these tokens
+            a = F.scaled_dot_product_attention(qs, keys, values, attn_mask=masks[dev], is_causal=use_causal,
                                                enable_gqa=nh != nkv)
             a = a.transpose(1, 2).reshape(1, q, nh * D)
-            o = F.linear(a, wo)
+            o = F.linear(a, w.wo)
             if lora is not None and lora_rows is not None:
                 o = lora.add_delta(i, a, o, lora_rows)
             h = h + o
-            x = _rms(h, ln2, self.eps)
-            if len(gu) == 1:
-                g, u = F.linear(x, gu[0]).chunk(2, -1)
+            x = _rms(h, w.ln2, self.eps)
+            if len(w.gate_up) == 1:
+                g, u = F.linear(x, w.gate_up[0]).chunk(2, -1)
             else:
-                g, u = F.linear(x, gu[0]), F.linear(x, gu[1])
-            h = h + F.linear(F.silu(g) * u, wd)
+                g, u = F.linear(x, w.gate_up[0]), F.linear(x, w.gate_up[1])
+            h = h + F.linear(F.silu(g) * u, w.down)
         return _rms(h, self.norm.to(h.device), self.eps)[0]
 
     @torch.inference_mode()

@@ -9,10 +9,10 @@ committed tokens, 1 + sum over nodes of P(node accepted), where a node's probabi
 accepted once its parent is comes from its own score, calibrated online against this
 generation's observed acceptance (`Calibrator`).
 
-Choosing the best rate is a ratio problem; it is solved the Dinkelbach way: with rho the
-current tokens/s estimate, pick the option maximising  E - rho * C + D * [leaves marginals],
+Choosing the best rate is a ratio problem; it is solved the Dinkelbach way: with `rate` the
+current tokens/s estimate, pick the option maximising  E - rate * C + D * [leaves marginals],
 where D is the value of starting the next round with marginals (one round ahead, weighted by
-the endpoint mass the groups cover). With rho equal to the best achievable rate this is
+the endpoint mass the groups cover). With `rate` equal to the best achievable one this is
 exactly "maximise E / C". Rounds without marginals are AR or two-pass; every few of them (8,
 doubling to 128 while speculation keeps losing) a probe puts one mask group on the root so that
 a context that has become predictable is noticed.
@@ -58,12 +58,52 @@ class Option:
 
     def _label(self) -> str:
         if self.source == "lookup":
-            return f"lookup/N={self.nodes}"
+            return layout_label("lookup", nodes=self.nodes)
         if self.draft_pass:
-            return f"two-pass/N={self.nodes}"
+            return layout_label(schedule="two-pass", nodes=self.nodes)
         if self.groups:
-            return f"one-pass/N={self.nodes}/m={self.groups}/G={self.group_size}"
-        return "ar" if self.nodes == 0 else f"verify/N={self.nodes}"
+            return layout_label(schedule="one-pass", nodes=self.nodes, groups=self.groups, group_size=self.group_size)
+        return "ar" if self.nodes == 0 else layout_label("verify", nodes=self.nodes)
+
+
+def layout_label(name: str | None = None, *, schedule: str | None = None, nodes: int | None = None,
+                 groups: int = 0, group_size: int = 0, lookup: bool = False) -> str:
+    """The one spelling of a layout, for a round (`Option.label`), a fixed setting (`config_label`)
+    and the benchmark's rows: the parts that apply, joined by "/".
+
+    Examples: layout_label("presto", schedule="one-pass", nodes=32) == "presto/one-pass/N=32";
+    layout_label(schedule="one-pass", nodes=8, groups=9, group_size=8) == "one-pass/N=8/m=9/G=8".
+    """
+    parts = [p for p in (name, schedule) if p]
+    if nodes is not None:
+        parts.append(f"N={nodes}")
+    if groups:
+        parts += [f"m={groups}", f"G={group_size}"]
+    if lookup:
+        parts.append("lookup")
+    return "/".join(parts)
+
+
+def config_label(cfg) -> str:
+    """A `DecodeConfig`'s layout: "ar", "lookup", "auto" (its rounds have their own labels),
+    "linear/two-pass", "presto/one-pass/N=32", "presto/one-pass/N=32/lookup" (context candidates)."""
+    if cfg.mode in ("ar", "auto", "lookup"):
+        return cfg.mode
+    presto = cfg.mode == "presto"
+    return layout_label(cfg.mode, schedule=cfg.schedule, nodes=cfg.budget if presto else None,
+                        lookup=presto and bool(cfg.lookup))
+
+
+def fixed_option(cfg) -> Option:
+    """The layout a fixed mode uses every round."""
+    if cfg.mode == "ar":
+        return Option(0)
+    if cfg.mode == "lookup":
+        return Option(cfg.lookup_tokens, source="lookup")
+    n = cfg.budget if cfg.mode == "presto" else cfg.block_length - 1
+    if cfg.schedule == "two-pass":
+        return Option(n, draft_pass=True)
+    return Option(n, n + 1 if cfg.group_nodes is None else cfg.group_nodes, cfg.group)
 
 
 @dataclass
@@ -128,7 +168,7 @@ class Planner:
         self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # per-round seconds outside forwards, by family
         self._recent: dict[str, list[float]] = {}
-        self.rate: float | None = None  # predicted tokens/s of the chosen layouts, smoothed (Dinkelbach's rho)
+        self.rate: float | None = None  # predicted tokens/s of the chosen layouts, smoothed (Dinkelbach's parameter)
         self.scale: float | None = None  # measured / profiled forward time, smoothed
         self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
         self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
@@ -221,19 +261,19 @@ class Planner:
         """The option for this round and the predicted value of every candidate."""
         ar = Option(0)
         f1 = self._c(ar, c)
-        rho = max(self.rate or 0.0, 1.0 / f1)  # never below AR's rate
+        rate = max(self.rate or 0.0, 1.0 / f1)  # never below AR's rate
         cap = lambda e: min(e, float(room)) * (1 - MARGIN)  # noqa: E731
         if f.accept is not None and f.kind == "tree":
             self.last_yields = self._yields(f, 10**9)
         y_all = self.last_yields
         # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
-        best, best_v = ar, 1.0 - rho * f1
+        best, best_v = ar, 1.0 - rate * f1
         table = {ar.label: best_v}
         if self.allow_two_pass and room > 1 and (self.two_pass_yield or len(y_all) > 1):
             for n in self.budgets[1:]:
                 e = self.two_pass_yield.get(n, y_all.get(min(n, max(y_all)), 1.0))
                 o = Option(n, draft_pass=True)
-                table[o.label] = v = cap(e) - rho * self._c(o, c)
+                table[o.label] = v = cap(e) - rate * self._c(o, c)
                 if v > best_v + 1e-12:
                     best, best_v = o, v
         y_look = None
@@ -241,7 +281,7 @@ class Planner:
             y = y_look = self._yields(f, 10**9)
             for n in range(1, len(f.lists()[0])):
                 o = Option(n, source="lookup")
-                table[o.label] = v = cap(y[n]) - rho * self._c(o, c)
+                table[o.label] = v = cap(y[n]) - rate * self._c(o, c)
                 if v > best_v + 1e-12:
                     best, best_v = o, v
         v_none = best_v
@@ -257,20 +297,20 @@ class Planner:
         delta = {}
         for g in self.group_sizes:
             y = self._yields(f, g - 1)
-            w = max(cap(y[min(n, max(y))]) - rho * self._c(Option(n, 1, g), c) for n in self.budgets)
+            w = max(cap(y[min(n, max(y))]) - rate * self._c(Option(n, 1, g), c) for n in self.budgets)
             delta[g] = max(0.0, w - v_none)
         for n in self.budgets:
             if n > len(f.lists()[0]) - 1:
                 break
             e = cap(y_all[n])
-            cands = [Option(n)]
+            options = [Option(n)]
             cover = f.coverage(n)
             m = 1
             while m <= n + 1:
-                cands += [Option(n, m, g) for g in reversed(self.group_sizes)]  # ties: deeper groups
+                options += [Option(n, m, g) for g in reversed(self.group_sizes)]  # ties: deeper groups
                 m = n + 1 if m < n + 1 and 2 * m > n + 1 else 2 * m
-            for o in cands:
-                v = e - rho * self._c(o, c)
+            for o in options:
+                v = e - rate * self._c(o, c)
                 if o.groups:
                     v += delta[o.group_size] * cover[min(o.groups, len(cover)) - 1]
                 table[o.label] = v
@@ -283,7 +323,7 @@ class Planner:
         return self._chosen(best, table, c, room, y_all)
 
     def _chosen(self, best: Option, table: dict, c: int, room: int, yields: dict) -> tuple[Option, dict]:
-        """Move rho towards the predicted rate of the layout chosen (the Dinkelbach update)."""
+        """Move `rate` towards the predicted rate of the layout chosen (the Dinkelbach update)."""
         if best.draft_pass:
             e = self.two_pass_yield.get(best.nodes, yields.get(min(best.nodes, max(yields)), 1.0))
         else:

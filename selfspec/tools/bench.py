@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import replace
 
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
+from selfspec.engine.planner import config_label, layout_label
 from selfspec.tools.peers import llama_cpp_available
 
 PEERS = ("hf", "hf-lookup", "llama.cpp")
@@ -71,11 +72,11 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
     return out
 
 
-def label(c: DecodeConfig) -> str:
-    if c.mode in ("ar", "auto", "lookup"):
-        return c.mode
-    name = "hybrid" if c.mode == "presto" and c.lookup else c.mode
-    return f"{name}/{c.schedule}" + (f"/N={c.budget}" if c.mode == "presto" else "")
+def label(cfg: DecodeConfig) -> str:
+    """The engine's label of the setting; PRESTO with context candidates is the row "hybrid"."""
+    if cfg.mode == "presto" and cfg.lookup:
+        return layout_label("hybrid", schedule=cfg.schedule, nodes=cfg.budget)
+    return config_label(cfg)
 
 
 def aggregate(records: list[dict]) -> dict:

@@ -47,14 +47,14 @@ def acceptance_probs(node_logits: torch.Tensor, *, temperature: float, top_k: in
     return x.softmax(-1).cpu()
 
 
-def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram,
+def round_examples(tree, top_lq, top_tok, targets, entropy, history, ngram,
                    target_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [M, F], labels [M]) for every verified node with a next depth and its K candidates.
 
     Labels are `target_probs[node, candidate]` (the acceptance probability, `acceptance_probs`)
     when given, else the greedy match `targets[node] == candidate`.
     """
-    D, K = cand_tok.shape
+    D, K = top_tok.shape
     nodes = (tree.depths < D).nonzero().squeeze(-1)
     if nodes.numel() == 0:
         return torch.zeros(0, len(FEATURES)), torch.zeros(0)
@@ -66,22 +66,22 @@ def round_examples(tree, cand_lq, cand_tok, targets, entropy, history, ngram,
     own_lq = torch.zeros(nodes.numel())
     deep = dep > 0
     if deep.any():
-        hits = cand_tok[dep[deep] - 1] == tok[deep][:, None]  # [m, K]
+        hits = top_tok[dep[deep] - 1] == tok[deep][:, None]  # [m, K]
         own_rank[deep] = hits.float().argmax(-1).float()
-        own_lq[deep] = cand_lq[dep[deep] - 1].gather(1, hits.long().argmax(-1, keepdim=True)).squeeze(-1)
+        own_lq[deep] = top_lq[dep[deep] - 1].gather(1, hits.long().argmax(-1, keepdim=True)).squeeze(-1)
     feats, labels = [], []
     for d in dep.unique().tolist():
         sel = dep == d
         p = int(sel.sum())
-        x = Expansion(d + 1, w2[sel][:, None].expand(p, K), tok[sel][:, None].expand(p, K), cand_tok[d].expand(p, K),
-                      cand_lq[d].expand(p, K), torch.arange(K, dtype=torch.float32).expand(p, K),
+        x = Expansion(d + 1, w2[sel][:, None].expand(p, K), tok[sel][:, None].expand(p, K), top_tok[d].expand(p, K),
+                      top_lq[d].expand(p, K), torch.arange(K, dtype=torch.float32).expand(p, K),
                       own_lq[sel][:, None].expand(p, K), own_rank[sel][:, None].expand(p, K),
                       None if entropy is None else float(entropy[d]))
         feats.append(features(x, ngram).reshape(-1, len(FEATURES)))
         if target_probs is None:
-            labels.append((targets[nodes[sel]][:, None] == cand_tok[d][None, :]).float().reshape(-1))
+            labels.append((targets[nodes[sel]][:, None] == top_tok[d][None, :]).float().reshape(-1))
         else:
-            labels.append(target_probs[nodes[sel]][:, cand_tok[d]].float().reshape(-1))
+            labels.append(target_probs[nodes[sel]][:, top_tok[d]].float().reshape(-1))
     return torch.cat(feats), torch.cat(labels)
 
 
