@@ -1,14 +1,20 @@
-"""The draft LoRA of NLD instruct checkpoints (`linear_spec_lora/`), applied to draft rows only.
+"""The draft LoRA of NLD checkpoints (`linear_spec_lora/`), applied to draft rows only.
 
 Upstream ships a PEFT adapter on every layer's `o_proj` (r = 128, alpha = 512) and uses it only
-while drafting. `o_proj` acts per token, so the delta `scale * (x A^T) B^T` can be added to the
-mask rows of a mixed forward and nothing else: verification rows never attend to mask rows, so
-their logits stay exact. The adapter is attached with forward hooks (public PyTorch API); no
-transformers code is touched, and peft is not needed at run time.
+while drafting. Adapters trained here (`selfspec.training.draft_lora`) may target any of
+q/k/v/o/gate/up/down and may carry `mask_embedding` [H], the embedding used for mask tokens on
+draft rows. Every target acts per token (q/k/v before RoPE), so the delta
+`scale * (x A^T) B^T` can be added to the draft rows of a mixed forward and nothing else:
+verification rows never attend to draft rows, so their logits stay exact. The reference path
+attaches the adapter with forward hooks (public PyTorch API); no transformers code is touched,
+and peft is not needed at run time.
+
+An adapter whose config names `base_model_hash` is refused unless it equals `base_model_hash(model)`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,55 +23,139 @@ from contextlib import contextmanager
 import torch
 
 LORA_DIR = "linear_spec_lora"
-_KEY = re.compile(r"(?:base_model\.model\.)?encoder\.layers\.(\d+)\.self_attn\.o_proj\.lora_([AB])(?:\.default)?\.weight$")
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+TARGETS = ATTN + MLP
+MASK_EMBEDDING = "mask_embedding"
+_KEY = re.compile(r"(?:base_model\.model\.)?encoder\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])"
+                  r"(?:\.default)?\.weight$")
+
+
+def module_of(layer, name: str) -> torch.nn.Linear:
+    """The Linear `name` (one of TARGETS) of a decoder layer."""
+    return getattr(layer.self_attn if name in ATTN else layer.mlp, name)
+
+
+def peft_key(layer: int, name: str, ab: str) -> str:
+    return f"base_model.model.encoder.layers.{layer}.{'self_attn' if name in ATTN else 'mlp'}.{name}.lora_{ab}.weight"
+
+
+def base_model_hash(model) -> str:
+    """sha1 over the architecture and checksums of a few base tensors: identifies the base weights."""
+    cfg = model.config
+    h = hashlib.sha1()
+    arch = {k: getattr(cfg, k, None) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                               "num_attention_heads", "num_key_value_heads", "head_dim",
+                                               "mask_token_id")}
+    h.update(json.dumps(arch, sort_keys=True).encode())
+    enc = model.encoder
+    picks = [enc.embed_tokens.weight, enc.norm.weight, model.diffusion_head.weight]
+    for layer in (enc.layers[0], enc.layers[-1]):
+        picks += [layer.self_attn.q_proj.weight, layer.mlp.down_proj.weight]
+    with torch.no_grad():
+        for t in picks:
+            # bf16-rounded, summed in float64 on the CPU: the same for a float32 or a bfloat16 load
+            flat = t.detach().flatten()
+            t = flat[:: max(1, flat.numel() // 250_000)].cpu().to(torch.bfloat16).double()  # a strided sample
+            h.update(f"{tuple(t.shape)}:{t.sum().item():.6e}:{t.abs().sum().item():.6e}:{t.flatten()[:64].tolist()}".encode())
+    return h.hexdigest()
 
 
 class DraftLoRA:
-    """Holds A/B per layer; `rows` selects the query rows that get the delta (None = off)."""
+    """Holds A/B per (layer, target); `rows` selects the query rows that get the delta (None = off).
 
-    def __init__(self, model, weights: dict[int, tuple[torch.Tensor, torch.Tensor]], scale: float):
+    `weights`: {layer: (A, B)} (o_proj, the upstream form) or {(layer, target): (A, B)}.
+    `mask_embedding` [H] (optional) replaces the embedding of `mask_token_id` on draft rows.
+    """
+
+    def __init__(self, model, weights: dict, scale: float, mask_embedding: torch.Tensor | None = None):
         self.scale = scale
         self.rows: torch.Tensor | slice | None = None
         self.enabled = True
         self._handles = []
-        self.ab: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i, layer in enumerate(model.encoder.layers):
-            a, b = weights[i]
-            proj = layer.self_attn.o_proj
-            a = a.to(proj.weight.device, proj.weight.dtype)
-            b = b.to(proj.weight.device, proj.weight.dtype)
-            self.ab.append((a, b))
-            self._handles.append(proj.register_forward_hook(self._hook(a, b)))
+        self.mask_id = int(model.config.mask_token_id)
+        emb = model.encoder.embed_tokens.weight
+        self.mask_embedding = None if mask_embedding is None else mask_embedding.to(emb.device, emb.dtype)
+        self.ab: dict[str, list] = {}  # target -> per layer (A, B) or None
+        n = len(model.encoder.layers)
+        for key, (a, b) in weights.items():
+            i, name = (key, "o_proj") if isinstance(key, int) else key
+            w = module_of(model.encoder.layers[i], name).weight
+            self.ab.setdefault(name, [None] * n)[i] = (a.to(w.device, w.dtype), b.to(w.device, w.dtype))
+        self.targets = tuple(t for t in TARGETS if t in self.ab)
+        for name in self.targets:
+            for i, layer in enumerate(model.encoder.layers):
+                if self.ab[name][i] is not None:
+                    self._handles.append(module_of(layer, name).register_forward_hook(self._hook(name, i)))
+        if self.mask_embedding is not None:
+            self._handles.append(model.encoder.embed_tokens.register_forward_hook(self._embed_hook))
 
+    # -- the compact forward's path ------------------------------------------------------------------
     def add_delta(self, layer: int, x: torch.Tensor, out: torch.Tensor, rows) -> torch.Tensor:
-        """`out` (o_proj of `x`, [1, q, H]) plus the delta on `rows`: the compact forward's path."""
+        """`out` (o_proj of `x`, [1, q, H]) plus the o_proj delta on `rows`."""
+        return self.add_deltas(layer, ("o_proj",), x, (out,), rows)[0]
+
+    def add_deltas(self, layer: int, names: tuple[str, ...], x: torch.Tensor, outs: tuple, rows) -> tuple:
+        """Each `outs[j]` (= module names[j] of `x`, [1, q, out]) plus its delta on `rows`, in place."""
         if not self.enabled:
-            return out
-        a, b = self.ab[layer]
+            return outs
+        xr = None
+        for name, out in zip(names, outs):
+            ab = self._ab(name, layer, x)
+            if ab is None:
+                continue
+            if xr is None:
+                xr = x[:, rows]
+            out[:, rows] += (xr @ ab[0].T) @ ab[1].T * self.scale
+        return outs
+
+    def embed(self, tokens: torch.Tensor, h: torch.Tensor, rows) -> torch.Tensor:
+        """`h` ([1, q, H], the embedding of `tokens` [q]) with the mask embedding on mask tokens in `rows`."""
+        if not self.enabled or self.mask_embedding is None:
+            return h
+        sel = torch.zeros(tokens.shape[0], dtype=torch.bool, device=h.device)
+        sel[rows] = True
+        sel &= tokens.to(h.device) == self.mask_id
+        if bool(sel.any()):
+            h[0, sel] = self.mask_embedding.to(h.device, h.dtype)
+        return h
+
+    def _ab(self, name: str, layer: int, x: torch.Tensor):
+        per = self.ab.get(name)
+        if per is None or per[layer] is None:
+            return None
+        a, b = per[layer]
         if a.dtype != x.dtype or a.device != x.device:  # the model was moved (`model.to(...)`) after loading
-            a, b = self._moved(layer, x.dtype, x.device)
-        out[:, rows] += (x[:, rows] @ a.T) @ b.T * self.scale
-        return out
+            moved = self.__dict__.setdefault("_moved_ab", {})
+            key = (name, layer, x.dtype, x.device)
+            if key not in moved:
+                moved[key] = (a.to(x.device, x.dtype), b.to(x.device, x.dtype))
+            a, b = moved[key]
+        return a, b
 
-    def _moved(self, layer: int, dtype, device):
-        moved = self.__dict__.setdefault("_moved_ab", {})
-        ab = moved.get((dtype, device))
-        if ab is None:
-            ab = moved[(dtype, device)] = [(a.to(device, dtype), b.to(device, dtype)) for a, b in self.ab]
-        return ab[layer]
-
-    def _hook(self, a, b):
+    # -- the reference path (hooks on the transformers modules) --------------------------------------
+    def _hook(self, name: str, layer: int):
         def hook(module, inputs, output):
             if self.rows is None or not self.enabled:
                 return None
-            x = inputs[0][:, self.rows]
-            a_, b_ = (a, b) if a.dtype == x.dtype and a.device == x.device else (a.to(x), b.to(x))
-            delta = (x @ a_.T) @ b_.T * self.scale
+            a, b = self._ab(name, layer, inputs[0])
+            delta = (inputs[0][:, self.rows] @ a.T) @ b.T * self.scale
             output = output.clone()
             output[:, self.rows] += delta
             return output
 
         return hook
+
+    def _embed_hook(self, module, inputs, output):
+        if self.rows is None or not self.enabled:
+            return None
+        ids = inputs[0]
+        sel = torch.zeros(ids.shape[-1], dtype=torch.bool, device=ids.device)
+        sel[self.rows] = True
+        sel = sel[None] & (ids == self.mask_id)
+        output = output.clone()
+        output[sel] = self.mask_embedding.to(output.device, output.dtype)
+        return output
 
     @contextmanager
     def on(self, rows):
@@ -96,30 +186,48 @@ def load_draft_lora(model, checkpoint_dir: str) -> DraftLoRA | None:
     if not r or alpha is None:
         raise ValueError(f"{cfg_path}: needs 'r' and 'lora_alpha'")
     targets = cfg.get("target_modules") or ["o_proj"]
-    if any("o_proj" not in t for t in targets):
-        raise ValueError(f"{cfg_path}: only o_proj adapters are supported, got target_modules={targets}")
+    if isinstance(targets, str):
+        targets = [targets]
+    names = []
+    for t in targets:
+        hit = [n for n in TARGETS if t == n or t.endswith("." + n)]
+        if not hit:
+            raise ValueError(f"{cfg_path}: unsupported target module {t!r} (supported: {', '.join(TARGETS)})")
+        names.append(hit[0])
+    want = cfg.get("base_model_hash")
+    if want is not None:
+        have = base_model_hash(model)
+        if want != have:
+            raise ValueError(f"{cfg_path}: base_model_hash {want} does not match this model's weights ({have}); "
+                             "the adapter was trained for another base")
     from safetensors.torch import load_file
 
     wpath = os.path.join(path, "adapter_model.safetensors")
     if not os.path.isfile(wpath):
         raise FileNotFoundError(f"{path} has no adapter_model.safetensors")
     raw = load_file(wpath)
-    found: dict[int, dict[str, torch.Tensor]] = {}
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, t in raw.items():
         m = _KEY.search(key)
         if m:
-            found.setdefault(int(m.group(1)), {})[m.group(2)] = t
+            found.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
     weights = {}
-    for i, layer in enumerate(model.encoder.layers):
-        proj = layer.self_attn.o_proj
-        ab = found.get(i, {})
-        if "A" not in ab or "B" not in ab:
-            raise ValueError(f"{wpath}: layer {i} o_proj lora_A/lora_B missing")
-        a, b = ab["A"], ab["B"]
-        if tuple(a.shape) != (r, proj.in_features) or tuple(b.shape) != (proj.out_features, r):
-            raise ValueError(
-                f"{wpath}: layer {i} lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit o_proj "
-                f"[{proj.out_features}, {proj.in_features}] with r={r}"
-            )
-        weights[i] = (a, b)
-    return DraftLoRA(model, weights, float(alpha) / float(r))
+    for name in names:
+        for i, layer in enumerate(model.encoder.layers):
+            proj = module_of(layer, name)
+            ab = found.get((i, name), {})
+            if "A" not in ab or "B" not in ab:
+                raise ValueError(f"{wpath}: {name} layer {i} lora_A/lora_B missing")
+            a, b = ab["A"], ab["B"]
+            if tuple(a.shape) != (r, proj.in_features) or tuple(b.shape) != (proj.out_features, r):
+                raise ValueError(
+                    f"{wpath}: {name} layer {i} lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
+                    f"{name} [{proj.out_features}, {proj.in_features}] with r={r}"
+                )
+            weights[(i, name)] = (a, b)
+    mask_emb = raw.get(MASK_EMBEDDING)
+    if mask_emb is not None:
+        H = model.config.hidden_size
+        if tuple(mask_emb.shape) != (H,):
+            raise ValueError(f"{wpath}: {MASK_EMBEDDING} has shape {tuple(mask_emb.shape)}, expected ({H},)")
+    return DraftLoRA(model, weights, float(alpha) / float(r), mask_embedding=mask_emb)

@@ -10,7 +10,8 @@ reads (`logits(hidden[rows])`), which on a small model is a third of the compute
 Math, per layer (as `Ministral3DecoderLayer`): RMSNorm (fp32 statistics), q/k/v projections,
 YaRN RoPE (transformers' own inverse frequencies and attention factor), q scaled by
 `1 + beta * log(1 + floor(pos / original_max))` (Llama-4 query scaling), SDPA with grouped KV
-heads, o_proj (+ the draft LoRA on draft rows), residual, SwiGLU MLP, residual; final norm.
+heads, o_proj, residual, SwiGLU MLP, residual; final norm. The draft LoRA (`lora.DraftLoRA`)
+adds its deltas on draft rows (q/k/v before RoPE, o, gate/up, down) and its mask embedding.
 
 A step's attention: every new query sees the whole cached prefix; among the new tokens it sees
 what `block` allows (a float additive [q, q] mask, None = all of them). The full
@@ -173,13 +174,16 @@ class FastForward:
         K/V of the new tokens are written at slots length .. length+q-1; `cache.length` is not
         moved (the caller commits what it keeps). `block` is a float additive [q, q] mask among the
         new tokens (None: they all see each other); `causal=True` means a lower-triangular block.
-        `lora` (a `lora.DraftLoRA`) adds its delta on `lora_rows`.
+        `lora` (a `lora.DraftLoRA`) adds its deltas (and mask embedding) on `lora_rows`.
         """
         q = int(tokens.shape[0])
         c = cache.length
         cache.reserve(c + q)
         dev0 = self.devices[0]
         h = F.embedding(tokens.to(self.embed.device), self.embed)[None]
+        on = lora is not None and lora_rows is not None  # the draft LoRA's deltas on lora_rows
+        if on:
+            h = lora.embed(tokens, h, lora_rows)
         rope = {}
         masks = {}
         nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
@@ -200,6 +204,8 @@ class FastForward:
                 qs, ks, vs = F.linear(x, w.qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
             else:
                 qs, ks, vs = (F.linear(x, p) for p in w.qkv)
+            if on:
+                qs, ks, vs = lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x, (qs, ks, vs), lora_rows)
             qs = qs.view(1, q, nh, D).transpose(1, 2)
             ks = ks.view(1, q, nkv, D).transpose(1, 2)
             vs = vs.view(1, q, nkv, D).transpose(1, 2)
@@ -210,7 +216,7 @@ class FastForward:
                                                enable_gqa=nh != nkv)
             a = a.transpose(1, 2).reshape(1, q, nh * D)
             o = F.linear(a, w.wo)
-            if lora is not None and lora_rows is not None:
+            if on:
                 o = lora.add_delta(i, a, o, lora_rows)
             h = h + o
             x = _rms(h, w.ln2, self.eps)
@@ -218,7 +224,13 @@ class FastForward:
                 g, u = F.linear(x, w.gate_up[0]).chunk(2, -1)
             else:
                 g, u = F.linear(x, w.gate_up[0]), F.linear(x, w.gate_up[1])
-            h = h + F.linear(F.silu(g) * u, w.down)
+            if on:
+                g, u = lora.add_deltas(i, ("gate_proj", "up_proj"), x, (g, u), lora_rows)
+            m = F.silu(g) * u
+            d = F.linear(m, w.down)
+            if on:
+                d = lora.add_deltas(i, ("down_proj",), m, (d,), lora_rows)[0]
+            h = h + d
         return _rms(h, self.norm.to(h.device), self.eps)[0]
 
     @torch.inference_mode()
