@@ -1,0 +1,251 @@
+"""Batched decoding: every row equals its batch-1 run (greedy), every row is an exact,
+reproducible sample (sampled), and no row ever reads another row's or a stale slot.
+
+Rows are ragged: prompt lengths differ by more than a round's width, rows accept different
+lengths every round, rows finish early (eos inside an accepted span) and waiting prompts take
+their cache row (continuous batching)."""
+
+import random
+
+import pytest
+import torch
+
+from selfspec.engine.batch import BatchDecoder, generate_batch_ids
+from selfspec.engine.batch_forward import BatchForward, batch_mask, pad_block
+from selfspec.engine.decoder import generate_ids
+from selfspec.engine.forward import engine
+from selfspec.engine.options import DecodeConfig
+
+from conftest import tiny_model
+
+V = 8
+MODES = {
+    "ar": dict(mode="ar"),
+    "lookup": dict(mode="lookup"),
+    "linear two-pass": dict(mode="linear", schedule="two-pass", block_length=8),
+    "presto two-pass": dict(mode="presto", schedule="two-pass", block_length=8, budget=16),
+}
+_M = {}
+
+
+def _model(seed=0):
+    if seed not in _M:
+        _M[seed] = tiny_model(seed=seed, vocab_size=V)
+    return _M[seed]
+
+
+def _prompts(lengths=(3, 25, 10, 7, 14, 5), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, V, (n,), generator=g).tolist() for n in lengths]
+
+
+def _batch1(m, prompts, cfg, **kw):
+    return [generate_ids(m, p, cfg, **kw) for p in prompts]
+
+
+# -- the batched forward -----------------------------------------------------------------------------
+def test_pad_block_and_batch_mask():
+    blk = pad_block(torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]), 3)
+    assert (blk == 0).tolist() == [[True, False, False], [True, True, False], [False, False, True]]
+    m = batch_mask(torch.tensor([1, 3]), torch.stack([blk, blk]), torch.float32)
+    assert m.shape == (2, 1, 3, 6)
+    seen = (m[:, 0] == 0)
+    # row 0: slot 0 (prefix), its block at slots 1..3, nothing at 4, 5 (stale for this row)
+    assert seen[0].tolist() == [[True, True, False, False, False, False], [True, True, True, False, False, False],
+                                [True, False, False, True, False, False]]
+    assert seen[1].tolist() == [[True, True, True, True, False, False], [True, True, True, True, True, False],
+                                [True, True, True, False, False, True]]
+
+
+def _poison(cache, value=1e30):
+    """Every slot at or past its row's length: huge finite K and V (unmasked, they would dominate)."""
+    with torch.inference_mode():
+        for bufs in (cache.k, cache.v):
+            for buf in bufs:
+                for r, n in enumerate(cache.lengths):
+                    buf[r, :, n:] = value
+
+
+def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots():
+    m = tiny_model()
+    ff = engine(m)
+    bf = BatchForward(ff)
+    prompts = [list(range(5, 5 + n)) for n in (3, 19, 6)]
+    cache = bf.new_cache(3, 48)
+    _poison(cache)
+    refs = []
+    for r, p in enumerate(prompts):
+        bf(torch.tensor([p]), torch.arange(len(p))[None], cache, slice(r, r + 1), causal=True)
+        cache.lengths[r] = len(p)
+        c1 = ff.new_cache(48)
+        ff(torch.tensor(p), torch.arange(len(p)), c1, causal=True)
+        c1.commit_all(len(p))
+        refs.append(c1)
+    _poison(cache)
+    # a 3-node tree (root, two children) and a padded row
+    block = torch.tensor([[0.0, -1e9, -1e9], [0.0, 0.0, -1e9], [0.0, -1e9, 0.0]]).masked_fill(
+        torch.tensor([[False, True, True], [False, False, True], [False, True, False]]), float("-inf"))
+    blocks = torch.stack([block, block, pad_block(block[:1, :1], 3)])
+    toks = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 0, 0]])
+    offs = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 2]])
+    h = bf(toks, offs, cache, slice(0, 3), block=blocks)
+    assert torch.isfinite(h).all()
+    for r in range(3):
+        n = 3 if r < 2 else 1
+        h1 = ff(toks[r, :n], refs[r].length + offs[r, :n], refs[r], block=blocks[r, :n, :n])
+        torch.testing.assert_close(h[r, :n], h1, rtol=1e-5, atol=1e-5)
+
+
+# -- greedy: each row equals its batch-1 run ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_rows_equal_batch1(mode):
+    """Prompt lengths 3..25 (more than a round's width apart), 6 prompts through 4 cache rows,
+    in input order and shuffled."""
+    m = _model()
+    cfg = DecodeConfig(max_new_tokens=30, **MODES[mode])
+    prompts = _prompts()
+    refs = _batch1(m, prompts, cfg, eos_token_id=[])
+    outs, stats = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=4)
+    assert outs == [r[0] for r in refs]
+    assert [s.accept_lengths for s in stats] == [r[1].accept_lengths for r in refs]
+    if mode != "ar":  # the comparison could have failed: rows accepted drafts, by different amounts
+        assert sum(a > 1 for s in stats for a in s.accept_lengths) >= 6
+        assert len({tuple(s.accept_lengths) for s in stats}) > 1
+    order = list(range(len(prompts)))
+    random.Random(1).shuffle(order)
+    shuffled, _ = generate_batch_ids(m, [prompts[i] for i in order], cfg, eos_token_id=[], batch_size=3)
+    assert shuffled == [refs[i][0] for i in order]
+
+
+def test_plan_auto_runs_ar_in_a_batch():
+    m = _model()
+    prompts = _prompts((4, 9))
+    outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=12), eos_token_id=[])
+    assert outs == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])]
+    assert all(set(s.plan_hist) == {"ar"} for s in stats)
+
+
+def _eos_inside_span(out_no_eos, accept_lengths, eos):
+    """True when the first `eos` of the run is not the last token of its round's chunk."""
+    if eos not in out_no_eos:
+        return False
+    at, end = out_no_eos.index(eos), 1  # the prefill chunk is token 0
+    for a in accept_lengths:
+        if at < end + a:
+            return at != end + a - 1
+        end += a
+    return False
+
+
+@pytest.mark.parametrize("mode", ["lookup", "linear two-pass", "presto two-pass"])
+def test_a_row_finishing_on_eos_inside_an_accepted_span_leaves_while_others_go_on(mode):
+    m = _model()
+    cfg = DecodeConfig(max_new_tokens=30, **MODES[mode])
+    prompts = _prompts()
+    free = _batch1(m, prompts, cfg, eos_token_id=[])
+    # an eos token that ends some row inside an accepted span, while another row never meets it
+    eos = next(t for t in range(V) if any(_eos_inside_span(o, st.accept_lengths, t) for o, st in free)
+               and any(t not in o for o, _ in free))
+    refs = _batch1(m, prompts, cfg, eos_token_id=eos)
+    dec = BatchDecoder(m, prompts, cfg, eos_token_id=eos, batch_size=4)
+    events = list(dec)
+    assert dec.outputs == [r[0] for r in refs]
+    assert any(len(o) < 30 and o[-1] == eos for o in dec.outputs) and any(len(o) == 30 for o in dec.outputs)
+    # chunks arrive per row in order and add up to the row's output
+    for i in range(len(prompts)):
+        assert [t for r, c in events if r == i for t in c] == dec.outputs[i]
+
+
+def test_continuous_batching_one_cache_row_and_rows_that_finish_at_prefill():
+    m = _model()
+    cfg = DecodeConfig(max_new_tokens=6, **MODES["presto two-pass"])
+    prompts = _prompts((3, 25, 10, 7))
+    first = _batch1(m, prompts[:1], cfg, eos_token_id=[])[0][0][0]  # row 0's prefill token
+    for eos in ([], first):
+        refs = _batch1(m, prompts, cfg, eos_token_id=eos)
+        for bs in (1, 2, 3):
+            outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=eos, batch_size=bs)
+            assert outs == [r[0] for r in refs], (eos, bs)
+    assert len(refs[0][0]) == 1  # with that eos, row 0 finished at its prefill token
+
+
+def test_stale_and_foreign_slots_are_never_read():
+    """Free slots (past each row's length, and cache rows no live row holds) are filled with huge
+    values before every forward; the outputs do not move."""
+    m = _model()
+    cfg = DecodeConfig(max_new_tokens=30, **MODES["presto two-pass"])
+    prompts = _prompts()
+    clean, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=4)
+    dec = BatchDecoder(m, prompts, cfg, eos_token_id=[], batch_size=4)
+    real = dec.bf.__call__
+    calls = []
+
+    def poisoned(tokens, offsets, cache, rows, **kw):
+        _poison(cache)
+        calls.append(rows)
+        return real(tokens, offsets, cache, rows, **kw)
+
+    dec.bf = type("Poisoned", (), {"__call__": staticmethod(poisoned), "logits": dec.bf.logits,
+                                  "new_cache": dec.bf.new_cache})()
+    for _ in dec:
+        pass
+    assert len(calls) > 20 and dec.outputs == clean
+
+
+# -- sampled: exact, reproducible rows ------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["ar", "lookup", "presto two-pass"])
+def test_sampled_rows_are_reproducible_and_equal_their_batch1_draws(mode):
+    m = _model(2)
+    cfg = DecodeConfig(max_new_tokens=12, temperature=1.0, **MODES[mode])
+    prompts = _prompts((4, 11, 6), seed=3)
+    a = generate_batch_ids(m, prompts, cfg, eos_token_id=[], seeds=[10, 11, 12])[0]
+    b = generate_batch_ids(m, prompts, cfg, eos_token_id=[], seeds=[10, 11, 12], batch_size=2)[0]
+    c = generate_batch_ids(m, prompts, cfg, eos_token_id=[], seeds=[20, 21, 22])[0]
+    assert a == b and a != c
+    # each row draws with its own generator exactly as the batch-1 decoder does
+    ref = [generate_ids(m, p, cfg, eos_token_id=[], generator=torch.Generator().manual_seed(s))[0]
+           for p, s in zip(prompts, (10, 11, 12))]
+    assert a == ref
+
+
+@pytest.mark.parametrize("mode", ["ar", "presto two-pass"])
+def test_sampled_rows_follow_the_exact_ar_distribution(mode):
+    """300 rows of one prompt (seeds 0..299, 100 cache rows) against the enumerated AR marginals."""
+    from test_sampled_exactness import NEW, PROMPT, chi2, critical, exact_marginals
+
+    m = tiny_model(seed=2, vocab_size=V)
+    kw = dict(MODES[mode], block_length=4, budget=8, tree_top_k=3) if mode != "ar" else MODES[mode]
+    cfg = DecodeConfig(max_new_tokens=NEW, temperature=1.0, **kw)
+    N = 300
+    outs, stats = generate_batch_ids(m, [PROMPT] * N, cfg, eos_token_id=[], seeds=list(range(N)), batch_size=100)
+    outs = torch.tensor(outs)
+    exact = exact_marginals(m, PROMPT, NEW)
+    wrong = exact_marginals(m, PROMPT, NEW, temperature=0.5)
+    for k in range(NEW):
+        counts = torch.bincount(outs[:, k], minlength=V).float()
+        stat, df = chi2(counts, exact[k], N)
+        assert stat < critical(df), (k, stat, df)
+    counts = torch.bincount(outs[:, 2], minlength=V).float()
+    assert chi2(counts, wrong[2], N)[0] > critical(chi2(counts, wrong[2], N)[1])  # the test can reject
+    if mode != "ar":  # deep tree nodes were drawn from
+        assert sum(s.accept_lengths[0] >= 2 for s in stats) > N // 4
+
+
+# -- bad input: clear errors before any model work -----------------------------------------------------------
+@pytest.mark.parametrize("prompts,kw,msg", [
+    ([], {}, "empty batch"),
+    ([[5, 6], []], {}, "empty prompt at index 1"),
+    ([[5, 6], [7]], dict(seeds=[1]), "1 per-row generators / seeds for 2 prompts"),
+    ([[5, 6], [7]], dict(batch_size=0), "batch_size must be"),
+    ([[5, 6], [7]], dict(max_cache_bytes=1000), "KV cache"),
+    ([[5, 6], [7]], dict(cfg=DecodeConfig(mode="linear", schedule="one-pass")), "two-pass"),
+    ([[5, 6], [7] * 300], {}, "max_position_embeddings"),
+])
+def test_bad_batches_fail_before_any_model_work(prompts, kw, msg, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("model work")
+
+    monkeypatch.setattr(BatchForward, "__call__", boom)
+    cfg = kw.pop("cfg", DecodeConfig(mode="ar", max_new_tokens=8))
+    with pytest.raises(ValueError, match=msg):
+        BatchDecoder(_model(), prompts, cfg, **kw)
