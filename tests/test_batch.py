@@ -156,17 +156,37 @@ def test_a_row_finishing_on_eos_inside_an_accepted_span_leaves_while_others_go_o
         assert [t for r, c in events if r == i for t in c] == dec.outputs[i]
 
 
-def test_continuous_batching_one_cache_row_and_rows_that_finish_at_prefill():
+def test_continuous_batching_rows_move_into_freed_cache_rows(monkeypatch):
+    """The slow row (short prompt: no linear draft accepted) sits last: when the rows before it
+    finish and no prompt waits, it moves into a freed cache row and goes on from there."""
+    from selfspec.engine.cache import BatchKVCache
+
+    moves = []
+    real = BatchKVCache.move
+    monkeypatch.setattr(BatchKVCache, "move", lambda self, src, dst: (moves.append((src, dst)), real(self, src, dst)))
+    m = _model()
+    cfg = DecodeConfig(max_new_tokens=30, **MODES["linear two-pass"])
+    prompts = _prompts((25, 10, 7, 3))
+    refs = _batch1(m, prompts, cfg, eos_token_id=[])
+    assert len(refs[3][1].accept_lengths) > 2 * len(refs[0][1].accept_lengths)  # the last row is the slow one
+    for bs in (1, 2, 3, 4):
+        moves.clear()
+        outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=bs)
+        assert outs == [r[0] for r in refs], bs
+        if bs == 4:  # rows 0..2 finish first with nothing waiting: row 3 moves down
+            assert moves and moves[0][0] == 3, moves
+
+
+def test_continuous_batching_with_rows_that_finish_at_their_prefill_token():
     m = _model()
     cfg = DecodeConfig(max_new_tokens=6, **MODES["presto two-pass"])
     prompts = _prompts((3, 25, 10, 7))
-    first = _batch1(m, prompts[:1], cfg, eos_token_id=[])[0][0][0]  # row 0's prefill token
-    for eos in ([], first):
-        refs = _batch1(m, prompts, cfg, eos_token_id=eos)
-        for bs in (1, 2, 3):
-            outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=eos, batch_size=bs)
-            assert outs == [r[0] for r in refs], (eos, bs)
-    assert len(refs[0][0]) == 1  # with that eos, row 0 finished at its prefill token
+    eos = _batch1(m, prompts[:1], cfg, eos_token_id=[])[0][0][0]  # row 0's prefill token
+    refs = _batch1(m, prompts, cfg, eos_token_id=eos)
+    assert len(refs[0][0]) == 1  # row 0 finishes at its prefill token
+    for bs in (1, 2, 3):
+        outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=eos, batch_size=bs)
+        assert outs == [r[0] for r in refs], bs
 
 
 def test_stale_and_foreign_slots_are_never_read():
