@@ -274,3 +274,69 @@ def test_bad_batches_fail_before_any_model_work(prompts, kw, msg, monkeypatch):
     cfg = kw.pop("cfg", DecodeConfig(mode="ar", max_new_tokens=8))
     with pytest.raises(ValueError, match=msg):
         BatchDecoder(_model(), prompts, cfg, **kw)
+
+
+# -- the public API: generate / stream with a list of prompts ------------------------------------------------
+@pytest.fixture(scope="module")
+def byte_model():
+    return tiny_model(seed=1, vocab_size=261)
+
+
+def test_generate_a_list_of_prompts_returns_one_result_per_prompt_in_order(byte_model):
+    from test_streaming import TOK
+
+    from selfspec import generate, stream
+
+    prompts = ["def f(x):\n", "import os", "x = [1, 2, 3]\nfor i in x:\n    "]
+    kw = dict(max_new_tokens=12, mode="lookup", eos_token_id=[])
+    res = generate(byte_model, TOK, prompts, batch_size=2, **kw)
+    assert [r.prompt_ids for r in res] == [TOK.encode(p) for p in prompts]
+    for p, r in zip(prompts, res):
+        one = generate(byte_model, TOK, p, **kw)
+        assert (r.token_ids, r.text, r.finish_reason) == (one.token_ids, one.text, "length")
+        assert r.stats.new_tokens == 12 and r.stats.rounds == one.stats.rounds
+    deltas = {}
+    for row, d in stream(byte_model, TOK, prompts, **kw):
+        deltas[row] = deltas.get(row, "") + d
+    assert [deltas.get(i, "") for i in range(3)] == [r.text for r in res]
+    # eos: the row that meets it stops with finish_reason "eos"
+    eos = res[1].token_ids[3]
+    res_eos = generate(byte_model, TOK, prompts, **{**kw, "eos_token_id": eos})
+    assert res_eos[1].finish_reason == "eos" and res_eos[1].token_ids == res[1].token_ids[: res[1].token_ids.index(eos) + 1]
+
+
+def test_batch_seeds_int_means_seed_plus_row_and_a_list_gives_one_per_row(byte_model):
+    from test_streaming import TOK
+
+    from selfspec import generate
+
+    prompts = ["ab", "cd", "ef"]
+    kw = dict(max_new_tokens=8, mode="ar", temperature=1.0, eos_token_id=[])
+    a = [r.token_ids for r in generate(byte_model, TOK, prompts, seed=7, **kw)]
+    b = [r.token_ids for r in generate(byte_model, TOK, prompts, seed=[7, 8, 9], **kw)]
+    one = [generate(byte_model, TOK, p, seed=7 + i, **kw).token_ids for i, p in enumerate(prompts)]
+    assert a == b == one
+
+
+@pytest.mark.parametrize("prompts,kw,msg", [
+    ([], {}, "empty batch"),
+    (["ab", ""], {}, "empty prompt"),
+    (["ab", []], {}, "empty prompt at index 1"),
+    (["ab", "cd"], dict(seed=[1, 2, 3]), "3 seeds for 2 prompts"),
+    (["ab", "cd"], dict(max_cache_bytes=1000), "KV cache"),
+    (["ab", "cd"], dict(batch_size=0), "batch_size"),
+    (["ab", "cd"], dict(stop="x"), "not supported for a batch"),
+    (["ab", "cd"], dict(mode="presto", schedule="one-pass"), "two-pass"),
+    (["ab", "cd"], dict(bogus=1), "unknown decoding option"),
+])
+def test_bad_batch_requests_fail_in_stream_before_any_model_work(byte_model, prompts, kw, msg, monkeypatch):
+    from test_streaming import TOK
+
+    from selfspec import stream
+
+    def boom(*a, **k):
+        raise AssertionError("model work")
+
+    monkeypatch.setattr(BatchForward, "__call__", boom)
+    with pytest.raises(ValueError, match=msg):
+        stream(byte_model, TOK, prompts, max_new_tokens=8, **{"mode": "ar", **kw})
