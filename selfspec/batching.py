@@ -60,11 +60,10 @@ class BatchGeneration:
                 yield row, out
 
 
-def stream_batch(model, tokenizer, prompts, *, seed=None, eos_token_id=None, batch_size: int | None = None,
+def stream_batch(model, tokenizer, prompts, *, encode, seed=None, eos_token_id=None, batch_size: int | None = None,
                  max_cache_bytes: int | None = None, **decode) -> BatchGeneration:
-    """Start a batch; every error is raised here, before any model work."""
-    from selfspec.streaming import encode_prompt
-
+    """Start a batch; every error is raised here, before any model work. `encode(tokenizer, prompt)`
+    turns a text or chat prompt into ids (`streaming.encode_prompt`, handed in: no import circle)."""
     for k in ("generator", "stop", "streamer", "trace", "profile"):
         if decode.pop(k, None) not in (None, False, [], ""):
             raise ValueError(f"{k!r} is not supported for a batch of prompts (use seed=int or a list of seeds)"
@@ -80,7 +79,7 @@ def stream_batch(model, tokenizer, prompts, *, seed=None, eos_token_id=None, bat
         if isinstance(p, (list, tuple)) and len(p) == 0:
             raise ValueError(f"empty prompt at index {i}")
         try:
-            ids.append(list(p) if isinstance(p, (list, tuple)) and isinstance(p[0], int) else encode_prompt(tokenizer, p))
+            ids.append(list(p) if isinstance(p, (list, tuple)) and isinstance(p[0], int) else encode(tokenizer, p))
         except ValueError as e:
             raise ValueError(f"prompt {i}: {e}") from None
     if seed is None:
@@ -98,11 +97,3 @@ def stream_batch(model, tokenizer, prompts, *, seed=None, eos_token_id=None, bat
     dec = BatchDecoder(model, ids, cfg, batch_size=batch_size, eos_token_id=eos_token_id, seeds=seeds,
                        max_cache_bytes=max_cache_bytes)
     return BatchGeneration(dec, tokenizer, [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)])
-
-
-def generate_batch(model, tokenizer, prompts, **kwargs) -> list[RowResult]:
-    """Run a batch to the end; one `RowResult` per prompt, in input order."""
-    gen = stream_batch(model, tokenizer, prompts, **kwargs)
-    for _ in gen:
-        pass
-    return gen.results
