@@ -340,3 +340,24 @@ def test_bad_batch_requests_fail_in_stream_before_any_model_work(byte_model, pro
     monkeypatch.setattr(BatchForward, "__call__", boom)
     with pytest.raises(ValueError, match=msg):
         stream(byte_model, TOK, prompts, max_new_tokens=8, **{"mode": "ar", **kw})
+
+
+def test_cli_generate_batch_writes_one_json_record_per_prompt(tiny_dir, tmp_path, capsys):
+    import json
+
+    from selfspec.tools.cli import main
+
+    prompts = ["def f(x):\n", {"prompt": "import os"}, "x = 1"]
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps(p) for p in prompts) + "\n")
+    common = ["--model", str(tiny_dir), "--max-new-tokens", "6", "--mode", "lookup", "--json"]
+    assert main(["generate", "--prompt-file", str(pf), "--batch-size", "2", *common]) == 0
+    recs = [json.loads(ln) for ln in capsys.readouterr().out.strip().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1, 2]
+    for p, r in zip(["def f(x):\n", "import os", "x = 1"], recs):
+        assert main(["generate", "--prompt", p, *common]) == 0
+        one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (r["token_ids"], r["text"], r["new_tokens"]) == (one["token_ids"], one["text"], 6)
+    pf.write_text('"ok"\n\"\"\n')
+    assert main(["generate", "--prompt-file", str(pf), "--batch-size", "2", *common]) == 2
+    assert "line 2: empty prompt" in capsys.readouterr().err
