@@ -10,14 +10,17 @@ rows equal their batch-1 output and sampled rows are exact samples, reproducible
 A round, for the R live rows (cache rows 0..R-1):
 1. draft pass (two-pass linear / PRESTO): [root, M x (B-1)] per row, one batched forward;
 2. draft: per row, a tree (AR: the root; lookup: the copied chain; linear: a chain; PRESTO: the
-   top-N tree); rows are padded to the widest tree (padding queries see only themselves);
-3. verify forward, per-row targets and walk, commit each row's path into its own slots;
-4. rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
+   top-N tree) from the draft pass's marginals (two-pass) or the previous round's (one-pass);
+3. lay out: each row's tree nodes padded to the widest tree (N), then (one-pass) each row's mask
+   groups padded to the most groups (M x G); padding queries see only themselves, no real query
+   sees them, and the draft LoRA runs on every row from N on (real groups and padding alike);
+4. verify forward, per-row targets and walk, commit each row's path into its own slots; one-pass:
+   the next marginals from the endpoint's group (or its nearest owner's), as the batch-1 decoder;
+5. rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
    prefilled into the freed cache row (continuous batching), else the last live row moves there.
 
-Modes: "ar", "lookup", and fixed "linear" / "presto" with schedule "two-pass". plan "auto"
-(mode "auto") runs AR for the whole batch: a batch-aware planner is a later step. One-pass
-schedules (mask groups carried across rounds) are not batched yet and are refused.
+Modes: "ar", "lookup", and fixed "linear" / "presto", two-pass or one-pass. plan "auto" (mode
+"auto") runs AR for the whole batch: a batch-aware planner is a later step.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch
 from selfspec.drafting.lookup import ContextIndex
 from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
-from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
+from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner,
+                                    root_only)
 from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
 from selfspec.engine.decoder import check_request, scratch
@@ -57,8 +61,6 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
             raise ValueError(f"empty prompt at index {i}: at least one token is needed")
         check_request(model, p, cfg)
     mode = batch_mode(cfg)
-    if mode in ("linear", "presto") and cfg.schedule != "two-pass":
-        raise ValueError(f"batched {mode} supports schedule 'two-pass' only (one-pass is not batched yet)")
     if mode == "presto" and cfg.rho == "learned":
         raise ValueError("batched presto supports rho 'ngram' or 'none' (not 'learned')")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
@@ -91,6 +93,7 @@ class _Row:
     rho: NgramRho | None = None
     extra: object = None
     t0: float = 0.0
+    marg: Marginals | None = None  # one-pass: the marginals the previous round left
 
     def tail(self, n: int) -> list[int]:
         e = self.emitted
@@ -112,6 +115,7 @@ class BatchDecoder:
             generators = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
         self.model, self.cfg = model, cfg
         self.mode = batch_mode(cfg)
+        self.one_pass = self.mode in ("linear", "presto") and cfg.schedule == "one-pass"
         self.prompts = [[int(t) for t in p] for p in prompts_ids]
         self.batch_size = min(batch_size or len(self.prompts), len(self.prompts))
         eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
@@ -206,7 +210,20 @@ class BatchDecoder:
         logits = self._timed([row], lambda: self.bf.logits(hidden[0, -1:]))
         row.root = int(self._targets(row, logits)[0])
         row.stats.prefill_forwards = 1
+        if self.one_pass:  # one mask group after the prompt (read-only): the first round's marginals
+            G = self.cfg.group
+            hidden = self._timed([row], lambda: self.bf(torch.full((1, G), self.mask_id), torch.arange(G)[None],
+                                                         self.cache, slice(slot, slot + 1), lora=self.lora,
+                                                         lora_rows=slice(0, None) if self.lora else None))
+            row.stats.prefill_forwards = 2
+            row.marg = self._marginals(row, hidden[0, 1:])
         return self._emit(row, [row.root])
+
+    def _marginals(self, row: _Row, hidden: torch.Tensor) -> Marginals | None:
+        if hidden.shape[0] == 0:
+            return None
+        logits = self._timed([row], lambda: self.bf.logits(hidden))
+        return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id)
 
     def _draft_pass(self, live: list[_Row]) -> list[Marginals]:
         """[root, M x (B-1)] per row, bidirectional over each row's prefix; read-only (no commit)."""
@@ -227,32 +244,52 @@ class BatchDecoder:
     def _round(self, live: list[_Row]):
         cfg, R = self.cfg, len(live)
         rooms = [cfg.max_new_tokens - len(r.emitted) for r in live]
-        margs = [None] * R
-        if self.mode in ("linear", "presto") and any(room > 1 for room in rooms):
+        margs = [r.marg for r in live] if self.one_pass else [None] * R
+        if self.mode in ("linear", "presto") and not self.one_pass and any(room > 1 for room in rooms):
             margs = self._draft_pass(live)
         t0 = time.perf_counter()
         trees = [self._draft(r, m, room) for r, m, room in zip(live, margs, rooms)]
+        owners: list[torch.Tensor | None] = [None] * R
+        if self.one_pass:
+            nodes = cfg.budget if self.mode == "presto" else cfg.block_length - 1
+            limit = nodes + 1 if cfg.group_nodes is None else cfg.group_nodes
+            owners = [group_owners(t, limit) if room > 1 else None for t, room in zip(trees, rooms)]
         dt = time.perf_counter() - t0
         for r in live:
             r.stats.tree_seconds += dt / R
+        G = cfg.group
         ns = [len(t) for t in trees]
-        q = max(ns)
+        ms = [0 if o is None else int(o.shape[0]) for o in owners]
+        N, M = max(ns), max(ms)
+        q = N + M * G
         tokens = torch.full((R, q), self.mask_id)
         offsets = torch.arange(q).repeat(R, 1)  # padding sits at its own slot's position
         blocks = torch.empty(R, q, q)
         for i, t in enumerate(trees):
+            block, offs = tree_block(t.parents, t.depths, owners[i], G if owners[i] is not None else 0)
+            at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's queries in the layout
             tokens[i, : ns[i]] = t.tokens
-            offsets[i, : ns[i]] = t.depths
-            blocks[i] = pad_block(tree_block(t.parents, t.depths)[0], q)
-        hidden = self._timed(live, lambda: self.bf(tokens, offsets, self.cache, slice(0, R), block=blocks))
+            offsets[i, at] = offs
+            full = pad_block(torch.zeros(0, 0), q)
+            full[at[:, None], at[None, :]] = block
+            blocks[i] = full
+        lora = self.lora if M else None
+        hidden = self._timed(live, lambda: self.bf(tokens, offsets, self.cache, slice(0, R), block=blocks, lora=lora,
+                                                   lora_rows=slice(N, None) if lora is not None else None))
         real = torch.cat([torch.arange(n) + i * q for i, n in enumerate(ns)])
         logits = self._timed(live, lambda: self.bf.logits(hidden.reshape(R * q, -1)[real]))
-        label = self.mode if self.mode in ("ar", "lookup") else f"{self.mode}/two-pass"
+        label = _label(cfg, self.mode)
         start = 0
         for i, (r, t) in enumerate(zip(live, trees)):
             targets = self._targets(r, logits[start : start + ns[i]])
             start += ns[i]
             path, bonus = walk(t, targets)
+            if self.one_pass:
+                r.marg = None
+                if owners[i] is not None:  # the endpoint's group, or its nearest owner's shifted by the depth gap
+                    j, u = nearest_owner(t.parents, owners[i], path[-1])
+                    skip = 1 + int(t.depths[path[-1]] - t.depths[u])
+                    r.marg = self._marginals(r, hidden[i, N + j * G + skip : N + (j + 1) * G])
             self.cache.commit(i, path)
             r.root = bonus
             chunk = self._emit(r, t.tokens[path[1:]].tolist() + [bonus])
@@ -308,6 +345,14 @@ class BatchDecoder:
             else:
                 s += 1
         return slots, entered
+
+
+def _label(cfg: DecodeConfig, mode: str) -> str:
+    """The round layout's name, as the batch-1 decoder's `plan_hist` spells it."""
+    if mode in ("ar", "lookup"):
+        return mode
+    return (f"{mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if mode == "presto" else "")
+            + ("/lookup" if mode == "presto" and cfg.lookup else ""))
 
 
 def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:
