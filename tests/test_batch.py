@@ -24,7 +24,7 @@ MODES = {
     "lookup": dict(mode="lookup"),
     "linear two-pass": dict(mode="linear", schedule="two-pass", block_length=8),
     "presto two-pass": dict(mode="presto", schedule="two-pass", block_length=8, budget=16),
-    "linear one-pass": dict(mode="linear", schedule="one-pass", block_length=8),
+    "linear one-pass": dict(mode="linear", schedule="one-pass", block_length=8, group_nodes=2),
     # groups on 3 of 9 nodes: endpoints without a group read their nearest owner's, shifted
     "presto one-pass": dict(mode="presto", schedule="one-pass", block_length=4, budget=8, group_nodes=3),
 }
@@ -118,6 +118,19 @@ def test_greedy_rows_equal_batch1(mode):
     random.Random(1).shuffle(order)
     shuffled, _ = generate_batch_ids(m, [prompts[i] for i in order], cfg, eos_token_id=[], batch_size=3)
     assert shuffled == [refs[i][0] for i in order]
+
+
+def test_one_pass_rows_read_their_own_next_marginals():
+    """Trees of different sizes in one round (groups on 2 nodes: short chains after an unowned
+    endpoint): every row's acceptance equals batch-1's, so each read its own group's marginals."""
+    m = _model(2)
+    cfg = DecodeConfig(max_new_tokens=30, **MODES["linear one-pass"])
+    prompts = _prompts((3, 25, 10, 7, 14, 5))
+    refs = _batch1(m, prompts, cfg, eos_token_id=[])
+    outs, stats = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=4)
+    assert outs == [r[0] for r in refs]
+    assert [s.accept_lengths for s in stats] == [r[1].accept_lengths for r in refs]
+    assert sum(a > 1 for s in stats for a in s.accept_lengths) >= 2
 
 
 def test_plan_auto_runs_ar_in_a_batch():
