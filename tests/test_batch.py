@@ -133,6 +133,26 @@ def test_one_pass_rows_read_their_own_next_marginals():
     assert sum(a > 1 for s in stats for a in s.accept_lengths) >= 2
 
 
+@pytest.mark.parametrize("mode", ["linear two-pass", "presto one-pass"])
+def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
+    from selfspec.checkpoint.lora import DraftLoRA
+
+    m = tiny_model(seed=2, vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    m.draft_lora = DraftLoRA(m, {i: (torch.randn(2, 32, generator=g), torch.randn(32, 2, generator=g))
+                                 for i in range(2)}, scale=0.5)
+    cfg = DecodeConfig(max_new_tokens=20, **MODES[mode])
+    prompts = _prompts((3, 12, 7), seed=4)
+    refs = _batch1(m, prompts, cfg, eos_token_id=[])
+    outs, stats = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=2)
+    assert outs == [r[0] for r in refs] == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=20),
+                                                                   eos_token_id=[])]
+    assert [s.accept_lengths for s in stats] == [r[1].accept_lengths for r in refs]
+    off = DecodeConfig(max_new_tokens=20, draft_lora=False, **MODES[mode])  # the adapter changes the drafts
+    assert [s.accept_lengths for s in generate_batch_ids(m, prompts, off, eos_token_id=[], batch_size=2)[1]] != \
+        [s.accept_lengths for s in stats]
+
+
 def test_plan_auto_runs_ar_in_a_batch():
     m = _model()
     prompts = _prompts((4, 9))
