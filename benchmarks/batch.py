@@ -1,6 +1,7 @@
 """Tokens/s of batched decoding vs batch-1 sequential and transformers' batched `generate`.
 
     python benchmarks/batch.py [--model pystdlib-nld-9m] [--batches 1 4 8 16] [--new 64] [--mode ar]
+                               [--schedule two-pass] [--threads N] [--no-hf]
 
 Every row generates exactly --new tokens (eos off), greedy. Rows of selfspec's batch are checked
 against its batch-1 run (they must be equal); transformers `generate` runs on the same weights
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--mode", default="ar", choices=["ar", "lookup", "linear", "presto"])
+    ap.add_argument("--schedule", default="two-pass", choices=["two-pass", "one-pass"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-hf", action="store_true")
     a = ap.parse_args(argv)
@@ -56,12 +58,13 @@ def main(argv=None) -> int:
 
     model, tok = selfspec.load(a.model)
     prompts = [tok.encode(p) for p in (PROMPTS * ((a.prompts + len(PROMPTS) - 1) // len(PROMPTS)))[: a.prompts]]
-    extra = {} if a.mode in ("ar", "lookup") else dict(schedule="two-pass")
+    extra = {} if a.mode in ("ar", "lookup") else dict(schedule=a.schedule)
     cfg = DecodeConfig(mode=a.mode, max_new_tokens=a.new, **extra)
     n_tok = a.new * len(prompts)
 
     def emit(**rec):
-        print(json.dumps({"model": a.model, "mode": a.mode, "prompts": len(prompts), "new": a.new, **rec}), flush=True)
+        print(json.dumps({"model": a.model, "mode": a.mode, **extra, "prompts": len(prompts), "new": a.new,
+                          "threads": torch.get_num_threads(), **rec}), flush=True)
 
     generate_ids(model, prompts[0], cfg, eos_token_id=[])  # warm-up (tables, allocator)
     t0 = time.perf_counter()

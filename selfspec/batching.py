@@ -3,8 +3,9 @@
 `selfspec.streaming.stream` / `generate` hand a list of prompts here. A batch runs through
 `engine.batch.BatchDecoder`: every row equals its batch-1 run at temperature 0 and is an exact
 sample otherwise. Seeds: an int `seed` gives row i the seed `seed + i`; a list gives one per row.
-Modes batched: "ar", "lookup", fixed "linear" / "presto" two-pass; plan "auto" runs AR for the
-batch (no batch-aware planner yet). Stop strings, HF streamers and traces are batch-1 only.
+Modes batched: "ar", "lookup", fixed "linear" / "presto" (two-pass and one-pass); plan "auto"
+runs AR for the batch (no batch-aware planner yet). Stop strings, HF streamers, traces and
+rho "learned" are batch-1 only.
 """
 
 from __future__ import annotations
