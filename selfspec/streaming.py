@@ -141,8 +141,9 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     if _is_batch(prompt):  # a list of prompts: `selfspec.batching` (iterate for (row, delta))
         from selfspec.batching import stream_batch
 
-        return stream_batch(model, tokenizer, prompt, encode=encode_prompt, seed=seed, generator=generator, eos_token_id=eos_token_id,
-                            stop=stop, streamer=streamer, profile=profile, trace=trace, **decode)
+        return stream_batch(model, tokenizer, prompt, encode=encode_prompt, seed=seed, generator=generator,
+                            eos_token_id=eos_token_id, stop=stop, streamer=streamer, profile=profile, trace=trace,
+                            **decode)
     try:
         cfg = DecodeConfig(**decode)
     except TypeError as e:

@@ -145,8 +145,8 @@ def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
     prompts = _prompts((3, 12, 7), seed=4)
     refs = _batch1(m, prompts, cfg, eos_token_id=[])
     outs, stats = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=2)
-    assert outs == [r[0] for r in refs] == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=20),
-                                                                   eos_token_id=[])]
+    ar = _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=20), eos_token_id=[])
+    assert outs == [r[0] for r in refs] == [r[0] for r in ar]
     assert [s.accept_lengths for s in stats] == [r[1].accept_lengths for r in refs]
     off = DecodeConfig(max_new_tokens=20, draft_lora=False, **MODES[mode])  # the adapter changes the drafts
     assert [s.accept_lengths for s in generate_batch_ids(m, prompts, off, eos_token_id=[], batch_size=2)[1]] != \
@@ -339,7 +339,8 @@ def test_generate_a_list_of_prompts_returns_one_result_per_prompt_in_order(byte_
     # eos: the row that meets it stops with finish_reason "eos"
     eos = res[1].token_ids[3]
     res_eos = generate(byte_model, TOK, prompts, **{**kw, "eos_token_id": eos})
-    assert res_eos[1].finish_reason == "eos" and res_eos[1].token_ids == res[1].token_ids[: res[1].token_ids.index(eos) + 1]
+    assert res_eos[1].finish_reason == "eos"
+    assert res_eos[1].token_ids == res[1].token_ids[: res[1].token_ids.index(eos) + 1]
 
 
 def test_batch_seeds_int_means_seed_plus_row_and_a_list_gives_one_per_row(byte_model):
