@@ -140,6 +140,12 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
     An unknown option is a ValueError; a value of the wrong type (here or in `decode`) a TypeError
     naming it.
     """
+    if _is_batch(prompt):  # a list of prompts: `selfspec.batching` (iterate for (row, delta))
+        from selfspec.batching import stream_batch
+
+        return stream_batch(model, tokenizer, prompt, encode=encode_prompt, seed=seed, generator=generator,
+                            eos_token_id=eos_token_id, stop=stop, streamer=streamer, profile=profile, trace=trace,
+                            **decode)
     cfg = DecodeConfig.from_options(decode)
     typed = check_args(stream, seed=seed, generator=generator, eos_token_id=eos_token_id, stop=stop, trace=trace)
     seed, eos_token_id, stop = typed["seed"], typed["eos_token_id"], typed["stop"]
@@ -171,8 +177,15 @@ def stream(model, tokenizer, prompt, *, seed: int | None = None, generator: torc
 
 
 def generate(model, tokenizer, prompt, **kwargs) -> Generation:
-    """Run to the end; returns the finished `Generation` (.text, .token_ids, .stats)."""
+    """Run to the end; returns the finished `Generation` (.text, .token_ids, .stats), or for a list
+    of prompts one `batching.RowResult` per prompt, in input order."""
     gen = stream(model, tokenizer, prompt, **kwargs)
     for _ in gen:
         pass
-    return gen
+    return gen.results if _is_batch(prompt) else gen
+
+
+def _is_batch(prompt) -> bool:
+    from selfspec.batching import is_batch
+
+    return is_batch(prompt)

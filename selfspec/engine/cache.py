@@ -142,3 +142,72 @@ def read_only(cache: DynamicCache):
         yield cache
     finally:
         crop(cache, n)
+
+
+class BatchKVCache:
+    """A batch's K/V: per layer [rows, kv_heads, capacity, head_dim]; row b holds its own prefix in
+    slots 0..lengths[b]-1, slot = position (no left padding: rotary positions and cached keys never
+    move). A forward writes row b's q new tokens at slots lengths[b] .. lengths[b]+q-1; slots at or
+    past a row's length are scratch (a rejected draft, an earlier occupant) and must never be read:
+    the batched forward's mask hides them (`engine.batch_forward`).
+
+    Example: lengths [5, 3]; a forward writes 2 tokens per row at slots 5, 6 of row 0 and 3, 4 of
+    row 1; commit(1, [0, 1]) keeps both of row 1's (length 5), commit(0, [0]) one of row 0's (6).
+    """
+
+    @torch.inference_mode()
+    def __init__(self, devices, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype):
+        self.devices = list(devices)
+        self.shape = (max(1, rows), n_kv, max(1, capacity), head_dim)
+        self.dtype = dtype
+        self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
+        self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
+        self.lengths = [0] * self.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[2]
+
+    @torch.inference_mode()
+    def write(self, layer: int, rows: slice, starts: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store row r's new K/V [R, kv, q, D] at slots starts[r].. and return views [R, kv, S, D]
+        of the rows' slots 0..S-1, S = max(starts) + q (the caller's mask hides what a row may not see)."""
+        q = k.shape[2]
+        kb, vb = self.k[layer][rows], self.v[layer][rows]
+        end = int(starts.max()) + q
+        if end > self.capacity:
+            raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
+        idx = (starts.to(kb.device)[:, None] + torch.arange(q, device=kb.device))[:, None, :, None]
+        idx = idx.expand(k.shape[0], k.shape[1], q, k.shape[3])
+        kb.scatter_(2, idx, k)
+        vb.scatter_(2, idx, v)
+        return kb[:, :, :end], vb[:, :, :end]
+
+    @torch.inference_mode()
+    def commit(self, row: int, accepted: list[int]) -> None:
+        """Keep row `row`'s new tokens at offsets `accepted` (ordered) after its length."""
+        n, start = len(accepted), self.lengths[row]
+        if n and list(accepted) != list(range(n)):
+            idx = torch.tensor(accepted, dtype=torch.long) + start
+            for bufs in (self.k, self.v):
+                for buf in bufs:
+                    buf[row, :, start : start + n] = buf[row].index_select(1, idx.to(buf.device))
+        self.lengths[row] = start + n
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s prefix into row `dst` (keeps the live rows contiguous when one leaves)."""
+        n = self.lengths[src]
+        for bufs in (self.k, self.v):
+            for buf in bufs:
+                buf[dst, :, :n] = buf[src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
+    @staticmethod
+    def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:
+        """Bytes such a cache allocates (K and V, every layer), for checks before allocating."""
+        return 2 * layers * rows * n_kv * capacity * head_dim * torch.empty((), dtype=dtype).element_size()

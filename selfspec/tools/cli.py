@@ -44,6 +44,10 @@ def _record(a, gen) -> dict:
 
 
 def cmd_generate(a) -> int:
+    if getattr(a, "batch_size", None) is not None:  # many prompts: selfspec.tools.batch_cli
+        from selfspec.tools.batch_cli import cmd_generate_batch
+
+        return cmd_generate_batch(a)
     from selfspec.engine.options import DecodeConfig
     from selfspec.checkpoint.model import load
     from selfspec.streaming import stream
@@ -107,6 +111,8 @@ def main(argv=None) -> int:
                    help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
     g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
     g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="decode the prompts of --prompt-file (JSON lines) in batches of this many rows")
     add_common_args(g)
     g.set_defaults(func=cmd_generate)
     from selfspec.tools.bench import add_bench_parser

@@ -1,0 +1,363 @@
+"""Batched decoding: many prompts at once, each row equal to its batch-1 run.
+
+`BatchDecoder` runs up to `batch_size` rows through one batched forward per step
+(`batch_forward.BatchForward`, cache `cache.BatchKVCache`) and yields `(row, chunk)` as rows
+commit. Rows accept ragged lengths: each keeps its own cache length, generator, lookup index
+and n-gram rho; drafting, verification (`verify.walk`) and sampling (`sampling.select` with the
+row's own generator, called exactly as the batch-1 `Decoder` calls it) run per row, so greedy
+rows equal their batch-1 output and sampled rows are exact samples, reproducible per row seed.
+
+A round, for the R live rows (cache rows 0..R-1):
+1. draft pass (two-pass linear / PRESTO): [root, M x (B-1)] per row, one batched forward;
+2. draft: per row, a tree (AR: the root; lookup: the copied chain; linear: a chain; PRESTO: the
+   top-N tree) from the draft pass's marginals (two-pass) or the previous round's (one-pass);
+3. lay out: each row's tree nodes padded to the widest tree (N), then (one-pass) each row's mask
+   groups padded to the most groups (M x G); padding queries see only themselves, no real query
+   sees them, and the draft LoRA runs on every row from N on (real groups and padding alike);
+4. verify forward, per-row targets and walk, commit each row's path into its own slots; one-pass:
+   the next marginals from the endpoint's group (or its nearest owner's), as the batch-1 decoder;
+5. rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
+   prefilled into the freed cache row (continuous batching), else the last live row moves there.
+
+Modes: "ar", "lookup", and fixed "linear" / "presto", two-pass or one-pass. plan "auto" (mode
+"auto") runs AR for the whole batch: a batch-aware planner is a later step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.drafting.lookup import ContextIndex
+from selfspec.drafting.sampling import select
+from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
+from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner,
+                                    root_only)
+from selfspec.drafting.verify import walk
+from selfspec.engine.batch_forward import BatchForward, pad_block
+from selfspec.engine.decoder import check_request, scratch
+from selfspec.engine.masks import tree_block
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.stats import Stats
+
+MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
+
+
+def batch_mode(cfg: DecodeConfig) -> str:
+    """The layout a batch runs every round: plan auto -> "ar" (no batch-aware planner yet)."""
+    return "ar" if cfg.mode == "auto" else cfg.mode
+
+
+def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
+                max_cache_bytes: int | None = None) -> None:
+    """Every batch request error, raised before any model work."""
+    if not isinstance(prompts_ids, (list, tuple)) or len(prompts_ids) == 0:
+        raise ValueError("empty batch: at least one prompt is needed")
+    for i, p in enumerate(prompts_ids):
+        if len(p) == 0:
+            raise ValueError(f"empty prompt at index {i}: at least one token is needed")
+        check_request(model, p, cfg)
+    mode = batch_mode(cfg)
+    if mode == "presto" and cfg.rho == "learned":
+        raise ValueError("batched presto supports rho 'ngram' or 'none' (not 'learned')")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if generators is not None and len(generators) != len(prompts_ids):
+        raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
+    rows = min(batch_size or len(prompts_ids), len(prompts_ids))
+    bf = BatchForward.of(model)
+    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
+    limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
+    if need > limit:
+        raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
+                         f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
+
+
+def row_capacity(prompts_ids, cfg: DecodeConfig) -> int:
+    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg) + 1
+
+
+@dataclass
+class _Row:
+    index: int
+    prompt: list[int]
+    gen: torch.Generator | None
+    stats: Stats = field(default_factory=Stats)
+    emitted: list[int] = field(default_factory=list)
+    root: int = -1
+    done: bool = False
+    index_: ContextIndex | None = None
+    rho: NgramRho | None = None
+    extra: object = None
+    t0: float = 0.0
+    marg: Marginals | None = None  # one-pass: the marginals the previous round left
+
+    def tail(self, n: int) -> list[int]:
+        e = self.emitted
+        return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
+
+
+class BatchDecoder:
+    """Iterates `(row_index, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]`
+    hold row i's ids and measurements (input order). See the module docstring for the round."""
+
+    def __init__(self, model, prompts_ids, cfg: DecodeConfig, *, batch_size: int | None = None,
+                 eos_token_id=None, generators: list[torch.Generator | None] | None = None,
+                 seeds: list[int] | None = None, max_cache_bytes: int | None = None):
+        if generators is not None and seeds is not None:
+            raise ValueError("give per-row generators or per-row seeds, not both")
+        check_batch(model, prompts_ids, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
+        if seeds is not None:
+            dev = model.get_input_embeddings().weight.device
+            generators = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
+        self.model, self.cfg = model, cfg
+        self.mode = batch_mode(cfg)
+        self.one_pass = self.mode in ("linear", "presto") and cfg.schedule == "one-pass"
+        self.prompts = [[int(t) for t in p] for p in prompts_ids]
+        self.batch_size = min(batch_size or len(self.prompts), len(self.prompts))
+        eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
+        self.eos = set([eos] if isinstance(eos, int) else (eos or []))
+        self.mask_id = int(model.config.mask_token_id)
+        self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
+        self.bf = BatchForward.of(model)
+        self.gens = list(generators) if generators is not None else [None] * len(self.prompts)
+        self.outputs: list[list[int]] = [[] for _ in self.prompts]
+        self.stats: list[Stats] = [Stats() for _ in self.prompts]
+        self.cache = None
+
+    # -- per-row pieces ----------------------------------------------------------------------------
+    def _new_row(self, i: int) -> _Row:
+        cfg, p = self.cfg, self.prompts[i]
+        row = _Row(i, p, self.gens[i], self.stats[i], self.outputs[i], t0=time.perf_counter())
+        if self.mode == "lookup" or (self.mode == "presto" and cfg.lookup):
+            row.index_ = ContextIndex(p, min_ngram=cfg.lookup_min_ngram, max_ngram=cfg.lookup_max_ngram)
+        if self.mode == "presto":
+            row.rho = NgramRho(self.model.config.vocab_size, p) if cfg.rho == "ngram" else None
+            row.extra = make_extra_score(row.rho, cfg.lam)
+        return row
+
+    def _targets(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
+                      generator=row.gen).cpu()
+
+    def _emit(self, row: _Row, tokens: list[int]) -> list[int]:
+        """Truncate at eos (inclusive) and at max_new_tokens; marks the row done."""
+        room = self.cfg.max_new_tokens - len(row.emitted)
+        out = []
+        for t in tokens[:room]:
+            out.append(t)
+            if t in self.eos:
+                row.done = True
+                break
+        row.done = row.done or len(row.emitted) + len(out) >= self.cfg.max_new_tokens
+        row.emitted.extend(out)
+        row.stats.new_tokens = len(row.emitted)
+        if row.rho is not None and out:
+            row.rho.extend(out)
+        if row.index_ is not None and out:
+            row.index_.extend(out)
+        if row.done:
+            row.stats.seconds = time.perf_counter() - row.t0
+        return out
+
+    def _draft(self, row: _Row, marg: Marginals | None, room: int) -> Tree:
+        cfg = self.cfg
+        if self.mode == "lookup":
+            if room <= 1:
+                return root_only(row.root)
+            drafted = row.index_.propose(row.tail(cfg.lookup_max_ngram), min(cfg.lookup_tokens, room - 1))
+            return chain([row.root] + drafted, torch.zeros(len(drafted) + 1))
+        if marg is None or room <= 1:
+            return root_only(row.root)
+        depth = min(len(marg), room - 1)
+        if self.mode == "linear":
+            lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]
+            return chain([row.root] + tok.tolist(), torch.cat([torch.zeros(1), lq.cumsum(0)]))
+        tail = row.tail(max(2, cfg.lookup_max_ngram))
+        h2 = path_context(tail, [], 2)[0]
+        ctx = None
+        if cfg.lookup and row.index_ is not None and marg.logq is not None:
+            index = row.index_
+            ctx = ContextCandidates(lambda path: index.continuations(path, 2), marg.logq,
+                                    tuple(tail[-cfg.lookup_max_ngram:]))
+        k = cfg.tree_top_k
+        return build_tree(row.root, marg.top_lq[:, :k], marg.top_tok[:, :k], budget=cfg.budget,
+                          extra_score=row.extra, history=(h2, row.root), max_depth=depth, entropy=marg.entropy,
+                          lookup=ctx)
+
+    # -- batched steps ------------------------------------------------------------------------------
+    def _timed(self, rows: list[_Row], fn):
+        t0 = time.perf_counter()
+        out = fn()
+        if isinstance(out, torch.Tensor) and out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        dt = time.perf_counter() - t0
+        for r in rows:
+            r.stats.forward_seconds += dt
+        return out
+
+    def _prefill(self, row: _Row, slot: int) -> list[int]:
+        """The prompt causally into cache row `slot`; returns the first chunk (one token)."""
+        L = len(row.prompt)
+        self.cache.lengths[slot] = 0
+        hidden = self._timed([row], lambda: self.bf(torch.tensor([row.prompt]), torch.arange(L)[None], self.cache,
+                                                     slice(slot, slot + 1), causal=True))
+        self.cache.lengths[slot] = L
+        logits = self._timed([row], lambda: self.bf.logits(hidden[0, -1:]))
+        row.root = int(self._targets(row, logits)[0])
+        row.stats.prefill_forwards = 1
+        if self.one_pass:  # one mask group after the prompt (read-only): the first round's marginals
+            G = self.cfg.group
+            hidden = self._timed([row], lambda: self.bf(torch.full((1, G), self.mask_id), torch.arange(G)[None],
+                                                         self.cache, slice(slot, slot + 1), lora=self.lora,
+                                                         lora_rows=slice(0, None) if self.lora else None))
+            row.stats.prefill_forwards = 2
+            row.marg = self._marginals(row, hidden[0, 1:])
+        return self._emit(row, [row.root])
+
+    def _marginals(self, row: _Row, hidden: torch.Tensor) -> Marginals | None:
+        if hidden.shape[0] == 0:
+            return None
+        logits = self._timed([row], lambda: self.bf.logits(hidden))
+        return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id)
+
+    def _draft_pass(self, live: list[_Row]) -> list[Marginals]:
+        """[root, M x (B-1)] per row, bidirectional over each row's prefix; read-only (no commit)."""
+        B, R = self.cfg.block_length, len(live)
+        tokens = torch.full((R, B), self.mask_id)
+        tokens[:, 0] = torch.tensor([r.root for r in live])
+        hidden = self._timed(live, lambda: self.bf(tokens, torch.arange(B).expand(R, B), self.cache, slice(0, R),
+                                                   lora=self.lora, lora_rows=slice(0, None) if self.lora else None))
+        logits = self._timed(live, lambda: self.bf.logits(hidden[:, 1:].reshape(R * (B - 1), -1)))
+        logits = logits.view(R, B - 1, -1)
+        out = []
+        for i, r in enumerate(live):
+            r.stats.forwards += 1
+            r.stats.query_tokens += B
+            out.append(Marginals.from_logits(logits[i], self.cfg.tree_top_k, self.mask_id))
+        return out
+
+    def _round(self, live: list[_Row]):
+        cfg, R = self.cfg, len(live)
+        rooms = [cfg.max_new_tokens - len(r.emitted) for r in live]
+        margs = [r.marg for r in live] if self.one_pass else [None] * R
+        if self.mode in ("linear", "presto") and not self.one_pass and any(room > 1 for room in rooms):
+            margs = self._draft_pass(live)
+        t0 = time.perf_counter()
+        trees = [self._draft(r, m, room) for r, m, room in zip(live, margs, rooms)]
+        owners: list[torch.Tensor | None] = [None] * R
+        if self.one_pass:
+            nodes = cfg.budget if self.mode == "presto" else cfg.block_length - 1
+            limit = nodes + 1 if cfg.group_nodes is None else cfg.group_nodes
+            owners = [group_owners(t, limit) if room > 1 else None for t, room in zip(trees, rooms)]
+        dt = time.perf_counter() - t0
+        for r in live:
+            r.stats.tree_seconds += dt / R
+        G = cfg.group
+        ns = [len(t) for t in trees]
+        ms = [0 if o is None else int(o.shape[0]) for o in owners]
+        N, M = max(ns), max(ms)
+        q = N + M * G
+        tokens = torch.full((R, q), self.mask_id)
+        offsets = torch.arange(q).repeat(R, 1)  # padding sits at its own slot's position
+        blocks = torch.empty(R, q, q)
+        for i, t in enumerate(trees):
+            block, offs = tree_block(t.parents, t.depths, owners[i], G if owners[i] is not None else 0)
+            at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's queries in the layout
+            tokens[i, : ns[i]] = t.tokens
+            offsets[i, at] = offs
+            full = pad_block(torch.zeros(0, 0), q)
+            full[at[:, None], at[None, :]] = block
+            blocks[i] = full
+        lora = self.lora if M else None
+        hidden = self._timed(live, lambda: self.bf(tokens, offsets, self.cache, slice(0, R), block=blocks, lora=lora,
+                                                   lora_rows=slice(N, None) if lora is not None else None))
+        real = torch.cat([torch.arange(n) + i * q for i, n in enumerate(ns)])
+        logits = self._timed(live, lambda: self.bf.logits(hidden.reshape(R * q, -1)[real]))
+        label = _label(cfg, self.mode)
+        start = 0
+        for i, (r, t) in enumerate(zip(live, trees)):
+            targets = self._targets(r, logits[start : start + ns[i]])
+            start += ns[i]
+            path, bonus = walk(t, targets)
+            if self.one_pass:
+                r.marg = None
+                if owners[i] is not None:  # the endpoint's group, or its nearest owner's shifted by the depth gap
+                    j, u = nearest_owner(t.parents, owners[i], path[-1])
+                    skip = 1 + int(t.depths[path[-1]] - t.depths[u])
+                    r.marg = self._marginals(r, hidden[i, N + j * G + skip : N + (j + 1) * G])
+            self.cache.commit(i, path)
+            r.root = bonus
+            chunk = self._emit(r, t.tokens[path[1:]].tolist() + [bonus])
+            st = r.stats
+            st.forwards += 1
+            st.query_tokens += q
+            st.rounds += 1
+            st.plan_hist[label] += 1
+            st.accept_lengths.append(len(chunk))
+            st.round_tokens += len(chunk)
+            yield r.index, chunk
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def __iter__(self):
+        self.cache = self.bf.new_cache(self.batch_size, row_capacity(self.prompts, self.cfg))
+        waiting = deque(range(len(self.prompts)))
+        live: list[_Row] = []  # live[s] occupies cache row s
+        while True:
+            # fill free cache rows with waiting prompts (a prompt may finish at its prefill token)
+            while waiting and len(live) < self.batch_size:
+                row = self._new_row(waiting.popleft())
+                chunk = self._prefill(row, len(live))
+                yield row.index, chunk
+                if not row.done:
+                    live.append(row)
+            if not live:
+                return
+            yield from self._round(live)
+            if any(r.done for r in live):
+                live, entered = self._refill(live, waiting)
+                for row, chunk in entered:
+                    yield row.index, chunk
+
+    def _refill(self, live: list[_Row], waiting: deque) -> tuple[list[_Row], list[tuple[_Row, list[int]]]]:
+        """Finished rows leave: a waiting prompt is prefilled into the freed cache row, else the last
+        live row moves into it, so the live rows stay cache rows 0..R-1. Returns the live rows and
+        the entering rows' first chunks."""
+        entered = []
+        slots: list[_Row | None] = [None if r.done else r for r in live]
+        for s in range(len(slots)):
+            while slots[s] is None and waiting:
+                row = self._new_row(waiting.popleft())
+                entered.append((row, self._prefill(row, s)))
+                if not row.done:
+                    slots[s] = row
+        s = 0
+        while s < len(slots):
+            if slots[-1] is None:
+                slots.pop()
+            elif slots[s] is None:
+                self.cache.move(len(slots) - 1, s)
+                slots[s] = slots.pop()
+            else:
+                s += 1
+        return slots, entered
+
+
+def _label(cfg: DecodeConfig, mode: str) -> str:
+    """The round layout's name, as the batch-1 decoder's `plan_hist` spells it."""
+    if mode in ("ar", "lookup"):
+        return mode
+    return (f"{mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if mode == "presto" else "")
+            + ("/lookup" if mode == "presto" and cfg.lookup else ""))
+
+
+def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:
+    """Every row's generated ids (prompt excluded) and stats, in input order."""
+    dec = BatchDecoder(model, prompts_ids, cfg, **kw)
+    for _ in dec:
+        pass
+    return dec.outputs, dec.stats

@@ -1,0 +1,130 @@
+"""The compact forward over a batch of rows with ragged lengths (`cache.BatchKVCache`).
+
+Same math and the same weights as `forward.FastForward` (it wraps one: fused q/k/v and gate/up,
+RoPE tables, the output head), over tokens [R, q] of R cache rows at once. Row r's new tokens
+sit at positions lengths[r] + offsets[r] and write their K/V at slots lengths[r] .. lengths[r]+q-1
+(slot = position, no left padding). Attention of row r: every slot < lengths[r] (its prefix),
+plus what `block[r]` [q, q] allows among its own new tokens; every other slot (a shorter row's
+stale scratch up to the batch's widest row) is hidden by the float additive [R, 1, q, S] mask.
+
+Rows of a round are padded to one width q by the caller; a padding query must see at least one
+key (SDPA yields NaN on a fully masked row): `pad_block` lets it see itself, and no real token
+sees it. Hidden masked slots still enter SDPA with weight 0, so they must be finite: the cache
+only ever holds zeros or K/V the model wrote.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from selfspec.engine.cache import BatchKVCache
+from selfspec.engine.forward import FastForward, _rms, engine
+
+NEG = float("-inf")
+
+
+def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
+    """A row's [n, n] additive block padded to [q, q]: padding queries see only themselves, and
+    real queries never see padding. Example: n=1, q=3 -> [[0, -inf, -inf], [-inf, 0, -inf], ...]."""
+    n = block.shape[0]
+    out = torch.full((q, q), NEG, dtype=block.dtype)
+    out[:n, :n] = block
+    idx = torch.arange(n, q)
+    out[idx, idx] = 0
+    return out
+
+
+def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
+    """[R, 1, q, S] additive mask, S = max(lengths) + q: row r sees slots < lengths[r], its block at
+    slots lengths[r] .. lengths[r]+q-1, nothing else."""
+    R, q = block.shape[0], block.shape[1]
+    S = int(lengths.max()) + q
+    cols = torch.arange(S)
+    prefix = torch.where(cols[None, :] < lengths[:, None], 0.0, NEG)  # [R, S]
+    mask = prefix[:, None, :].expand(R, q, S).clone()
+    idx = (lengths[:, None, None] + torch.arange(q)[None, None, :]).expand(R, q, q)
+    mask.scatter_(2, idx, block.float())
+    return mask[:, None].to(dtype)
+
+
+class BatchForward:
+    """Batched forward passes over a `FastForward`'s weights into a `BatchKVCache`."""
+
+    def __init__(self, ff: FastForward):
+        self.ff = ff
+
+    @classmethod
+    def of(cls, model) -> "BatchForward":
+        return cls(engine(model))
+
+    def new_cache(self, rows: int, capacity: int) -> BatchKVCache:
+        ff = self.ff
+        return BatchKVCache(ff.devices, ff.n_kv, ff.head_dim, rows, capacity, ff.dtype)
+
+    def cache_bytes(self, rows: int, capacity: int) -> int:
+        ff = self.ff
+        return BatchKVCache.nbytes(len(ff.layers), ff.n_kv, ff.head_dim, rows, capacity, ff.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ff.logits(hidden)
+
+    @torch.inference_mode()
+    def __call__(self, tokens: torch.Tensor, offsets: torch.Tensor, cache: BatchKVCache, rows: slice, *,
+                 block: torch.Tensor | None = None, causal: bool = False, lora=None,
+                 lora_rows: slice | None = None) -> torch.Tensor:
+        """Final hidden states [R, q, H] of `tokens` [R, q] of cache rows `rows` at positions
+        lengths + `offsets` [R, q]. Lengths do not move (the caller commits per row).
+
+        `block` [R, q, q] float additive among each row's new tokens (None: all see each other);
+        `causal=True` with no block: lower-triangular (a prefill). `lora` adds its delta on `lora_rows`.
+        """
+        ff = self.ff
+        R, q = int(tokens.shape[0]), int(tokens.shape[1])
+        lengths = torch.tensor(cache.lengths[rows], dtype=torch.long)
+        if lengths.shape[0] != R:
+            raise ValueError(f"{R} token rows for {lengths.shape[0]} cache rows")
+        positions = lengths[:, None] + offsets
+        if block is None:
+            block = torch.zeros(q, q)
+            if causal:
+                block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
+            block = block.expand(R, q, q)
+        # a lone prefill (one row, empty prefix, causal) takes SDPA's causal path, as FastForward does
+        use_causal = causal and R == 1 and int(lengths[0]) == 0
+        nh, nkv, D = ff.n_heads, ff.n_kv, ff.head_dim
+        h = F.embedding(tokens.to(ff.embed.device), ff.embed)
+        rope, masks = {}, {}
+        for i, (ln1, qkv, wo, ln2, gu, wd) in enumerate(ff.layers):
+            dev = ff.devices[i]
+            if h.device != dev:
+                h = h.to(dev)
+            if dev not in rope:
+                rope[dev] = tuple(t.reshape(R, q, D)[:, None] for t in ff._rope(positions.reshape(-1), dev))
+                masks[dev] = None if use_causal else batch_mask(lengths, block, ff.dtype).to(dev)
+            qc, qsn, kc_, ksn = rope[dev]
+            x = _rms(h, ln1, ff.eps)
+            if len(qkv) == 1:
+                qs, ks, vs = F.linear(x, qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
+            else:
+                qs, ks, vs = (F.linear(x, w) for w in qkv)
+            qs = qs.view(R, q, nh, D).transpose(1, 2)
+            ks = ks.view(R, q, nkv, D).transpose(1, 2)
+            vs = vs.view(R, q, nkv, D).transpose(1, 2)
+            qs = qs * qc + qs.roll(D // 2, -1) * qsn
+            ks = ks * kc_ + ks.roll(D // 2, -1) * ksn
+            kc, vc = cache.write(i, rows, lengths, ks, vs)
+            a = F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
+                                               enable_gqa=nh != nkv)
+            a = a.transpose(1, 2).reshape(R, q, nh * D)
+            o = F.linear(a, wo)
+            if lora is not None and lora_rows is not None:
+                o = lora.add_delta(i, a, o, lora_rows)
+            h = h + o
+            x = _rms(h, ln2, ff.eps)
+            if len(gu) == 1:
+                g, u = F.linear(x, gu[0]).chunk(2, -1)
+            else:
+                g, u = F.linear(x, gu[0]), F.linear(x, gu[1])
+            h = h + F.linear(F.silu(g) * u, wd)
+        return _rms(h, ff.norm.to(h.device), ff.eps)
