@@ -1,6 +1,6 @@
 """Threads sharing one model: outputs against sequential runs, and what concurrency costs.
 
-    python benchmarks/threads.py [--model DIR] [--threads 16] [--repeats 3] [--tokens 40]
+    python benchmarks/threads.py [--model pystdlib-nld-9m] [--threads 16] [--repeats 3] [--tokens 40]
 
 Every (prompt, mode) job runs once sequentially (the reference), then `--repeats` times on a
 pool of `--threads` threads in a shuffled order. Reports how many threaded outputs equal their
@@ -29,13 +29,13 @@ SETTINGS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default="pystdlib-nld-9m", help="a model name or checkpoint folder")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=40)
     a = ap.parse_args()
     model, tok = selfspec.load(a.model)
-    path = os.path.join(a.model or selfspec.default_model_dir(), "prompts.jsonl")
+    path = os.path.join(selfspec.checkpoint.registry.resolve(a.model), "prompts.jsonl")
     with open(path) as f:
         prompts = [json.loads(line)["prompt"] for line in f][: a.threads]
     jobs = [(i, name) for i in range(len(prompts)) for name in SETTINGS]

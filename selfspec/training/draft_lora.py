@@ -1,8 +1,8 @@
 """Self-distillation of a draft LoRA: the model learns to draft what it would say itself.
 
-    python -m selfspec.training.draft_lora train --run-dir runs/draft_lora [--resume] [--minutes M]
-    python -m selfspec.training.draft_lora eval --run-dir runs/draft_lora
-    python -m selfspec.training.draft_lora export --run-dir runs/draft_lora --out models/smollm2-135m-instruct/linear_spec_lora
+    python -m selfspec.training.draft_lora_cli train --run-dir runs/draft_lora [--resume] [--minutes M]
+    python -m selfspec.training.draft_lora_cli eval --run-dir runs/draft_lora
+    python -m selfspec.training.draft_lora_cli export --run-dir runs/draft_lora --out models/smollm2-135m-instruct/linear_spec_lora
 
 Base frozen. Trainable: LoRA (rank 16, alpha 32) on q/k/v/o/gate/up/down of every layer, applied
 to draft-block rows only, and the mask token's embedding row on mask rows (init: the
@@ -18,12 +18,10 @@ mask id excluded from both distributions (the runtime bans it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import random
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -295,9 +293,3 @@ def export(params: DraftParams, model, out_dir: str, note: str = "", dtype=torch
     with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-
-
-if __name__ == "__main__":
-    from selfspec.training.draft_lora_cli import main
-
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`python -m selfspec.training.draft_lora train|eval|export`: the loop, the validation set, the CLI.
+"""`python -m selfspec.training.draft_lora_cli train|eval|export`: the loop, the validation set, the CLI.
 
 train: resumable (`--resume` continues from `<run-dir>/state.pt`, saved atomically every
 `--save-minutes` and on SIGTERM / Ctrl-C / the end); one line per step on stdout; JSONL log
@@ -17,7 +17,6 @@ import signal
 import time
 
 import torch
-import torch.nn.functional as F
 
 from selfspec.training import draft_data
 from selfspec.training.draft_lora import (Block, DraftParams, Frozen, Hyper, _drop, block_batch, block_logits,
@@ -176,7 +175,7 @@ def cmd_export(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m selfspec.training.draft_lora")
+    ap = argparse.ArgumentParser(prog="python -m selfspec.training.draft_lora_cli")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("train", "eval", "export"):
         p = sub.add_parser(name)
@@ -200,3 +199,7 @@ def main(argv=None) -> int:
     e.add_argument("--bf16", action="store_true")
     a = ap.parse_args(argv)
     return {"train": cmd_train, "eval": cmd_eval, "export": cmd_export}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
