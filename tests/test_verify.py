@@ -31,3 +31,10 @@ def test_walk_on_a_chain_is_linear_acceptance():
 def test_oracle_length_worked_example():
     assert oracle_length(torch.tensor([[3, 4], [5, 6]]), [4, 9, 1]) == 2
     assert oracle_length(torch.tensor([[3, 4], [5, 6]]), [4, 6, 1]) == 3
+
+
+def test_truncate_keeps_the_eos_and_stops_at_the_room():
+    from selfspec.drafting.verify import truncate
+
+    assert truncate([5, 2, 7], {2}, 8) == ([5, 2], True)
+    assert truncate([5, 6, 7], {2}, 2) == ([5, 6], False)

@@ -5,7 +5,7 @@ names, shapes, quantization types, sizes), so a bad input fails before anything 
 one error naming the file and the tensor or key. `tensors()` then yields (NLD name, float32
 tensor) one at a time; `tokenizer()` builds the transformers tokenizer.
 
-Like `convert`, this module imports nothing from selfspec.
+Like `convert`, it imports only from the checkpoint layer.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 import torch
+
+from selfspec.checkpoint.validate import read_config_json
 
 GGUF_ARCHS = ("llama",)  # llama.cpp writes Llama and Mistral models alike as "llama"
 HF_MODEL_TYPES = ("llama", "mistral")
@@ -206,14 +208,7 @@ class HFSource:
         from safetensors import safe_open
 
         self.path = path
-        cfg_path = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_path):
-            raise FileNotFoundError(f"{path} has no config.json; not a transformers checkpoint directory")
-        with open(cfg_path) as f:
-            try:
-                cfg = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+        cfg_path, cfg = read_config_json(path, "transformers checkpoint")
         if cfg.get("model_type") not in HF_MODEL_TYPES:
             raise ValueError(f"{cfg_path}: model_type is {cfg.get('model_type')!r}; expected one of {HF_MODEL_TYPES}")
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}

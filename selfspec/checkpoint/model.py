@@ -22,7 +22,7 @@ from transformers.utils import ModelOutput
 
 from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
 from selfspec.checkpoint.registry import resolve
-from selfspec.checkpoint.validate import check_device, check_safetensors_files
+from selfspec.checkpoint.validate import check_device, check_safetensors_files, read_config_json
 from selfspec.checkpoint.versions import cache_argument
 
 # read once: 5.23 and older take `past_key_values` and silently ignore `cache` (selfspec.checkpoint.versions)
@@ -142,14 +142,7 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
 
 def check_checkpoint_dir(path: str) -> None:
     """Fail fast, naming the file, key or tensor, before transformers builds anything."""
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise FileNotFoundError(f"{path} has no config.json; not a checkpoint directory")
-    with open(cfg_path) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+    cfg_path, raw = read_config_json(path)
     if raw.get("model_type") != NemotronLabsDiffusionConfig.model_type:
         raise ValueError(
             f"{cfg_path}: model_type is {raw.get('model_type')!r}, expected "

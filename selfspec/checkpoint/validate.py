@@ -77,3 +77,15 @@ def check_device(device: str | None) -> None:
     if dev.type == "cuda" and f"cuda:{dev.index or 0}" in have:
         return
     raise ValueError(f"device {device!r} does not exist on this machine; available: {', '.join(have)}")
+
+
+def read_config_json(path: str, what: str = "checkpoint") -> tuple[str, dict]:
+    """(path of config.json, its contents) for a checkpoint folder; one clear error if missing or not JSON."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{path} has no config.json; not a {what} directory")
+    with open(cfg_path) as f:
+        try:
+            return cfg_path, json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None

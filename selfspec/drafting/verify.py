@@ -47,3 +47,16 @@ def oracle_length(candidates: torch.Tensor, continuation: list[int]) -> int:
             break
         n += 1
     return min(n + 1, max(len(continuation), 1))
+
+
+def truncate(tokens: list[int], eos: set[int], room: int) -> tuple[list[int], bool]:
+    """A round's committed tokens cut at the first eos (kept) and at `room`; (chunk, hit eos).
+
+    Example: truncate([5, 2, 7], eos={2}, room=8) -> ([5, 2], True); truncate([5, 6, 7], {2}, 2) -> ([5, 6], False).
+    """
+    out = []
+    for t in tokens[:room]:
+        out.append(t)
+        if t in eos:
+            return out, True
+    return out, False

@@ -36,7 +36,7 @@ from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner,
                                     root_only)
-from selfspec.drafting.verify import walk
+from selfspec.drafting.verify import truncate, walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
 from selfspec.engine.decoder import check_request, scratch
 from selfspec.engine.masks import tree_block
@@ -146,14 +146,8 @@ class BatchDecoder:
 
     def _emit(self, row: _Row, tokens: list[int]) -> list[int]:
         """Truncate at eos (inclusive) and at max_new_tokens; marks the row done."""
-        room = self.cfg.max_new_tokens - len(row.emitted)
-        out = []
-        for t in tokens[:room]:
-            out.append(t)
-            if t in self.eos:
-                row.done = True
-                break
-        row.done = row.done or len(row.emitted) + len(out) >= self.cfg.max_new_tokens
+        out, hit = truncate(tokens, self.eos, self.cfg.max_new_tokens - len(row.emitted))
+        row.done = row.done or hit or len(row.emitted) + len(out) >= self.cfg.max_new_tokens
         row.emitted.extend(out)
         row.stats.new_tokens = len(row.emitted)
         if row.rho is not None and out:

@@ -36,7 +36,7 @@ from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
                    top_nodes)
-from selfspec.drafting.verify import oracle_length, walk
+from selfspec.drafting.verify import oracle_length, truncate, walk
 
 
 def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
@@ -270,13 +270,7 @@ class Decoder:
 
     def _emit(self, tokens: list[int]) -> tuple[list[int], bool]:
         """Truncate at eos (inclusive) and at max_new_tokens; returns (chunk, finished)."""
-        room = self.cfg.max_new_tokens - len(self.emitted)
-        out, done = [], False
-        for t in tokens[:room]:
-            out.append(t)
-            if t in self.eos:
-                done = True
-                break
+        out, done = truncate(tokens, self.eos, self.cfg.max_new_tokens - len(self.emitted))
         done = done or len(self.emitted) + len(out) >= self.cfg.max_new_tokens
         self.emitted.extend(out)
         self.stats.new_tokens = len(self.emitted)
