@@ -135,12 +135,19 @@ def test_one_pass_rows_read_their_own_next_marginals():
 
 @pytest.mark.parametrize("mode", ["linear two-pass", "presto one-pass"])
 def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
-    from selfspec.checkpoint.lora import DraftLoRA
+    """The adapter on every projection plus the mask embedding (as the shipped one): batched drafts
+    are the batch-1 drafts, so the accept lengths match round for round."""
+    from selfspec.checkpoint.lora import TARGETS, DraftLoRA, module_of
 
     m = tiny_model(seed=2, vocab_size=V)
     g = torch.Generator().manual_seed(0)
-    m.draft_lora = DraftLoRA(m, {i: (torch.randn(2, 32, generator=g), torch.randn(32, 2, generator=g))
-                                 for i in range(2)}, scale=0.5)
+    weights = {}
+    for i, layer in enumerate(m.encoder.layers):
+        for name in TARGETS:
+            out_f, in_f = module_of(layer, name).weight.shape
+            weights[(i, name)] = (torch.randn(2, in_f, generator=g), torch.randn(out_f, 2, generator=g) * 0.3)
+    emb = torch.randn(m.config.hidden_size, generator=g)
+    m.draft_lora = DraftLoRA(m, weights, scale=0.5, mask_embedding=emb)
     cfg = DecodeConfig(max_new_tokens=20, **MODES[mode])
     prompts = _prompts((3, 12, 7), seed=4)
     refs = _batch1(m, prompts, cfg, eos_token_id=[])

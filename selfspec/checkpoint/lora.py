@@ -92,11 +92,11 @@ class DraftLoRA:
 
     # -- the compact forward's path ------------------------------------------------------------------
     def add_delta(self, layer: int, x: torch.Tensor, out: torch.Tensor, rows) -> torch.Tensor:
-        """`out` (o_proj of `x`, [1, q, H]) plus the o_proj delta on `rows`."""
+        """`out` (o_proj of `x`, [R, q, H]) plus the o_proj delta on `rows`."""
         return self.add_deltas(layer, ("o_proj",), x, (out,), rows)[0]
 
     def add_deltas(self, layer: int, names: tuple[str, ...], x: torch.Tensor, outs: tuple, rows) -> tuple:
-        """Each `outs[j]` (= module names[j] of `x`, [1, q, out]) plus its delta on `rows`, in place."""
+        """Each `outs[j]` (= module names[j] of `x`, [R, q, out]) plus its delta on `rows`, in place."""
         if not self.enabled:
             return outs
         xr = None
@@ -110,14 +110,16 @@ class DraftLoRA:
         return outs
 
     def embed(self, tokens: torch.Tensor, h: torch.Tensor, rows) -> torch.Tensor:
-        """`h` ([1, q, H], the embedding of `tokens` [q]) with the mask embedding on mask tokens in `rows`."""
+        """`h` ([R, q, H], the embedding of `tokens` [q] or [R, q]) with the mask embedding on mask
+        tokens in query columns `rows` of every row."""
         if not self.enabled or self.mask_embedding is None:
             return h
-        sel = torch.zeros(tokens.shape[0], dtype=torch.bool, device=h.device)
-        sel[rows] = True
-        sel &= tokens.to(h.device) == self.mask_id
+        t = tokens.reshape(-1, tokens.shape[-1]).to(h.device)
+        sel = torch.zeros_like(t, dtype=torch.bool)
+        sel[:, rows] = True
+        sel &= t == self.mask_id
         if bool(sel.any()):
-            h[0, sel] = self.mask_embedding.to(h.device, h.dtype)
+            h[sel] = self.mask_embedding.to(h.device, h.dtype)
         return h
 
     def _ab(self, name: str, layer: int, x: torch.Tensor):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.forward import FastForward, _rms, engine
+from selfspec.engine.forward import FastForward, Rope, engine
 
 NEG = float("-inf")
 
@@ -92,39 +92,17 @@ class BatchForward:
             block = block.expand(R, q, q)
         # a lone prefill (one row, empty prefix, causal) takes SDPA's causal path, as FastForward does
         use_causal = causal and R == 1 and int(lengths[0]) == 0
-        nh, nkv, D = ff.n_heads, ff.n_kv, ff.head_dim
         h = F.embedding(tokens.to(ff.embed.device), ff.embed)
-        rope, masks = {}, {}
-        for i, (ln1, qkv, wo, ln2, gu, wd) in enumerate(ff.layers):
-            dev = ff.devices[i]
-            if h.device != dev:
-                h = h.to(dev)
-            if dev not in rope:
-                rope[dev] = tuple(t.reshape(R, q, D)[:, None] for t in ff._rope(positions.reshape(-1), dev))
+        masks = {}
+
+        def rope(dev):
+            return Rope(*(t.reshape(R, q, ff.head_dim)[:, None] for t in ff._rope(positions.reshape(-1), dev)))
+
+        def attend(i, dev, qs, ks, vs):
+            if dev not in masks:
                 masks[dev] = None if use_causal else batch_mask(lengths, block, ff.dtype).to(dev)
-            qc, qsn, kc_, ksn = rope[dev]
-            x = _rms(h, ln1, ff.eps)
-            if len(qkv) == 1:
-                qs, ks, vs = F.linear(x, qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
-            else:
-                qs, ks, vs = (F.linear(x, w) for w in qkv)
-            qs = qs.view(R, q, nh, D).transpose(1, 2)
-            ks = ks.view(R, q, nkv, D).transpose(1, 2)
-            vs = vs.view(R, q, nkv, D).transpose(1, 2)
-            qs = qs * qc + qs.roll(D // 2, -1) * qsn
-            ks = ks * kc_ + ks.roll(D // 2, -1) * ksn
             kc, vc = cache.write(i, rows, lengths, ks, vs)
-            a = F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
-                                               enable_gqa=nh != nkv)
-            a = a.transpose(1, 2).reshape(R, q, nh * D)
-            o = F.linear(a, wo)
-            if lora is not None and lora_rows is not None:
-                o = lora.add_delta(i, a, o, lora_rows)
-            h = h + o
-            x = _rms(h, ln2, ff.eps)
-            if len(gu) == 1:
-                g, u = F.linear(x, gu[0]).chunk(2, -1)
-            else:
-                g, u = F.linear(x, gu[0]), F.linear(x, gu[1])
-            h = h + F.linear(F.silu(g) * u, wd)
-        return _rms(h, ff.norm.to(h.device), ff.eps)
+            return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
+                                                  enable_gqa=ff.n_heads != ff.n_kv)
+
+        return ff.layers_forward(tokens, h, rope, attend, lora, lora_rows)

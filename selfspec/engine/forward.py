@@ -181,24 +181,42 @@ class FastForward:
         cache.reserve(c + q)
         dev0 = self.devices[0]
         h = F.embedding(tokens.to(self.embed.device), self.embed)[None]
-        on = lora is not None and lora_rows is not None  # the draft LoRA's deltas on lora_rows
-        if on:
-            h = lora.embed(tokens, h, lora_rows)
-        rope = {}
-        masks = {}
-        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
         use_causal = causal and c == 0 and block is None
         if causal and not use_causal and block is None:
             block = torch.full((q, q), float("-inf"), dtype=self.dtype, device=dev0).triu_(1)
+        masks = {}
+
+        def attend(i, dev, qs, ks, vs):
+            if dev not in masks:
+                masks[dev] = None if block is None or q == 0 else _mask_buffer(cache, dev, self.dtype).view(
+                    c, block.to(dev, self.dtype))
+            keys, values = cache.write(i, c, ks, vs)  # the cached prefix and these tokens
+            return F.scaled_dot_product_attention(qs, keys, values, attn_mask=masks[dev], is_causal=use_causal,
+                                                  enable_gqa=self.n_heads != self.n_kv)
+
+        h = self.layers_forward(tokens, h, lambda dev: self._rope(positions, dev), attend, lora, lora_rows)
+        return h[0]
+
+    def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, rope, attend, lora=None,
+                       lora_rows: slice | None = None) -> torch.Tensor:
+        """The decoder layers and final norm over embeddings h [R, q, H] of `tokens` ([q] or [R, q]):
+        the one layer body of the batch-1 and the batched forward. `rope(dev)` gives the `Rope`
+        tables broadcastable to [R, heads, q, D]; `attend(i, dev, q, k, v)` writes layer i's K/V
+        and returns attention [R, heads, q, D]. The draft LoRA (`lora`) adds its deltas and mask
+        embedding on query columns `lora_rows` of every row."""
+        R, q = int(h.shape[0]), int(h.shape[1])
+        on = lora is not None and lora_rows is not None
+        if on:
+            h = lora.embed(tokens, h, lora_rows)
+        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
+        ropes = {}
         for i, w in enumerate(self.layers):
             dev = self.devices[i]
             if h.device != dev:
                 h = h.to(dev)
-            if dev not in rope:
-                rope[dev] = self._rope(positions, dev)
-                masks[dev] = None if block is None or q == 0 else _mask_buffer(cache, dev, self.dtype).view(
-                    c, block.to(dev, self.dtype))
-            r = rope[dev]
+            if dev not in ropes:
+                ropes[dev] = rope(dev)
+            r = ropes[dev]
             x = _rms(h, w.ln1, self.eps)
             if len(w.qkv) == 1:
                 qs, ks, vs = F.linear(x, w.qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
@@ -206,15 +224,12 @@ class FastForward:
                 qs, ks, vs = (F.linear(x, p) for p in w.qkv)
             if on:
                 qs, ks, vs = lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x, (qs, ks, vs), lora_rows)
-            qs = qs.view(1, q, nh, D).transpose(1, 2)
-            ks = ks.view(1, q, nkv, D).transpose(1, 2)
-            vs = vs.view(1, q, nkv, D).transpose(1, 2)
+            qs = qs.view(R, q, nh, D).transpose(1, 2)
+            ks = ks.view(R, q, nkv, D).transpose(1, 2)
+            vs = vs.view(R, q, nkv, D).transpose(1, 2)
             qs = qs * r.q_cos + qs.roll(D // 2, -1) * r.q_sin
             ks = ks * r.k_cos + ks.roll(D // 2, -1) * r.k_sin
-            keys, values = cache.write(i, c, ks, vs)  # the cached prefix and these tokens
-            a = F.scaled_dot_product_attention(qs, keys, values, attn_mask=masks[dev], is_causal=use_causal,
-                                               enable_gqa=nh != nkv)
-            a = a.transpose(1, 2).reshape(1, q, nh * D)
+            a = attend(i, dev, qs, ks, vs).transpose(1, 2).reshape(R, q, nh * D)
             o = F.linear(a, w.wo)
             if on:
                 o = lora.add_delta(i, a, o, lora_rows)
@@ -231,7 +246,7 @@ class FastForward:
             if on:
                 d = lora.add_deltas(i, ("down_proj",), m, (d,), lora_rows)[0]
             h = h + d
-        return _rms(h, self.norm.to(h.device), self.eps)[0]
+        return _rms(h, self.norm.to(h.device), self.eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
