@@ -218,3 +218,30 @@ def test_greedy_with_a_full_adapter_still_equals_ar(schedule):
         assert generate_ids(model, prompt, cfg, eos_token_id=[])[0] == ar
     finally:
         model.draft_lora.remove()
+
+
+def test_greedy_windows_are_reproducible_and_leave_the_old_stream_alone(tmp_path):
+    from selfspec.training import draft_data
+
+    class Tok:  # only the stdlib windows need a tokenizer; a byte one is enough to compare streams
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": list(text.encode())}
+
+        def apply_chat_template(self, msgs, tokenize=True, return_dict=False):
+            return list("".join(m["content"] for m in msgs).encode())
+
+    path = tmp_path / "greedy.jsonl"
+    rows = [{"i": i, "kind": "code", "ids": list(range(1000 + 50 * i, 1000 + 50 * i + 40)), "n_prompt": 5}
+            for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"i": 6, "ids": [1, 2')  # a torn last line
+    draft_data.greedy_records.cache_clear()
+    assert len(draft_data.greedy_records(str(path))) == 6
+    tok = Tok()
+    plain = [draft_data.train_window(tok, 0, s, 64)[0] for s in range(6)]
+    assert [draft_data.train_window(tok, 0, s, 64, 0.5, str(path), 0.0)[0] for s in range(6)] == plain
+    mixed = [draft_data.train_window(tok, 0, s, 64, 0.5, str(path), 0.5)[0] for s in range(12)]
+    assert mixed == [draft_data.train_window(tok, 0, s, 64, 0.5, str(path), 0.5)[0] for s in range(12)]
+    greedy = [w for w in mixed if all(t >= 1000 for t in w)]
+    assert 0 < len(greedy) < 12 and all(len(w) == 64 for w in greedy)
+    for w in greedy:  # packed from records: consecutive ids inside a record
+        assert sum(b == a + 1 for a, b in zip(w, w[1:])) >= 64 - 1 - 64 // 40 - 1

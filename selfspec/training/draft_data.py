@@ -116,9 +116,40 @@ def code_window(tok, rng: random.Random, pool, window: int) -> list[int]:
     return ids[:window]
 
 
-def train_window(tok, seed: int, step: int, window: int, p_chat: float = 0.5) -> tuple[list[int], random.Random]:
-    """The step's window and the RNG the step goes on with (anchors): a function of (seed, step)."""
+@lru_cache(maxsize=2)
+def greedy_records(path: str) -> tuple:
+    """The id lists of a `greedy_data` JSONL file (the model's own greedy answers with their prompts)."""
+    import json
+
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(tuple(json.loads(line)["ids"]))
+            except (ValueError, KeyError):
+                break  # a torn last line from an interrupted writer
+    if not out:
+        raise ValueError(f"{path}: no greedy-answer records")
+    return tuple(out)
+
+
+def greedy_window(rng: random.Random, records, window: int) -> list[int]:
+    """Records packed from a random point of a random one on, `window` tokens."""
+    rec = rng.choice(records)
+    ids = list(rec[rng.randrange(max(1, len(rec) - window // 2)):])
+    while len(ids) < window:
+        ids += rng.choice(records)
+    return ids[:window]
+
+
+def train_window(tok, seed: int, step: int, window: int, p_chat: float = 0.5, greedy: str | None = None,
+                 p_greedy: float = 0.0) -> tuple[list[int], random.Random]:
+    """The step's window and the RNG the step goes on with (anchors): a function of (seed, step) and
+    the greedy file's contents. With `greedy` (a `greedy_data` file) a share `p_greedy` of windows
+    is the model's own greedy text; without it the stream is what it always was."""
     rng = random.Random(seed * 1_000_003 + step)
+    if greedy and p_greedy > 0 and rng.random() < p_greedy:
+        return greedy_window(rng, greedy_records(greedy), window), rng
     pool = files(False)
     if rng.random() < p_chat:
         return chat_window(tok, rng, pool, window), rng

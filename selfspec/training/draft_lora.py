@@ -220,6 +220,7 @@ class Hyper:
     bmax: int = 16
     p_root: float = 0.5
     p_chat: float = 0.5
+    p_greedy: float = 0.0
     lr: float = 2e-3
     emb_lr_mult: float = 0.1
     warmup: int = 20

@@ -10,6 +10,7 @@ windows, split by block kind: "group" = B masks, "two_pass" = [clean token, B-1 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -23,6 +24,7 @@ from selfspec.training.draft_lora import (Block, DraftParams, Frozen, Hyper, _dr
                                           clean_pass, export, load_state, make_optimizer, save_state, train_step)
 
 VAL_B = 12
+RESUMABLE = ("p_chat", "p_greedy", "lr", "blocks", "p_root", "bmin", "bmax", "decay")
 
 
 class Validation:
@@ -81,12 +83,22 @@ def cmd_train(a) -> int:
             raise SystemExit(f"{state_path} exists: pass --resume to continue it, or choose another --run-dir")
         params, opt, hp, step, counters = load_state(state_path, model)
         print(f"resumed at step {step} ({counters['positions']} positions seen)", flush=True)
+        given = {k: getattr(a, k) for k in RESUMABLE if getattr(a, k, None) is not None}
+        if given:  # a resumed run may change its data mix and learning rate, nothing that shapes the adapter
+            hp = dataclasses.replace(hp, **given)
+            for g in opt.param_groups:
+                g["base_lr"] = hp.lr * (hp.emb_lr_mult if g is opt.param_groups[1] else 1.0)
+            print(f"resumed with {given}", flush=True)
     else:
         hp = Hyper(**{k: getattr(a, k) for k in Hyper.__dataclass_fields__ if getattr(a, k, None) is not None})
         torch.manual_seed(hp.seed)
         params = DraftParams(model, hp.r, hp.alpha, seed=hp.seed)
         opt = make_optimizer(params, hp)
         step, counters = 0, {"tokens": 0, "positions": 0, "seconds": 0.0}
+    if hp.p_greedy > 0:
+        if not a.greedy_data:
+            raise SystemExit("--p-greedy needs --greedy-data PATH (python -m selfspec.training.greedy_data)")
+        print(f"{len(draft_data.greedy_records(a.greedy_data))} greedy-answer records in {a.greedy_data}", flush=True)
     val = Validation(fz, tok, hp.window)
     log = open(os.path.join(a.run_dir, "log.jsonl"), "a")
 
@@ -114,7 +126,7 @@ def cmd_train(a) -> int:
             if a.minutes and time.time() - t_start > a.minutes * 60:
                 break
             t0 = time.time()
-            ids, rng = draft_data.train_window(tok, hp.seed, step, hp.window, hp.p_chat)
+            ids, rng = draft_data.train_window(tok, hp.seed, step, hp.window, hp.p_chat, a.greedy_data, hp.p_greedy)
             window = torch.tensor(ids)
             loss, st = train_step(fz, params, opt, hp, step, window, rng)
             dt = time.time() - t0
@@ -184,7 +196,11 @@ def main(argv=None) -> int:
         p.add_argument("--threads", type=int, default=1)
         p.add_argument("--window", type=int, default=256)
     t = sub.choices["train"]
-    t.add_argument("--resume", action="store_true")
+    t.add_argument("--resume", action="store_true",
+                   help="continue <run-dir>/state.pt; these may change on resume: " + ", ".join(RESUMABLE))
+    t.add_argument("--greedy-data", default=None,
+                   help="JSONL of the model's own greedy answers (python -m selfspec.training.greedy_data); "
+                        "--p-greedy of the windows come from it")
     t.add_argument("--minutes", type=float, default=0)
     t.add_argument("--steps", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=20)
