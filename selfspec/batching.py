@@ -3,9 +3,10 @@
 `selfspec.streaming.stream` / `generate` hand a list of prompts here. A batch runs through
 `engine.batch.BatchDecoder`: every row equals its batch-1 run at temperature 0 and is an exact
 sample otherwise. Seeds: an int `seed` gives row i the seed `seed + i`; a list gives one per row.
-Modes batched: "ar", "lookup", fixed "linear" / "presto" (two-pass and one-pass); plan "auto"
-runs AR for the batch (no batch-aware planner yet). Stop strings, HF streamers, traces and
-rho "learned" are batch-1 only.
+Modes batched: "ar", "lookup", fixed "linear" / "presto" (two-pass and one-pass) and plan
+"auto" (the batch planner: AR, lookup chains or two-pass linear drafts per round, chosen on the
+batch cost profile; `profile=` takes a `batch_profile.BatchProfile` or its JSON path). Stop
+strings, HF streamers, traces and rho "learned" are batch-1 only.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def stream_batch(model, tokenizer, prompts, *, encode, seed=None, eos_token_id=N
                  max_cache_bytes: int | None = None, **decode) -> BatchGeneration:
     """Start a batch; every error is raised here, before any model work. `encode(tokenizer, prompt)`
     turns a text or chat prompt into ids (`streaming.encode_prompt`, handed in: no import circle)."""
-    for k in ("generator", "stop", "streamer", "trace", "profile"):
+    profile = decode.pop("profile", None)
+    for k in ("generator", "stop", "streamer", "trace"):
         if decode.pop(k, None) not in (None, False, [], ""):
             raise ValueError(f"{k!r} is not supported for a batch of prompts (use seed=int or a list of seeds)"
                              if k == "generator" else f"{k!r} is not supported for a batch of prompts yet")
@@ -95,6 +97,8 @@ def stream_batch(model, tokenizer, prompts, *, encode, seed=None, eos_token_id=N
         eos_token_id = model.config.eos_token_id
         if eos_token_id is None:
             eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    if profile is not None and cfg.mode != "auto":
+        raise ValueError("profile= is read by plan 'auto' only; this batch runs a fixed mode")
     dec = BatchDecoder(model, ids, cfg, batch_size=batch_size, eos_token_id=eos_token_id, seeds=seeds,
-                       max_cache_bytes=max_cache_bytes)
+                       max_cache_bytes=max_cache_bytes, profile=profile)
     return BatchGeneration(dec, tokenizer, [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)])

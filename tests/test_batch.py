@@ -160,12 +160,26 @@ def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
         [s.accept_lengths for s in stats]
 
 
-def test_plan_auto_runs_ar_in_a_batch():
+@pytest.mark.parametrize("profile,spec", [("flat", True), ("steep", False)])
+def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec):
+    """GPU-like costs (flat): the batch planner speculates (lookup chains or two-pass drafts) on
+    this repetitive tiny model; compute-bound costs with a large fixed part per query token: it
+    keeps AR apart from its probes. Either way every row equals its batch-1 AR output."""
+    from selfspec.engine.batch_profile import BatchProfile
+
     m = _model()
-    prompts = _prompts((4, 9))
-    outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=12), eos_token_id=[])
-    assert outs == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])]
-    assert all(set(s.plan_hist) == {"ar"} for s in stats)
+    prompts = _prompts((4, 9, 3, 12))
+    prof = BatchProfile.flat() if profile == "flat" else BatchProfile.linear(per_token=1.0)
+    outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=40, block_length=8), eos_token_id=[],
+                                     profile=prof)
+    assert outs == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=40), eos_token_id=[])]
+    hist = sum((s.plan_hist for s in stats), start=__import__("collections").Counter())
+    spec_rounds = sum(v for k, v in hist.items() if k != "ar")
+    if spec:
+        assert spec_rounds > hist["ar"], hist
+        assert sum(a > 1 for s in stats for a in s.accept_lengths) >= 8
+    else:
+        assert hist["ar"] > 3 * spec_rounds, hist
 
 
 def _eos_inside_span(out_no_eos, accept_lengths, eos):

@@ -19,8 +19,9 @@ A round, for the R live rows (cache rows 0..R-1):
 5. rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
    prefilled into the freed cache row (continuous batching), else the last live row moves there.
 
-Modes: "ar", "lookup", and fixed "linear" / "presto", two-pass or one-pass. plan "auto" (mode
-"auto") runs AR for the whole batch: a batch-aware planner is a later step.
+Modes: "ar", "lookup", and fixed "linear" / "presto", two-pass or one-pass; plan "auto" (mode
+"auto"): each round the batch planner (`batch_planner.BatchPlanner`, on the batch cost profile
+f(B, q)) picks AR, lookup chains or a two-pass linear draft for all rows, and how many tokens.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tr
                                     root_only)
 from selfspec.drafting.verify import truncate, walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
+from selfspec.engine.batch_planner import BatchOption, BatchPlanner
+from selfspec.engine.batch_profile import batch_cost_model
 from selfspec.engine.decoder import check_request, scratch
 from selfspec.engine.masks import tree_block
 from selfspec.engine.options import DecodeConfig
@@ -47,8 +50,8 @@ MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
 
 
 def batch_mode(cfg: DecodeConfig) -> str:
-    """The layout a batch runs every round: plan auto -> "ar" (no batch-aware planner yet)."""
-    return "ar" if cfg.mode == "auto" else cfg.mode
+    """"auto" (the batch planner chooses each round) or the fixed layout every round runs."""
+    return cfg.mode
 
 
 def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
@@ -106,7 +109,7 @@ class BatchDecoder:
 
     def __init__(self, model, prompts_ids, cfg: DecodeConfig, *, batch_size: int | None = None,
                  eos_token_id=None, generators: list[torch.Generator | None] | None = None,
-                 seeds: list[int] | None = None, max_cache_bytes: int | None = None):
+                 seeds: list[int] | None = None, max_cache_bytes: int | None = None, profile=None):
         if generators is not None and seeds is not None:
             raise ValueError("give per-row generators or per-row seeds, not both")
         check_batch(model, prompts_ids, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
@@ -127,12 +130,17 @@ class BatchDecoder:
         self.outputs: list[list[int]] = [[] for _ in self.prompts]
         self.stats: list[Stats] = [Stats() for _ in self.prompts]
         self.cache = None
+        self._model_seconds = 0.0  # every batched forward's time, for the planner's observations
+        self.planner = None
+        if self.mode == "auto":
+            self.planner = BatchPlanner(batch_cost_model(model, profile), lookup_tokens=cfg.lookup_tokens,
+                                        block_length=cfg.block_length)
 
     # -- per-row pieces ----------------------------------------------------------------------------
     def _new_row(self, i: int) -> _Row:
         cfg, p = self.cfg, self.prompts[i]
         row = _Row(i, p, self.gens[i], self.stats[i], self.outputs[i], t0=time.perf_counter())
-        if self.mode == "lookup" or (self.mode == "presto" and cfg.lookup):
+        if self.mode in ("lookup", "auto") or (self.mode == "presto" and cfg.lookup):
             row.index_ = ContextIndex(p, min_ngram=cfg.lookup_min_ngram, max_ngram=cfg.lookup_max_ngram)
         if self.mode == "presto":
             row.rho = NgramRho(self.model.config.vocab_size, p) if cfg.rho == "ngram" else None
@@ -190,6 +198,7 @@ class BatchDecoder:
         if isinstance(out, torch.Tensor) and out.is_cuda:
             torch.cuda.synchronize(out.device)
         dt = time.perf_counter() - t0
+        self._model_seconds += dt
         for r in rows:
             r.stats.forward_seconds += dt
         return out
@@ -235,9 +244,12 @@ class BatchDecoder:
             out.append(Marginals.from_logits(logits[i], self.cfg.tree_top_k, self.mask_id))
         return out
 
-    def _round(self, live: list[_Row]):
+    def _plan(self, live: list[_Row], rooms: list[int]) -> tuple[list[Tree], list, str, dict]:
+        """Steps 1-2 of a round: the layout and every row's tree (and mask-group owners).
+        Returns (trees, owners, plan_hist label, what `planner.observe` needs)."""
         cfg, R = self.cfg, len(live)
-        rooms = [cfg.max_new_tokens - len(r.emitted) for r in live]
+        if self.planner is not None:
+            return self._plan_auto(live, rooms)
         margs = [r.marg for r in live] if self.one_pass else [None] * R
         if self.mode in ("linear", "presto") and not self.one_pass and any(room > 1 for room in rooms):
             margs = self._draft_pass(live)
@@ -248,9 +260,51 @@ class BatchDecoder:
             nodes = cfg.budget if self.mode == "presto" else cfg.block_length - 1
             limit = nodes + 1 if cfg.group_nodes is None else cfg.group_nodes
             owners = [group_owners(t, limit) if room > 1 else None for t, room in zip(trees, rooms)]
-        dt = time.perf_counter() - t0
+        self._tree_time(live, time.perf_counter() - t0)
+        return trees, owners, _label(cfg, self.mode), {}
+
+    def _plan_auto(self, live: list[_Row], rooms: list[int]) -> tuple[list[Tree], list, str, dict]:
+        """plan "auto": the batch planner picks AR, lookup chains or a two-pass linear draft, and
+        how many tokens per row (`batch_planner.BatchPlanner`)."""
+        cfg, R = self.cfg, len(live)
+        t0 = time.perf_counter()
+        chains, matches = [], []
+        for r, room in zip(live, rooms):
+            tail = r.tail(cfg.lookup_max_ngram)
+            matches.append(r.index_.match_length(tail))
+            chains.append(r.index_.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else [])
+        option = self.planner.plan(chains, matches, max(rooms) - 1)
+        self._tree_time(live, time.perf_counter() - t0)
+        info = {"option": option, "matches": matches, "draft_pass": option.kind == "two-pass"}
+        if option.kind == "lookup":
+            trees = [chain([r.root] + c[: option.k], torch.zeros(len(c[: option.k]) + 1)) for r, c in zip(live, chains)]
+            return trees, [None] * R, option.label, info
+        if option.kind != "two-pass":
+            return [root_only(r.root) for r in live], [None] * R, "ar", info
+        margs = self._draft_pass(live)
+        t0 = time.perf_counter()
+        lqs = [m.top_lq[: max(0, min(len(m), room - 1)), 0] for m, room in zip(margs, rooms)]
+        k = self.planner.width_after_draft(lqs)
+        trees = []
+        for r, m, lq in zip(live, margs, lqs):
+            d = min(k, lq.numel())
+            trees.append(chain([r.root] + m.top_tok[:d, 0].tolist(), torch.cat([torch.zeros(1), lq[:d].cumsum(0)])))
+        info["chains_lq"] = [lq[: min(k, lq.numel())] for lq in lqs]
+        self._tree_time(live, time.perf_counter() - t0)
+        return trees, [None] * R, BatchOption("two-pass", k).label, info
+
+    @staticmethod
+    def _tree_time(live: list[_Row], dt: float) -> None:
         for r in live:
-            r.stats.tree_seconds += dt / R
+            r.stats.tree_seconds += dt / len(live)
+
+    def _round(self, live: list[_Row]):
+        """One round for the live rows: plan and draft, lay out, forward, then per row verify,
+        commit and emit (yielding `(row, chunk)`), then the planner observes."""
+        cfg, R = self.cfg, len(live)
+        t_round, f_before = time.perf_counter(), self._model_seconds
+        rooms = [cfg.max_new_tokens - len(r.emitted) for r in live]
+        trees, owners, label, info = self._plan(live, rooms)
         G = cfg.group
         ns = [len(t) for t in trees]
         ms = [0 if o is None else int(o.shape[0]) for o in owners]
@@ -272,12 +326,12 @@ class BatchDecoder:
                                                    lora_rows=slice(N, None) if lora is not None else None))
         real = torch.cat([torch.arange(n) + i * q for i, n in enumerate(ns)])
         logits = self._timed(live, lambda: self.bf.logits(hidden.reshape(R * q, -1)[real]))
-        label = _label(cfg, self.mode)
-        start = 0
+        start, accepted, committed = 0, [], 0
         for i, (r, t) in enumerate(zip(live, trees)):
             targets = self._targets(r, logits[start : start + ns[i]])
             start += ns[i]
             path, bonus = walk(t, targets)
+            accepted.append(len(path) - 1)
             if self.one_pass:
                 r.marg = None
                 if owners[i] is not None:  # the endpoint's group, or its nearest owner's shifted by the depth gap
@@ -287,6 +341,7 @@ class BatchDecoder:
             self.cache.commit(i, path)
             r.root = bonus
             chunk = self._emit(r, t.tokens[path[1:]].tolist() + [bonus])
+            committed += len(chunk)
             st = r.stats
             st.forwards += 1
             st.query_tokens += q
@@ -295,6 +350,11 @@ class BatchDecoder:
             st.accept_lengths.append(len(chunk))
             st.round_tokens += len(chunk)
             yield r.index, chunk
+        if self.planner is not None:
+            self.planner.observe(info["option"], rows=R, width=q, seconds=time.perf_counter() - t_round,
+                                 forward_seconds=self._model_seconds - f_before, tokens=committed,
+                                 drafted=[n - 1 for n in ns], accepted=accepted, matches=info["matches"],
+                                 chains_lq=info.get("chains_lq"), draft_pass=info["draft_pass"])
 
     # -- the loop -----------------------------------------------------------------------------------
     def __iter__(self):

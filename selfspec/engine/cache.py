@@ -199,13 +199,16 @@ class BatchKVCache:
         self.lengths[row] = start + n
 
     @torch.inference_mode()
-    def move(self, src: int, dst: int) -> None:
-        """Row `src`'s prefix into row `dst` (keeps the live rows contiguous when one leaves)."""
+    def move(self, src: int, dst: int, *, keep: bool = False) -> None:
+        """Row `src`'s prefix into row `dst` (keeps the live rows contiguous when one leaves);
+        keep=True leaves `src` as it was (a copy: rows that share a prefix)."""
         n = self.lengths[src]
         for bufs in (self.k, self.v):
             for buf in bufs:
                 buf[dst, :, :n] = buf[src, :, :n]
-        self.lengths[dst], self.lengths[src] = n, 0
+        self.lengths[dst] = n
+        if not keep:
+            self.lengths[src] = 0
 
     @staticmethod
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:

@@ -1,0 +1,172 @@
+"""`plan="auto"` for a batch: one layout per round for all rows, the one with the most expected
+tokens per second for the whole batch, AR included.
+
+Every row of a round is verified in one forward of R rows x w query tokens, so the batch
+shares one width w (`batch.BatchDecoder` pads short drafts). Candidate layouts:
+
+* "ar": w = 1, one certain token per row;
+* "lookup/N=k": each row's context-lookup chain (`drafting.lookup`), cut to k tokens, w = k + 1;
+  row i's yield is 1 + sum_j prod_{l<=j} p_l(match_i) from a `PositionCalibrator`;
+* "linear/two-pass/N=k": a draft pass over [root, M x (B-1)] for every row first (cost
+  f(R, B)), then each row's top-1 chain cut to k; the pass is chosen on the yields two-pass
+  rounds have had (fading average, optimistic at first), and k after the pass from each chain's
+  own scores through a `Calibrator`.
+
+A layout's cost is the batch profile's f(R, w) (`batch_profile.BatchProfile`) times a scale
+learnt from the measured forwards (the profile was taken at one context length, under one
+load), plus a per-row overhead per kind of round, measured. The choice maximises
+sum_i E_i / cost, with speculative yields discounted by `MARGIN`. After `PROBE_MIN` AR rounds
+in a row the best speculative layout is tried anyway (the text may have become predictable);
+the interval doubles up to `PROBE_MAX` while such tries lose to AR.
+
+Example (B = 8, CPU-like costs f(8, 1) = 93 ms, f(8, 2) = 124 ms): lookup with one token per
+row must expect > 124 / 93 = 1.33 tokens per row to be chosen, i.e. p_1 > 0.35 averaged over
+the rows; with a flat (GPU-like) profile any p_1 > 0.05 is enough.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.engine.calibration import Calibrator, PositionCalibrator
+
+MARGIN = 0.05
+PROBE_MIN, PROBE_MAX = 8, 128
+EMA = 0.2
+
+
+@dataclass(frozen=True)
+class BatchOption:
+    """A round's layout for the whole batch: kind "ar" | "lookup" | "two-pass", k draft tokens per row."""
+
+    kind: str = "ar"
+    k: int = 0
+
+    @property
+    def width(self) -> int:
+        return self.k + 1
+
+    @property
+    def label(self) -> str:
+        if self.kind == "ar" or self.k == 0 and self.kind == "lookup":
+            return "ar"
+        return f"lookup/N={self.k}" if self.kind == "lookup" else f"linear/two-pass/N={self.k}"
+
+
+AR = BatchOption()
+
+
+@dataclass
+class BatchPlanner:
+    """See the module docstring. `plan` before a round, `width_after_draft` after a draft pass,
+    `observe` after the round."""
+
+    cost: object  # BatchProfile-like: cost(B, q) -> seconds
+    lookup_tokens: int = 8
+    block_length: int = 16
+    two_pass: bool = True
+    lookup: PositionCalibrator = field(default_factory=PositionCalibrator)
+    chain: Calibrator = field(default_factory=Calibrator)
+    two_pass_yield: float = 0.0  # fading average of tokens per row of two-pass rounds; 0: untried
+    scale: float = 1.0  # measured model time / profile's prediction
+    overhead: dict = field(default_factory=dict)  # kind -> seconds per row-round beyond the model
+    ar_streak: int = 0
+    probe_every: int = PROBE_MIN
+    last_rates: dict = field(default_factory=dict)  # kind -> predicted batch tokens/s at the last plan
+
+    def _seconds(self, kind: str, R: int, w: int) -> float:
+        model = self.cost(R, w) * self.scale
+        if kind == "two-pass":
+            model += self.cost(R, self.block_length) * self.scale
+        return model + self.overhead.get(kind, 0.0) * R
+
+    def lookup_yields(self, chains: list[list[int]], matches: list[int], k: int) -> float:
+        """Expected tokens of the batch when each row's chain is cut to k tokens."""
+        total = 0.0
+        for chain, match in zip(chains, matches):
+            e, run = 1.0, 1.0
+            for p in self.lookup.prob(min(k, len(chain)), match):
+                run *= p
+                e += run
+            total += e
+        return total
+
+    def plan(self, chains: list[list[int]], matches: list[int], room: int) -> BatchOption:
+        """The layout of the next round. `chains[i]`: row i's lookup drafts (may be empty);
+        `room`: the most draft tokens any row may still take."""
+        R = len(chains)
+        best, best_rate = AR, R / self._seconds("ar", R, 1)
+        rates = {"ar": best_rate}
+        spec, spec_rate = None, 0.0
+        longest = min(max((len(c) for c in chains), default=0), self.lookup_tokens, room)
+        for k in range(1, longest + 1):
+            e = 1 + (self.lookup_yields(chains, matches, k) - R) * (1 - MARGIN) / R
+            rate = e * R / self._seconds("lookup", R, k + 1)
+            if rate > spec_rate:
+                spec, spec_rate = BatchOption("lookup", k), rate
+        if self.two_pass and room >= 1:
+            k = min(self.block_length - 1, room)
+            # untried: optimistic (half the block), so that it gets measured once
+            e = self.two_pass_yield or 1 + 0.5 * k
+            rate = (1 + (e - 1) * (1 - MARGIN)) * R / self._seconds("two-pass", R, k + 1)
+            if rate > spec_rate:
+                spec, spec_rate = BatchOption("two-pass", k), rate
+        if spec is not None:
+            rates[spec.kind] = spec_rate
+        if spec is not None and (spec_rate > best_rate or self.ar_streak >= self.probe_every):
+            best = spec
+        self.last_rates = rates
+        self.ar_streak = self.ar_streak + 1 if best is AR else 0
+        return best
+
+    def width_after_draft(self, chains_lq: list[torch.Tensor]) -> int:
+        """After a draft pass: how many chain tokens per row to verify (0..longest), from each
+        chain's per-token log q through the calibration; the pass itself is already paid."""
+        R = len(chains_lq)
+        if R == 0:
+            return 0
+        probs = [torch.cumprod(self.chain.prob(lq), 0).tolist() if lq.numel() else [] for lq in chains_lq]
+        longest = max(len(p) for p in probs)
+        best_k, best_rate = 0, R / (self.cost(R, 1) * self.scale + self.overhead.get("two-pass", 0.0) * R)
+        for k in range(1, longest + 1):
+            e = R + sum(sum(p[:k]) for p in probs) * (1 - MARGIN)
+            rate = e / (self.cost(R, k + 1) * self.scale + self.overhead.get("two-pass", 0.0) * R)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def observe(self, option: BatchOption, *, rows: int, width: int, seconds: float, forward_seconds: float,
+                tokens: int, drafted: list[int], accepted: list[int], matches: list[int] | None = None,
+                chains_lq: list[torch.Tensor] | None = None, draft_pass: bool = False) -> None:
+        """What a round did: its layout, rows, verify width, wall and model seconds, committed
+        tokens, and per row the drafted and accepted counts (lookup: with match lengths; two-pass:
+        with each verified chain's log q)."""
+        kind = "two-pass" if draft_pass else option.kind
+        predicted = self.cost(rows, width) + (self.cost(rows, self.block_length) if draft_pass else 0.0)
+        if forward_seconds > 0:
+            self.scale += EMA * (forward_seconds / predicted - self.scale)
+        over = max(0.0, seconds - forward_seconds) / max(1, rows)
+        self.overhead[kind] = over if kind not in self.overhead else self.overhead[kind] + EMA * (over - self.overhead[kind])
+        if kind == "lookup":
+            for n, a, m in zip(drafted, accepted, matches or [1] * len(drafted)):
+                if n:
+                    self.lookup.update(n, a, m)
+        if kind == "two-pass":
+            per_row = tokens / max(1, rows)
+            self.two_pass_yield = per_row if not self.two_pass_yield else self.two_pass_yield + EMA * (
+                per_row - self.two_pass_yield)
+            for lq, a in zip(chains_lq or [], accepted):
+                n = int(lq.numel())
+                if n:
+                    reached = torch.zeros(n, dtype=torch.bool)
+                    reached[: min(n, a + 1)] = True
+                    acc = torch.zeros(n, dtype=torch.bool)
+                    acc[:a] = True
+                    self.chain.update(lq, reached, acc)
+        if kind != "ar":  # a speculative round that lost to AR's predicted rate makes the next probe wait longer
+            ar_rate = self.last_rates.get("ar")
+            if ar_rate is not None and seconds > 0:
+                won = tokens / seconds >= ar_rate
+                self.probe_every = PROBE_MIN if won else min(PROBE_MAX, 2 * self.probe_every)
