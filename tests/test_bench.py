@@ -82,6 +82,9 @@ def test_chat_prompts_are_accepted_by_the_reader(tmp_path):
     (["--modes", "ar", "beam"], "unknown mode"),
     (["--schedules", "zero-pass"], "unknown schedule"),
     (["--prompts", "/nonexistent.jsonl"], "not found"),
+    (["--batch-sizes", "0"], "integers >= 1"),
+    (["--batch-sizes", "2", "--modes", "hybrid"], "unknown mode 'hybrid' for batches"),
+    (["--batch-sizes", "2", "--peers", "hf-lookup"], "unknown peer 'hf-lookup' for batches"),
 ])
 def test_bench_bad_input_fails_before_model_work(extra, match, prompts, tmp_path, capsys):
     args = ["bench", "--model", "/nonexistent/model", "--prompts", str(prompts), "--out", str(tmp_path / "o")]
@@ -108,3 +111,19 @@ def test_the_llama_cpp_peer_without_its_package_is_one_clear_error(tiny_dir, pro
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--peers", "llama.cpp",
                "--gguf", str(prompts), "--out", str(tmp_path / "o")])
     assert rc == 2 and "llama-cpp-python" in capsys.readouterr().err
+
+
+def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar(tiny_dir, tmp_path, capsys):
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n" * (1 + i % 3)}) + "\n"
+                         for i in range(5)))
+    assert main(["bench", "--model", str(tiny_dir), "--prompts", str(p), "--max-new-tokens", "6",
+                 "--batch-sizes", "1", "3", "--modes", "auto", "--out", str(tmp_path / "o")]) == 0
+    res = json.loads((tmp_path / "o" / "results.json").read_text())
+    got = {(r["mode"], r["batch_size"]): r for r in res["rows"]}
+    assert set(got) == {(m, b) for m in ("ar", "auto", "hf") for b in (1, 3)}
+    for r in res["rows"]:
+        assert r["rows"] == 5 and r["rows_equal_ar"] == 5 and r["temperature"] == 0.0
+        assert r["tokens_per_second"] > 0 and r["speedup_vs_batched_ar"] is not None
+    assert got[("ar", 3)]["plan_hist"] == {"ar": sum(len(o) for o in got[("ar", 3)]["token_ids"]) - 5}
+    assert "x batched AR" in capsys.readouterr().out

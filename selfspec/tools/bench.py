@@ -271,13 +271,20 @@ def cmd_bench(a) -> int:
 
     from selfspec.checkpoint.model import default_model_dir, load
 
+    batch = bool(a.batch_sizes)
+    if batch and (a.full or any(b < 1 for b in a.batch_sizes)):
+        raise ValueError("--batch-sizes takes integers >= 1 and runs its own grid (not with --full)")
     if a.modes is None:
-        a.modes = ["ar", "auto", "lookup", "linear", "presto", "hybrid"] if a.full else ["ar", "auto", "lookup"]
+        a.modes = ["ar", "auto"] if batch else (
+            ["ar", "auto", "lookup", "linear", "presto", "hybrid"] if a.full else ["ar", "auto", "lookup"])
     if a.limit is None:
-        a.limit = 32 if a.full else 8
+        a.limit = 16 if batch else 32 if a.full else 8
+    allowed = MODES if batch else MODES + ("hybrid",)
     for m in a.modes:
-        if m not in MODES + ("hybrid",):
-            raise ValueError(f"unknown mode {m!r}; expected some of {MODES + ('hybrid',)}")
+        if m not in allowed:
+            raise ValueError(f"unknown mode {m!r}{' for batches' if batch else ''}; expected some of {allowed}")
+    if batch and "ar" not in a.modes:
+        a.modes = ["ar"] + list(a.modes)  # the reference every row is checked against
     for s in a.schedules:
         if s not in SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; expected some of {SCHEDULES}")
@@ -287,10 +294,14 @@ def cmd_bench(a) -> int:
     prompts = prompts[: a.limit] if a.limit else prompts
     gguf = a.gguf
     if a.peers is None:  # default: transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
-        a.peers = ["hf", "hf-lookup"] + (["llama.cpp"] if llama_cpp_available() and _default_gguf(a) else [])
+        a.peers = ["hf"] if batch else ["hf", "hf-lookup"] + (
+            ["llama.cpp"] if llama_cpp_available() and _default_gguf(a) else [])
     for name in a.peers:
-        if name not in PEERS:
-            raise ValueError(f"unknown peer {name!r}; expected some of {PEERS}")
+        if name not in (("hf",) if batch else PEERS):
+            raise ValueError(f"unknown peer {name!r}{' for batches' if batch else ''}; expected some of "
+                             f"{('hf',) if batch else PEERS}")
+    if batch and a.temperature is None and "--temperatures" not in a.argv:
+        a.temperatures = [0.0]
     if "llama.cpp" in a.peers:
         gguf = gguf or _default_gguf(a)
         if not gguf or not os.path.isfile(gguf):
@@ -304,9 +315,10 @@ def cmd_bench(a) -> int:
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets))
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:
+        from selfspec.engine.batch_profile import BatchProfile
         from selfspec.engine.profile import CostProfile
 
-        CostProfile.load(a.profile)  # a bad file fails before the model loads
+        (BatchProfile if batch else CostProfile).load(a.profile)  # a bad file fails before the model loads
     out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))
     try:
         os.makedirs(out, exist_ok=True)
@@ -317,6 +329,10 @@ def cmd_bench(a) -> int:
     except OSError as e:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    if batch:
+        from selfspec.tools.bench_batch import cmd_batch_bench
+
+        return cmd_batch_bench(a, model, tok, prompts, out, prompts_path)
     t0 = time.time()
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf)
     table = markdown_table(rows)
@@ -366,4 +382,8 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "
                         "on 2 CPU cores; --full: 32; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
+    b.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+                   help="batched decoding instead: each mode (default ar auto) and transformers' batched generate "
+                        "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0); "
+                        "--profile then takes a batch cost profile")
     b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)

@@ -1,0 +1,165 @@
+"""`python -m selfspec bench --batch-sizes 1 4 8 16`: batched decoding against its peers.
+
+For every batch size B, every mode (default: ar and auto) decodes the whole prompt set with B
+rows at a time (continuous batching: a finished row's cache row takes the next prompt), and
+transformers' batched `generate` on the same weights decodes it in chunks of B with left
+padding, as its users run it. Tokens/s is every new token of the set over the wall time of the
+set (prefills included). At T = 0 every row is checked token for token against selfspec's
+batch-1 AR output (rows_equal_ar). Same table, results.json and summary line as the bench.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from selfspec.engine.options import DecodeConfig
+
+
+def hf_batched(lm, prompts: list[list[int]], B: int, *, max_new_tokens: int, temperature: float, eos: set[int],
+               pad: int, mask_id: int, seed: int) -> tuple[list[list[int]], float]:
+    """transformers `generate` in chunks of B prompts, left-padded; (new ids per prompt, seconds).
+    A row's output is cut after its first eos (`generate` pads finished rows)."""
+    outs: list[list[int]] = []
+    dev = lm.lm_head.weight.device
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    for s in range(0, len(prompts), B):
+        chunk = prompts[s : s + B]
+        L = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (L - len(p)) + p for p in chunk], device=dev)
+        att = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in chunk], device=dev)
+        kw = dict(do_sample=True, temperature=temperature, top_p=None, top_k=None) if temperature > 0 else \
+            dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.inference_mode():
+            out = lm.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens,
+                              eos_token_id=sorted(eos) or None, pad_token_id=pad, suppress_tokens=[mask_id], **kw)
+        for row in out[:, L:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            outs.append(row[:cut])
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return outs, time.perf_counter() - t0
+
+
+def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_sizes: list[int], modes: list[str],
+                    *, max_new_tokens: int, temperatures: list[float], peers: tuple[str, ...] = ("hf",), seed: int = 0,
+                    progress: bool = True, profile=None, base: dict | None = None) -> list[dict]:
+    """One row per (mode or peer, B, temperature): tokens/s, rows equal to batch-1 AR (T = 0),
+    tau and plan_hist summed over the rows."""
+    from collections import Counter
+
+    from tqdm import tqdm
+
+    from selfspec.engine.batch import BatchDecoder
+    from selfspec.engine.decoder import Decoder
+    from selfspec.tools.peers import causal_lm
+
+    base = dict(base or {})
+    eos = Decoder(model, prompts_ids[0], DecodeConfig(mode="ar", max_new_tokens=1)).eos
+    mask_id = int(model.config.mask_token_id)
+    pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+    lm = causal_lm(model) if "hf" in peers else None
+    n_runs = len(temperatures) * len(batch_sizes) * (len(modes) + len(peers))
+    bar = tqdm(total=n_runs, desc="bench (batches)", file=sys.stderr, disable=not progress)
+    rows, ar_ref = [], {}
+    warm = DecodeConfig(mode="ar", max_new_tokens=4)
+    for _ in BatchDecoder(model, prompts_ids[:2], warm):  # warm-up: tables, allocator
+        pass
+    for t in temperatures:
+        for B in batch_sizes:
+            for mode in modes:
+                cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
+                dec = BatchDecoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(ids))],
+                                   profile=profile if mode == "auto" else None)
+                t0 = time.perf_counter()
+                for _ in dec:
+                    pass
+                dt = time.perf_counter() - t0
+                if mode == "ar" and B == 1:
+                    ar_ref[t] = dec.outputs
+                hist = sum((Counter(s.plan_hist) for s in dec.stats), Counter())
+                acc = [a for s in dec.stats for a in s.accept_lengths]
+                rows.append(_row(f"{mode}", mode, B, t, dec.outputs, dt, ar_ref.get(t) if t == 0 else None,
+                                 tau=sum(acc) / len(acc) if acc else None, plan_hist=dict(hist)))
+                bar.update(1)
+            if "hf" in peers:
+                outs, dt = hf_batched(lm, prompts_ids, B, max_new_tokens=max_new_tokens, temperature=t, eos=eos,
+                                      pad=pad, mask_id=mask_id, seed=seed)
+                rows.append(_row("hf-generate (left padding)", "hf", B, t, outs, dt, ar_ref.get(t) if t == 0 else None))
+                bar.update(1)
+    bar.close()
+    for r in rows:
+        ar = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == r["batch_size"]
+                   and x["temperature"] == r["temperature"]), None)
+        ar1 = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == 1
+                    and x["temperature"] == r["temperature"]), None)
+        hf = next((x for x in rows if x["mode"] == "hf" and x["batch_size"] == r["batch_size"]
+                   and x["temperature"] == r["temperature"]), None)
+        r["speedup_vs_batched_ar"] = r["tokens_per_second"] / ar["tokens_per_second"] if ar else None
+        r["speedup_vs_ar_b1"] = r["tokens_per_second"] / ar1["tokens_per_second"] if ar1 else None
+        r["speedup_vs_hf"] = r["tokens_per_second"] / hf["tokens_per_second"] if hf else None
+    return rows
+
+
+def _row(label, mode, B, t, outs, seconds, ref, **extra) -> dict:
+    n = sum(len(o) for o in outs)
+    return {"label": f"{label} B={B}", "mode": mode, "batch_size": B, "temperature": t, "new_tokens": n,
+            "seconds": round(seconds, 3), "tokens_per_second": n / seconds,
+            "rows_equal_ar": None if ref is None else sum(o == r for o, r in zip(outs, ref)),
+            "rows": len(outs), **extra, "token_ids": outs}
+
+
+def batch_table(rows: list[dict]) -> str:
+    head = "| row | T | tokens/s | x batched AR | x AR B=1 | x HF | rows = AR | tau | plan |\n|---|---|---|---|---|---|---|---|---|"
+    lines = [head]
+    for r in rows:
+        f = lambda v, d=2: "" if v is None else f"{v:.{d}f}"  # noqa: E731
+        plan = ", ".join(f"{k} {v}" for k, v in sorted((r.get("plan_hist") or {}).items(), key=lambda kv: -kv[1])[:3])
+        eq = "" if r["rows_equal_ar"] is None else f"{r['rows_equal_ar']}/{r['rows']}"
+        lines.append(f"| {r['label']} | {r['temperature']:g} | {r['tokens_per_second']:.1f} | "
+                     f"{f(r['speedup_vs_batched_ar'])} | {f(r['speedup_vs_ar_b1'])} | {f(r['speedup_vs_hf'])} | {eq} | "
+                     f"{f(r.get('tau'))} | {plan} |")
+    return "\n".join(lines)
+
+
+def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: str) -> int:
+    """The bench's --batch-sizes run: table on stdout, results.json and table.md in `out`, one JSON summary line."""
+    import json
+    import os
+    import platform
+
+    import transformers
+
+    from selfspec.streaming import encode_prompt
+
+    encoded = [encode_prompt(tok, p["prompt"]) for p in prompts]
+    temps = [a.temperature] if a.temperature is not None else a.temperatures
+    base = dict(lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram, lookup_tokens=a.lookup_tokens,
+                top_k=a.top_k, top_p=a.top_p, block_length=a.block_length, draft_lora=not a.no_draft_lora)
+    t0 = time.time()
+    rows = run_batch_bench(model, encoded, [p["id"] for p in prompts], a.batch_sizes, a.modes,
+                           max_new_tokens=a.max_new_tokens, temperatures=temps, peers=tuple(a.peers), seed=a.seed,
+                           profile=a.profile, base=base)
+    table = batch_table(rows)
+    print(table)
+    result = {"command": "python -m selfspec " + " ".join(a.argv),
+              "settings": {k: v for k, v in vars(a).items() if k not in ("func", "argv")},
+              "dtype": str(model.dtype), "device": str(model.device),
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "python": platform.python_version()},
+              "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
+              "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts),
+              "wall_seconds": round(time.time() - t0, 1), "rows": rows}
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table + "\n")
+    keep = ("label", "temperature", "tokens_per_second", "speedup_vs_batched_ar", "speedup_vs_ar_b1", "speedup_vs_hf",
+            "rows_equal_ar", "tau", "plan_hist")
+    print(json.dumps({"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
+                      "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
+                               for r in rows]}))
+    return 0
