@@ -13,7 +13,8 @@ import torch
 
 from selfspec.engine.options import DecodeConfig, check_args
 from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
-from selfspec.engine.decoder import Decoder, Stats, check_request
+from selfspec.engine.decoder import Decoder, Stats
+from selfspec.engine.request import check_request
 
 
 def _held_suffix(text: str, stops: list[str]) -> int:

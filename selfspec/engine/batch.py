@@ -41,7 +41,7 @@ from selfspec.drafting.verify import truncate, walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
 from selfspec.engine.batch_planner import BatchOption, BatchPlanner
 from selfspec.engine.batch_profile import batch_cost_model
-from selfspec.engine.decoder import check_request, scratch
+from selfspec.engine.request import check_request, scratch
 from selfspec.engine.masks import tree_block
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.stats import Stats

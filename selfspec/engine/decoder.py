@@ -3,20 +3,21 @@
 Every round starts from the same state: the KV cache holds the accepted prefix (length c) and
 `root`, the last emitted token, is not in the cache yet; `marg` holds diffusion marginals for
 the depths after the root when the previous round left some (one-pass) and None otherwise.
-A round is a fixed sequence of named steps:
+A round is one `rounds.Round` that these steps fill in order (`Decoder._run`):
 
-1. layout: `plan="auto"` asks the planner (`planner.Planner`) for this round's `Option`; a
-   fixed mode maps to one option every round;
-2. draft pass (two-pass only): [root, M x (B-1)] bidirectional over the cache -> marginals;
-3. draft: marginals -> a tree rooted at `root` (AR: the root; linear: a chain; PRESTO: the
-   top-N tree of `tree.build_tree`);
-4. groups (one-pass): which nodes get a mask group (`tree.group_owners`);
-5. forward: tree nodes + groups in one call of the compact forward (`forward.FastForward`),
-   mask block from `masks.tree_block`, K/V written in place;
-6. verify: the target's token after every node (`sampling.select`), `verify.walk`;
-7. next marginals (one-pass): the endpoint's group, or its nearest ancestor's shifted by the
-   depth gap (slot 0 of a group is the bonus position, filled exactly);
-8. commit the accepted path (`cache.KVCache.commit`), emit, bookkeeping (oracle, hooks).
+1. plan (`_plan`): a fixed mode's option every round, or `planner.Planner.plan` (plan "auto";
+   the planner owns its rest countdown and drafts the largest tree it may pick from);
+2. draft (`_draft_step`): two-pass first runs [root, M x (B-1)] bidirectional over the cache;
+   marginals -> a tree rooted at `root` (AR: the root; linear: a chain; PRESTO: the top-N tree
+   of `tree.build_tree`; lookup: the copied chain);
+3. lay out + forward (`_forward_step`): mask-group owners (one-pass, `tree.group_owners`), tree
+   nodes + groups in one call of the compact forward, mask block from `masks.tree_block`, K/V
+   written in place; the target's token after every node (`sampling.select`);
+4. verify + commit (`_verify_commit`): `verify.walk`; the next marginals from the endpoint's
+   group or its nearest ancestor's shifted by the depth gap (slot 0 of a group is the bonus
+   position); commit the accepted path (`cache.KVCache.commit`); emit;
+5. observe: every observer gets the finished round (stats, the planner's calibration, the
+   predictor's recorder, the round hook).
 """
 
 from __future__ import annotations
@@ -25,52 +26,19 @@ import time
 
 import torch
 
-from selfspec.engine.calibration import acceptance, local_scores
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.forward import FastForward, engine
+from selfspec.engine.request import check_request, scratch
+from selfspec.engine.forward import engine
 from selfspec.drafting.lookup import ContextIndex
 from selfspec.engine.masks import tree_block
-from selfspec.engine.planner import Forecast, Option, config_label, fixed_option, keep_planner, planner_for
+from selfspec.engine.planner import Forecast, config_label, fixed_option, keep_planner, planner_for
+from selfspec.engine.rounds import Round, recorder_observer, stats_observer
 from selfspec.engine.stats import Stats
 from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner, root_only,
                    top_nodes)
 from selfspec.drafting.verify import oracle_length, truncate, walk
-
-
-def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
-    """Every request error, raised before any model work."""
-    if len(prompt_ids) == 0:
-        raise ValueError("empty prompt: at least one token is needed")
-    limit = model.config.max_position_embeddings
-    need = len(prompt_ids) + cfg.max_new_tokens + lookahead(cfg)
-    if need > limit:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft lookahead "
-            f"needs {need} positions; the model has max_position_embeddings={limit}"
-        )
-    if cfg.rho == "learned" and cfg.mode in ("presto", "auto") and getattr(model, "presto_predictor", None) is None:
-        raise ValueError("rho 'learned' needs a trained predictor (presto_predictor.safetensors next to the model; "
-                         "make one with `python -m selfspec.training.predictor collect/train`); none is loaded")
-    if not FastForward.supports(model):
-        raise ValueError("selfspec's engine needs every weight on a device (no offloading to disk or the meta "
-                         "device) and no sliding-window attention; this model has one of those")
-
-
-def lookahead(cfg: DecodeConfig) -> int:
-    """Positions a round may use beyond the committed text (draft block, mask group, copied chain)."""
-    if cfg.mode == "ar":
-        return 0
-    if cfg.mode == "lookup":
-        return cfg.lookup_tokens
-    return max(cfg.block_length, cfg.group, cfg.lookup_tokens if cfg.lookup else 0)
-
-
-def scratch(cfg: DecodeConfig) -> int:
-    """Cache slots a round may write beyond the committed text (every query token of a round)."""
-    nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
-    return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
 
 
 class Decoder:
@@ -135,6 +103,9 @@ class Decoder:
         self.index = ContextIndex(self.prompt, min_ngram=cfg.lookup_min_ngram,
                                   max_ngram=cfg.lookup_max_ngram) if uses_index else None
         self.planner = planner_for(model, cfg, profile) if cfg.mode == "auto" else None
+        self.fixed = None if self.planner is not None else fixed_option(cfg)
+        self.fixed_label = config_label(cfg)
+        self.cache = self.ff.new_cache(len(self.prompt) + cfg.max_new_tokens + scratch(cfg) + 1)
         self._match = 1  # n-gram length behind the latest lookup forecast
         self._pending_oracle: list[tuple[int, torch.Tensor]] = []
         self.emitted: list[int] = []
@@ -223,8 +194,9 @@ class Decoder:
         self._match = self.index.match_length(tail)
         return self.index.propose(tail, min(self.cfg.lookup_tokens, room - 1))
 
-    def _forecast(self, root: int, marg: Marginals | None, room: int) -> tuple[Forecast, Tree | None]:
-        """The largest tree the planner may pick from, with calibrated acceptance per node."""
+    def _forecast(self, root: int, marg: Marginals | None, room: int) -> tuple[Forecast, Tree | list | None]:
+        """The largest tree the planner may pick from (or the lookup chain, as a list), with
+        calibrated acceptance per node."""
         if room <= 1:
             return Forecast(), None
         if marg is None:
@@ -239,12 +211,7 @@ class Decoder:
                 acc.append(run)
             return Forecast(acc, kind="lookup"), drafted
         tree = self._draft(root, marg, self.cfg.budget, room)
-        return self._tree_forecast(tree), tree
-
-    def _tree_forecast(self, tree: Tree) -> Forecast:
-        """P(accepted) of every node of a tree, from its scores through the planner's calibration."""
-        prob = self.planner.calibrator.prob(local_scores(tree.scores, tree.parents))
-        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores)
+        return self.planner.forecast_tree(tree), tree
 
     @staticmethod
     def _next_marginals_rows(tree: Tree, owners: torch.Tensor, end: int) -> tuple[int, int]:
@@ -285,112 +252,114 @@ class Decoder:
         e = self.emitted
         return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
 
+    # -- a round's steps (each fills its part of the `Round`) -----------------------------------------
+    def _plan(self, r: Round) -> None:
+        """The layout: the fixed mode's option, or the planner's choice (with what it drafted)."""
+        if self.fixed is not None:
+            r.option, r.layout = self.fixed, self.fixed_label
+            return
+        t0 = time.perf_counter()
+        r.option, drafted = self.planner.plan(lambda: self._forecast(r.root, r.marg, r.room), r.c, r.room,
+                                              r.marg is not None)
+        if isinstance(drafted, list):
+            r.drafted, r.match = drafted, self._match
+        else:
+            r.big = drafted
+        r.layout = r.option.label
+        self.stats.tree_seconds += time.perf_counter() - t0
+
+    def _draft_step(self, r: Round) -> None:
+        """The tree: a draft pass first (two-pass), then a lookup chain, the planner's top-N
+        subtree, or a fresh tree from the marginals."""
+        cfg, option, marg = self.cfg, r.option, r.marg
+        if option.draft_pass:
+            marg = self._draft_pass(r.root) if r.room > 1 else None
+        t0 = time.perf_counter()
+        if option.source == "lookup":
+            drafted = (self._lookup_drafts(r.room) if r.drafted is None else r.drafted)[: option.nodes]
+            r.match = self._match
+            r.tree = chain([r.root] + drafted, torch.zeros(len(drafted) + 1))
+        elif r.big is not None and not option.draft_pass:
+            r.tree = top_nodes(r.big, option.nodes) if option.nodes else root_only(r.root)
+        else:
+            r.tree = self._draft(r.root, marg, option.nodes, r.room)
+        self.stats.tree_seconds += time.perf_counter() - t0
+        r.drafted_from = marg
+        if self.recorder is not None:
+            r.history = tuple(path_context(self._tail(2), [], 2))
+        if marg is not None or (self.fixed is not None and cfg.mode not in ("ar", "lookup")):
+            empty = torch.zeros(0, 1, dtype=torch.long)
+            self._pending_oracle.append((r.emitted_before, empty if marg is None else marg.top_tok[:, : cfg.tree_top_k]))
+
+    def _forward_step(self, r: Round) -> None:
+        """Tree nodes plus mask groups in one forward; the targets at the tree's nodes."""
+        tree, option, n = r.tree, r.option, r.n
+        groups = option.groups if r.room > 1 else 0
+        r.owners = group_owners(tree, groups) if groups else None
+        r.group_size = G = option.group_size or self.cfg.group
+        if n == 1 and r.owners is None:  # AR: one token that sees the prefix, no mask to build
+            block, offsets, tokens = None, tree.depths, tree.tokens
+        else:
+            block, offsets = tree_block(tree.parents, tree.depths, r.owners, G if r.owners is not None else 0)
+            tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
+        r.hidden = self._forward(tokens, offsets, None if tokens.shape[0] == 1 else block,
+                                 draft_from=n if r.owners is not None else None)
+        self.stats.forwards += 1
+        self.stats.query_tokens += tokens.shape[0]
+        r.logits = self._head(r.hidden[:n])
+        r.targets = self._targets(r.logits)
+
+    def _verify_commit(self, r: Round) -> bool:
+        """Walk, next marginals (one-pass), commit into the cache, emit; True when finished."""
+        r.path, r.bonus = walk(r.tree, r.targets)
+        if r.owners is not None:
+            G, n = r.group_size, r.n
+            j, skip = self._next_marginals_rows(r.tree, r.owners, r.path[-1])
+            r.next_marg = self._marginals(r.hidden[n + j * G + skip : n + (j + 1) * G])
+        r.hidden = None  # not kept past the round
+        self.cache.commit(r.path)
+        r.committed, done = self._emit(r.tree.tokens[r.path[1:]].tolist() + [r.bonus])
+        r.seconds = time.perf_counter() - r.t_start
+        r.forward_seconds = self.stats.forward_seconds - r.forward_before
+        r.query_tokens = self.stats.query_tokens - r.query_before
+        return done
+
+    def _observers(self) -> list:
+        """Who reads a finished round, in order: stats, the planner, the recorder, the round hook."""
+        obs = [stats_observer(self.stats)]
+        if self.planner is not None:
+            obs.append(self.planner.observe)
+        if self.recorder is not None:
+            obs.append(recorder_observer(self.recorder, self.k, self.rho))
+        if self.on_round is not None:
+            lam = self.cfg.lam if self.cfg.mode in ("presto", "auto") else 0.0
+            hook, top_k = self.on_round, self.cfg.tree_top_k
+            obs.append(lambda r: hook(r.info(lam, top_k)))
+        return obs
+
     def _run(self):
-        cfg = self.cfg
-        self.cache = self.ff.new_cache(len(self.prompt) + cfg.max_new_tokens + scratch(cfg) + 1)
-        fixed = None if self.planner is not None else fixed_option(cfg)
-        one_pass = self.planner is not None or (fixed.groups > 0)
-        root, marg = self._prefill(with_group=one_pass)
+        root, marg = self._prefill(with_group=self.planner is not None or self.fixed.groups > 0)
         chunk, done = self._emit([root])
         yield chunk
+        observers = self._observers()
         while not done:
-            t_round, f_before, q_before = time.perf_counter(), self.stats.forward_seconds, self.stats.query_tokens
-            room = cfg.max_new_tokens - len(self.emitted)  # a path of depth d emits d + 1 tokens
-            big, drafted = None, None  # the planner's largest tree, or its lookup drafts
-            if fixed is not None:
-                option = fixed
-            elif self.planner.dormant > 0 and marg is None:  # a run of AR choices: plan again later
-                self.planner.dormant -= 1
-                option = _AR
-            else:
-                t0 = time.perf_counter()
-                forecast, big = self._forecast(root, marg, room)
-                if isinstance(big, list):
-                    big, drafted = None, big
-                self.stats.tree_seconds += time.perf_counter() - t0
-                option, _ = self.planner.choose(forecast, self.cache.length, room)
-                self.planner.note_choice(option)
-            if option.draft_pass:
-                marg = self._draft_pass(root) if room > 1 else None
-            t0 = time.perf_counter()
-            if option.source == "lookup":
-                drafted = (self._lookup_drafts(room) if drafted is None else drafted)[: option.nodes]
-                tree = chain([root] + drafted, torch.zeros(len(drafted) + 1))
-            elif big is not None and not option.draft_pass:
-                tree = top_nodes(big, option.nodes) if option.nodes else root_only(root)
-            else:
-                tree = self._draft(root, marg, option.nodes, room)
-            self.stats.tree_seconds += time.perf_counter() - t0
-            if self.planner is not None and option.draft_pass and len(tree) > 1:
-                self.planner.observe_two_pass(self._tree_forecast(tree))
-            drafted_from = marg  # the marginals this round's tree came from (`marg` moves on below)
-            if marg is not None or (fixed is not None and cfg.mode not in ("ar", "lookup")):
-                empty = torch.zeros(0, 1, dtype=torch.long)
-                self._pending_oracle.append((len(self.emitted), empty if marg is None else marg.top_tok[:, : cfg.tree_top_k]))
-            n = len(tree)
-            groups = option.groups if room > 1 else 0
-            owners = group_owners(tree, groups) if groups else None
-            G = option.group_size or cfg.group
-            if n == 1 and owners is None:  # AR: one token that sees the prefix, no mask to build
-                block, offsets, tokens = None, tree.depths, tree.tokens
-            else:
-                block, offsets = tree_block(tree.parents, tree.depths, owners, G if owners is not None else 0)
-                tokens = torch.cat([tree.tokens, torch.full((block.shape[0] - n,), self.mask_id)])
-            hidden = self._forward(tokens, offsets, None if tokens.shape[0] == 1 else block,
-                                   draft_from=n if owners is not None else None)
-            self.stats.forwards += 1
-            self.stats.query_tokens += tokens.shape[0]
-            logits = self._head(hidden[:n])
-            targets = self._targets(logits)
-            path, bonus = walk(tree, targets)
-            if self.recorder is not None and marg is not None and n > 1:
-                self.recorder(tree, marg.top_lq[:, : self.k], marg.top_tok[:, : self.k], targets, marg.entropy,
-                              tuple(path_context(self._tail(2), [], 2)), self.rho, logits)
-            if self.planner is not None and n > 1 and option.source == "lookup":
-                self.planner.lookup_calibrator.update(n - 1, len(path) - 1, self._match)
-            elif self.planner is not None and n > 1:
-                on_path = torch.zeros(n, dtype=torch.bool)
-                on_path[path] = True
-                self.planner.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]],
-                                               on_path[1:])
-            new_marg = None
-            if owners is not None:
-                j, skip = self._next_marginals_rows(tree, owners, path[-1])
-                start = n + j * G + skip
-                new_marg = self._marginals(hidden[start : n + (j + 1) * G])
-            c = self.cache.length
-            self.cache.commit(path)
-            root, marg = bonus, new_marg
-            self.stats.rounds += 1
-            layout = option.label if fixed is None else config_label(cfg)
-            self.stats.plan_hist[layout] += 1
-            chunk, done = self._emit(tree.tokens[path[1:]].tolist() + [bonus])
-            self.stats.accept_lengths.append(len(chunk))
-            self.stats.round_tokens += len(chunk)
-            if self.planner is not None and option is not _AR:
-                self.planner.observe(option, time.perf_counter() - t_round, self.stats.forward_seconds - f_before, c)
-            if self.on_round is not None:  # the round hook (contract: the class docstring)
-                self.on_round({
-                    "round": self.stats.rounds - 1, "c": c, "tree": tree,
-                    "cands": None if drafted_from is None else (drafted_from.top_lq, drafted_from.top_tok,
-                                                                drafted_from.entropy),
-                    "targets": targets, "path": path, "bonus": bonus, "committed": chunk,
-                    "layout": layout,
-                    "forward_seconds": self.stats.forward_seconds - f_before,
-                    "query_tokens": self.stats.query_tokens - q_before,
-                    "lam": cfg.lam if cfg.mode in ("presto", "auto") else 0.0,
-                    "oracle_candidates": (torch.zeros(0, 1, dtype=torch.long) if drafted_from is None
-                                          else drafted_from.top_tok[:, : cfg.tree_top_k])})
-            yield chunk
+            r = Round(self.stats.rounds, self.cache.length, root, marg, self.cfg.max_new_tokens - len(self.emitted),
+                      len(self.emitted), forward_before=self.stats.forward_seconds,
+                      query_before=self.stats.query_tokens)
+            self._plan(r)
+            self._draft_step(r)
+            self._forward_step(r)
+            done = self._verify_commit(r)
+            root, marg = r.bonus, r.next_marg
+            for observe in observers:
+                observe(r)
+            yield r.committed
 
     def _finish_oracle(self) -> None:
         for start, cand in self._pending_oracle:
             if start < len(self.emitted):
                 self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
         self._pending_oracle.clear()
-
-
-_AR = Option(0)
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import torch
 
-from selfspec.engine.calibration import Calibrator, PositionCalibrator
+from selfspec.engine.calibration import Calibrator, PositionCalibrator, acceptance, local_scores
 
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's one certain token
@@ -64,6 +64,9 @@ class Option:
         if self.groups:
             return layout_label(schedule="one-pass", nodes=self.nodes, groups=self.groups, group_size=self.group_size)
         return "ar" if self.nodes == 0 else layout_label("verify", nodes=self.nodes)
+
+
+AR = Option(0)
 
 
 def layout_label(name: str | None = None, *, schedule: str | None = None, nodes: int | None = None,
@@ -202,8 +205,42 @@ class Planner:
         if self.ar_streak >= 8:
             self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, 32), 0
 
+    # -- the decoder's two calls --------------------------------------------------------------------
+    def plan(self, forecast, c: int, room: int, has_marginals: bool) -> tuple[Option, object]:
+        """The next round's `Option` and what `forecast()` drafted for it (the largest tree, a
+        lookup chain as a list, or None). While resting after a run of AR choices (and without
+        marginals at hand) it answers AR without drafting or forecasting anything."""
+        if self.dormant > 0 and not has_marginals:
+            self.dormant -= 1
+            return AR, None
+        f, drafted = forecast()
+        option, _ = self.choose(f, c, room)
+        self.note_choice(option)
+        return option, drafted
+
+    def observe(self, r) -> None:
+        """After a round (`rounds.Round`): the calibrators learn which drafted nodes the verifier
+        accepted (lookup chains by position and match length), two-pass yields are noted, and the
+        round's time is compared with the profile's prediction."""
+        tree, option, n = r.tree, r.option, r.n
+        if option.draft_pass and n > 1:
+            self.observe_two_pass(self.forecast_tree(tree))
+        if n > 1 and option.source == "lookup":
+            self.lookup_calibrator.update(n - 1, len(r.path) - 1, r.match)
+        elif n > 1:
+            on_path = torch.zeros(n, dtype=torch.bool)
+            on_path[r.path] = True
+            self.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]], on_path[1:])
+        if option is not AR:
+            self.observe_time(option, r.seconds, r.forward_seconds, r.c)
+
+    def forecast_tree(self, tree) -> Forecast:
+        """P(accepted) of every node of a tree, from its scores through the calibration."""
+        prob = self.calibrator.prob(local_scores(tree.scores, tree.parents))
+        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores)
+
     # -- bookkeeping from executed rounds -----------------------------------------------------------
-    def observe(self, option: Option, seconds: float, forward_seconds: float, c: int = 0) -> None:
+    def observe_time(self, option: Option, seconds: float, forward_seconds: float, c: int = 0) -> None:
         """After a round: its overhead, and how the profile's forward time compares with reality."""
         predicted = self._f(option.query_tokens, c) + (self._f(self.block_length, c) if option.draft_pass else 0)
         if predicted > 0 and forward_seconds > 0:
