@@ -203,24 +203,33 @@ class BatchDecoder:
             r.stats.forward_seconds += dt
         return out
 
-    def _prefill(self, row: _Row, slot: int) -> list[int]:
-        """The prompt causally into cache row `slot`; returns the first chunk (one token)."""
-        L = len(row.prompt)
-        self.cache.lengths[slot] = 0
-        hidden = self._timed([row], lambda: self.bf(torch.tensor([row.prompt]), torch.arange(L)[None], self.cache,
-                                                     slice(slot, slot + 1), causal=True))
-        self.cache.lengths[slot] = L
-        logits = self._timed([row], lambda: self.bf.logits(hidden[0, -1:]))
-        row.root = int(self._targets(row, logits)[0])
-        row.stats.prefill_forwards = 1
-        if self.one_pass:  # one mask group after the prompt (read-only): the first round's marginals
+    def _prefill(self, rows: list[_Row], slot: int) -> list[list[int]]:
+        """The prompts causally into cache rows slot .. slot+k-1, in one forward (shorter prompts
+        padded at their end: the padding's K/V lands past the row's length, never read); returns
+        each row's first chunk (one token)."""
+        k, Ls = len(rows), [len(r.prompt) for r in rows]
+        L = max(Ls)
+        tokens = torch.zeros(k, L, dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, : Ls[i]] = torch.tensor(r.prompt)
+            self.cache.lengths[slot + i] = 0
+        sl = slice(slot, slot + k)
+        hidden = self._timed(rows, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, sl, causal=True))
+        last = hidden[torch.arange(k), torch.tensor(Ls) - 1]
+        logits = self._timed(rows, lambda: self.bf.logits(last))
+        for i, r in enumerate(rows):
+            self.cache.lengths[slot + i] = Ls[i]
+            r.root = int(self._targets(r, logits[i : i + 1])[0])
+            r.stats.prefill_forwards = 1
+        if self.one_pass:  # one mask group after each prompt (read-only): the first round's marginals
             G = self.cfg.group
-            hidden = self._timed([row], lambda: self.bf(torch.full((1, G), self.mask_id), torch.arange(G)[None],
-                                                         self.cache, slice(slot, slot + 1), lora=self.lora,
-                                                         lora_rows=slice(0, None) if self.lora else None))
-            row.stats.prefill_forwards = 2
-            row.marg = self._marginals(row, hidden[0, 1:])
-        return self._emit(row, [row.root])
+            hidden = self._timed(rows, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
+                                                       self.cache, sl, lora=self.lora,
+                                                       lora_rows=slice(0, None) if self.lora else None))
+            for i, r in enumerate(rows):
+                r.stats.prefill_forwards = 2
+                r.marg = self._marginals(r, hidden[i, 1:])
+        return [self._emit(r, [r.root]) for r in rows]
 
     def _marginals(self, row: _Row, hidden: torch.Tensor) -> Marginals | None:
         if hidden.shape[0] == 0:
@@ -362,13 +371,18 @@ class BatchDecoder:
         waiting = deque(range(len(self.prompts)))
         live: list[_Row] = []  # live[s] occupies cache row s
         while True:
-            # fill free cache rows with waiting prompts (a prompt may finish at its prefill token)
+            # fill free cache rows with waiting prompts, prefilled together (a prompt may finish at
+            # its prefill token: the rows after it move up)
             while waiting and len(live) < self.batch_size:
-                row = self._new_row(waiting.popleft())
-                chunk = self._prefill(row, len(live))
-                yield row.index, chunk
-                if not row.done:
-                    live.append(row)
+                rows = [self._new_row(waiting.popleft()) for _ in range(min(self.batch_size - len(live), len(waiting)))]
+                base = len(live)
+                for row, chunk in zip(rows, self._prefill(rows, base)):
+                    yield row.index, chunk
+                for slot, row in enumerate(rows, start=base):
+                    if not row.done:
+                        if slot != len(live):
+                            self.cache.move(slot, len(live))
+                        live.append(row)
             if not live:
                 return
             yield from self._round(live)
@@ -386,7 +400,7 @@ class BatchDecoder:
         for s in range(len(slots)):
             while slots[s] is None and waiting:
                 row = self._new_row(waiting.popleft())
-                entered.append((row, self._prefill(row, s)))
+                entered.append((row, self._prefill([row], s)[0]))
                 if not row.done:
                     slots[s] = row
         s = 0
