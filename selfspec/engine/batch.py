@@ -80,7 +80,7 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
 
 
 def row_capacity(prompts_ids, cfg: DecodeConfig) -> int:
-    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg) + 1
+    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=True) + 1
 
 
 @dataclass

@@ -34,7 +34,19 @@ def lookahead(cfg: DecodeConfig) -> int:
     return max(cfg.block_length, cfg.group, cfg.lookup_tokens if cfg.lookup else 0)
 
 
-def scratch(cfg: DecodeConfig) -> int:
-    """Cache slots a round may write beyond the committed text (every query token of a round)."""
+def scratch(cfg: DecodeConfig, *, batch: bool = False) -> int:
+    """Cache slots a round may write beyond the committed text (every query token of a round).
+
+    AR writes one; lookup its chain and root; two-pass its draft block or its tree; one-pass and
+    the batch-1 planner (which may choose one-pass) a tree with a group on every node; the batch
+    planner (`batch=True`) AR, lookup chains or two-pass linear drafts."""
+    if cfg.mode == "ar":
+        return 1
+    if cfg.mode == "lookup":
+        return cfg.lookup_tokens + 1
+    if cfg.mode == "auto" and batch:
+        return max(cfg.block_length, cfg.lookup_tokens + 1)
     nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
+    if cfg.mode != "auto" and cfg.schedule == "two-pass":
+        return max(cfg.block_length, nodes + 1, cfg.lookup_tokens + 1 if cfg.lookup else 0)
     return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
