@@ -77,6 +77,27 @@ def test_rounds_without_marginals_probe_now_and_then_and_less_often_while_losing
     assert pl.probe_every > 8
 
 
+def test_plan_rests_after_a_run_of_ar_choices_without_drafting_anything():
+    """plan() owns the rest: after 8 AR choices it answers AR for `rest` rounds without calling
+    the forecast (no drafting, no lookups); marginals at hand end the rest early."""
+    cpu = CostProfile("cpu", "*", "float32", (1, 16, 544), (0,), ((1.0, 1.7, 15.0),))
+    pl = Planner(cpu, budgets=[1, 2, 4], group_sizes=[4], block_length=8, allow_two_pass=False)
+    calls = []
+
+    def forecast():
+        calls.append(1)
+        return _forecast(0.05), None
+
+    for _ in range(8):
+        assert pl.plan(forecast, 10, 50, True)[0] == Option(0)
+    assert len(calls) == 8 and pl.dormant == 4
+    for _ in range(4):
+        assert pl.plan(forecast, 10, 50, False) == (Option(0), None)
+    assert len(calls) == 8 and pl.dormant == 0
+    pl.plan(forecast, 10, 50, False)
+    assert len(calls) == 9
+
+
 def test_auto_greedy_matches_ar_under_any_costs():
     m = tiny_model(seed=1, vocab_size=12)
     p = torch.randint(5, 12, (10,), generator=torch.Generator().manual_seed(0)).tolist()
