@@ -161,15 +161,29 @@ def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
 
 
 @pytest.mark.parametrize("profile,spec", [("flat", True), ("steep", False)])
-def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec):
-    """GPU-like costs (flat): the batch planner speculates (lookup chains or two-pass drafts) on
-    this repetitive tiny model; compute-bound costs with a large fixed part per query token: it
-    keeps AR apart from its probes. Either way every row equals its batch-1 AR output."""
+def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec, monkeypatch):
+    """On a clock where every forward takes what the profile says: with flat (GPU-like) costs the
+    batch planner speculates (lookup chains or two-pass drafts) on this repetitive tiny model;
+    with costs that grow with every query token it keeps AR apart from its probes. Either way
+    every row equals its batch-1 AR output."""
+    import types
+
+    from selfspec.engine import batch as batch_mod
+    from selfspec.engine.batch_forward import BatchForward
     from selfspec.engine.batch_profile import BatchProfile
 
+    prof = BatchProfile.flat() if profile == "flat" else BatchProfile.linear(per_token=1.0, fixed=1.0)
+    clock = [0.0]
+    real_call = BatchForward.__call__
+
+    def timed_call(self, tokens, *args, **kw):
+        clock[0] += prof(int(tokens.shape[0]), int(tokens.shape[1]))
+        return real_call(self, tokens, *args, **kw)
+
+    monkeypatch.setattr(BatchForward, "__call__", timed_call)
+    monkeypatch.setattr(batch_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     m = _model()
     prompts = _prompts((4, 9, 3, 12))
-    prof = BatchProfile.flat() if profile == "flat" else BatchProfile.linear(per_token=1.0)
     outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=40, block_length=8), eos_token_id=[],
                                      profile=prof)
     assert outs == [r[0] for r in _batch1(m, prompts, DecodeConfig(mode="ar", max_new_tokens=40), eos_token_id=[])]

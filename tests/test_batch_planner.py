@@ -98,3 +98,21 @@ def test_measured_batch_profile_is_monotone_and_cached(tmp_path, monkeypatch):
     assert list(tmp_path.rglob("*-batch.json"))
     del m._selfspec_batch_profile
     assert batch_cost_model(m) == first.__class__.load(str(next(tmp_path.rglob("*-batch.json"))))
+
+
+def test_a_profile_that_underprices_wide_rounds_is_corrected_by_what_they_took():
+    """The profile says a width-2 round costs what AR costs; measured lookup rounds take twice
+    AR's time: after a few, a yield of 1.3 tokens per row no longer buys them."""
+    torch.manual_seed(0)
+    p = BatchPlanner(BatchProfile.flat(0.1), two_pass=False)
+    _trained(p, 0.3, n=1)
+    chains, matches = [[7]] * 4, [2] * 4
+    assert p.plan(chains, matches, 8) == BatchOption("lookup", 1)
+    for _ in range(5):
+        p.observe(AR, rows=4, width=1, seconds=0.1, forward_seconds=0.1, tokens=4, drafted=[0] * 4,
+                  accepted=[0] * 4, matches=matches)
+        p.observe(BatchOption("lookup", 1), rows=4, width=2, seconds=0.2, forward_seconds=0.2, tokens=5,
+                  drafted=[1] * 4, accepted=[1, 0, 0, 0], matches=matches)
+    p.lookup.counts.clear()
+    _trained(p, 0.3, n=1)
+    assert p.plan(chains, matches, 8) is AR

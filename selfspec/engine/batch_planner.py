@@ -13,8 +13,8 @@ shares one width w (`batch.BatchDecoder` pads short drafts). Candidate layouts:
   own scores through a `Calibrator`.
 
 A layout's cost is the batch profile's f(R, w) (`batch_profile.BatchProfile`) times a scale
-learnt from the measured forwards (the profile was taken at one context length, under one
-load), plus a per-row overhead per kind of round, measured. The choice maximises
+per kind of round learnt from the measured forwards (the profile was taken at one context
+length, under one load), plus a per-row overhead per kind of round, measured. The choice maximises
 sum_i E_i / cost, with speculative yields discounted by `MARGIN`. After `PROBE_MIN` AR rounds
 in a row the best speculative layout is tried anyway (the text may have become predictable);
 the interval doubles up to `PROBE_MAX` while such tries lose to AR.
@@ -70,17 +70,23 @@ class BatchPlanner:
     lookup: PositionCalibrator = field(default_factory=PositionCalibrator)
     chain: Calibrator = field(default_factory=Calibrator)
     two_pass_yield: float = 0.0  # fading average of tokens per row of two-pass rounds; 0: untried
-    scale: float = 1.0  # measured model time / profile's prediction
+    scale: dict = field(default_factory=dict)  # kind -> measured model time / the profile's prediction
     overhead: dict = field(default_factory=dict)  # kind -> seconds per row-round beyond the model
     ar_streak: int = 0
     probe_every: int = PROBE_MIN
     last_rates: dict = field(default_factory=dict)  # kind -> predicted batch tokens/s at the last plan
 
+    def _scale(self, kind: str) -> float:
+        """Measured / predicted model time of this kind of round; per kind, because a profile
+        taken under other load can be off in its q = 1 to q = 2 step, which only the comparison
+        of AR rounds with speculative ones shows. An untried kind borrows AR's."""
+        return self.scale.get(kind, self.scale.get("ar", 1.0))
+
     def _seconds(self, kind: str, R: int, w: int) -> float:
-        model = self.cost(R, w) * self.scale
+        model = self.cost(R, w)
         if kind == "two-pass":
-            model += self.cost(R, self.block_length) * self.scale
-        return model + self.overhead.get(kind, 0.0) * R
+            model += self.cost(R, self.block_length)
+        return model * self._scale(kind) + self.overhead.get(kind, 0.0) * R
 
     def lookup_yields(self, chains: list[list[int]], matches: list[int], k: int) -> float:
         """Expected tokens of the batch when each row's chain is cut to k tokens."""
@@ -129,10 +135,11 @@ class BatchPlanner:
             return 0
         probs = [torch.cumprod(self.chain.prob(lq), 0).tolist() if lq.numel() else [] for lq in chains_lq]
         longest = max(len(p) for p in probs)
-        best_k, best_rate = 0, R / (self.cost(R, 1) * self.scale + self.overhead.get("two-pass", 0.0) * R)
+        scale, over = self._scale("two-pass"), self.overhead.get("two-pass", 0.0) * R
+        best_k, best_rate = 0, R / (self.cost(R, 1) * scale + over)
         for k in range(1, longest + 1):
             e = R + sum(sum(p[:k]) for p in probs) * (1 - MARGIN)
-            rate = e / (self.cost(R, k + 1) * self.scale + self.overhead.get("two-pass", 0.0) * R)
+            rate = e / (self.cost(R, k + 1) * scale + over)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -146,7 +153,9 @@ class BatchPlanner:
         kind = "two-pass" if draft_pass else option.kind
         predicted = self.cost(rows, width) + (self.cost(rows, self.block_length) if draft_pass else 0.0)
         if forward_seconds > 0:
-            self.scale += EMA * (forward_seconds / predicted - self.scale)
+            old = self._scale(kind)
+            self.scale[kind] = old + EMA * (forward_seconds / predicted - old) if kind in self.scale else \
+                forward_seconds / predicted
         over = max(0.0, seconds - forward_seconds) / max(1, rows)
         self.overhead[kind] = over if kind not in self.overhead else self.overhead[kind] + EMA * (over - self.overhead[kind])
         if kind == "lookup":
