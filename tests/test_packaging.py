@@ -40,3 +40,13 @@ def test_render_mask_example_draws_with_the_project_builder(tmp_path):
     out = tmp_path / "mask.png"
     subprocess.run([sys.executable, str(ROOT / "examples/render_mask.py"), "--out", str(out)], check=True, cwd=ROOT)
     assert out.stat().st_size > 1000
+
+
+def test_batch_example_runs_a_batch_on_a_small_model(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples/batch_generate.py"), "--model",
+                        str(ROOT / "models/pystdlib-nld-9m"), "--batch-size", "3", "--max-new-tokens", "8",
+                        "--mode", "lookup"], check=True, cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout.count("-- row ") == 4 and "tokens/s for the batch" in r.stdout
