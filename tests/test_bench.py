@@ -48,6 +48,9 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
             rounds, fwd = sum(x["rounds"] for x in recs), sum(x["forwards"] for x in recs)
             committed = sum(sum(x["accept_lengths"]) for x in recs)
             assert r["tau"] == pytest.approx(committed / rounds) and r["tpf"] == pytest.approx(committed / fwd)
+            lengths = [a for x in recs for a in x["accept_lengths"]]
+            assert r["accept_by_depth"][:2] == pytest.approx([sum(a >= 2 for a in lengths) / len(lengths),
+                                                              sum(a >= 3 for a in lengths) / len(lengths)])
             if r["schedule"] == "two-pass":  # a draft pass per round, except where one token is left
                 assert rounds < fwd <= 2 * rounds
             elif lab != "auto":  # AR and one-pass: one forward per round

@@ -99,6 +99,9 @@ def aggregate(records: list[dict]) -> dict:
         "tree_share": st.tree_seconds / sec if sec else 0.0,
         "oracle_tau": st.oracle_tau,
         "accept_hist": dict(sorted(Counter(st.accept_lengths).items())),
+        # share of verification rounds whose first d drafted tokens were all accepted, d = 1..8
+        "accept_by_depth": [sum(a > d for a in st.accept_lengths) / len(st.accept_lengths) for d in range(1, 9)]
+        if st.accept_lengths else None,
         "plan_hist": dict(st.plan_hist.most_common()),
         "matches_ar": sum(r.get("matches_ar", True) for r in records),
         "prompts": len(records),
@@ -106,15 +109,16 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| mode | schedule | budget | T | tau | TPF | tok/s | vs AR | vs linear | overhead | tree build | oracle tau | = AR |"
-    lines = [head, "|" + "---|" * 13]
+    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs linear | overhead | "
+            "tree build | oracle tau | = AR |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
         same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
         lines.append(
             f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
-            f"{f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
+            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
             f"{'x' if r['speedup_vs_linear'] is not None else ''} | {pct(r['overhead_share'])} | "
             f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
         )
@@ -354,7 +358,7 @@ def cmd_bench(a) -> int:
     summary = {"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
-                                  "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature",
+                                  "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature", "accept_by_depth",
                                   "plan_hist")} for r in rows]}
     print(json.dumps(summary))
     return 0
