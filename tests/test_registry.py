@@ -87,6 +87,22 @@ def test_the_default_model_answers_a_chat_and_continues_code(loaded):
     assert "return" in code.text
 
 
+def test_the_default_model_in_a_batch_equals_its_batch1_ar_rows_with_drafts_on_real_weights(loaded):
+    """fp32 on the shipped weights and draft LoRA: a batch of code and chat prompts of different
+    lengths, plan "auto" on a flat (GPU-like) batch profile so that it drafts (lookup chains and
+    two-pass drafts through the LoRA), equals every prompt's batch-1 AR output token for token."""
+    from selfspec.engine.batch_profile import BatchProfile
+
+    model, tok = loaded
+    prompts = ["def is_prime(n):\n", [{"role": "user", "content": "Name two uses of a Python dict."}],
+               "import os\n\n\ndef walk(root):\n    for", [{"role": "user", "content": "What is recursion?"}]]
+    res = selfspec.generate(model, tok, prompts, max_new_tokens=20, batch_size=3, profile=BatchProfile.flat())
+    for p, r in zip(prompts, res):
+        assert r.token_ids == selfspec.generate(model, tok, p, max_new_tokens=20, mode="ar").token_ids
+    hist = [k for r in res for k in r.stats.plan_hist]
+    assert any(k.startswith("linear/two-pass") for k in hist) and any(k.startswith("lookup") for k in hist)
+
+
 def test_chat_keeps_the_conversation_and_ends_each_answer_at_the_end_of_turn(loaded):
     model, tok = loaded
     out, err = io.StringIO(), io.StringIO()
