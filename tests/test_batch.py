@@ -434,3 +434,24 @@ def test_cli_generate_batch_writes_one_json_record_per_prompt(tiny_dir, tmp_path
     pf.write_text('"ok"\n\"\"\n')
     assert main(["generate", "--prompt-file", str(pf), "--batch-size", "2", *common]) == 2
     assert "line 2: empty prompt" in capsys.readouterr().err
+
+
+def test_cli_batch_reads_a_batch_profile_for_plan_auto_and_refuses_one_for_a_fixed_mode(tiny_dir, tmp_path, capsys):
+    import json
+
+    from selfspec.engine.batch_profile import BatchProfile
+    from selfspec.tools.cli import main
+
+    pf = tmp_path / "prompts.jsonl"
+    pf.write_text("\n".join(json.dumps(p) for p in ["def f(x):\n", "x = 1", "import os"]) + "\n")
+    prof = tmp_path / "batch.json"
+    BatchProfile.flat().save(str(prof))
+    common = ["--model", str(tiny_dir), "--prompt-file", str(pf), "--batch-size", "2", "--max-new-tokens", "8", "--json"]
+    assert main(["generate", *common, "--profile", str(prof)]) == 0
+    recs = [json.loads(ln) for ln in capsys.readouterr().out.strip().splitlines()]
+    assert len(recs) == 3 and all(sum(r["plan_hist"].values()) == r["rounds"] for r in recs)
+    assert main(["generate", *common, "--profile", str(prof), "--mode", "ar"]) == 2
+    assert "--plan auto only" in capsys.readouterr().err
+    prof.write_text("{}")
+    assert main(["generate", *common, "--profile", str(prof)]) == 2
+    assert "batch cost profile" in capsys.readouterr().err

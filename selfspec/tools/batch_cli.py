@@ -45,19 +45,26 @@ def cmd_generate_batch(a) -> int:
     from selfspec.engine.options import DecodeConfig
     from selfspec.streaming import generate
 
-    DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
+    cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
     if a.prompt_file is None:
         raise ValueError("--batch-size needs --prompt-file (JSON lines, one prompt per line)")
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.stop:
         raise ValueError("--stop is not supported with --batch-size yet")
+    if a.profile is not None:  # plan "auto" for a batch reads the batch cost profile f(B, q)
+        from selfspec.engine.batch_profile import BatchProfile
+
+        if cfg.mode != "auto":
+            raise ValueError("--profile is read by --plan auto only; this batch runs a fixed mode")
+        BatchProfile.load(a.profile)
     prompts = read_jsonl_prompts(a.prompt_file)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
-    results = generate(model, tok, prompts, seed=a.seed, batch_size=a.batch_size, **decode_kwargs(a))
+    results = generate(model, tok, prompts, seed=a.seed, batch_size=a.batch_size, profile=a.profile,
+                       **decode_kwargs(a))
     for i, r in enumerate(results):
         if a.json:
             print(json.dumps({"index": i, "text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
