@@ -116,3 +116,13 @@ def test_a_profile_that_underprices_wide_rounds_is_corrected_by_what_they_took()
     p.lookup.counts.clear()
     _trained(p, 0.3, n=1)
     assert p.plan(chains, matches, 8) is AR
+
+
+def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
+    p = BatchPlanner(BatchProfile.flat(), two_pass=False)
+    for _ in range(50):
+        p.lookup.update(2, 2, 3)
+    before = p.lookup.counts[3][0][0]
+    p.observe(BatchOption("lookup", 2), rows=16, width=3, seconds=1.0, forward_seconds=1.0, tokens=16,
+              drafted=[2] * 16, accepted=[0] * 16, matches=[3] * 16)
+    assert p.lookup.counts[3][0][0] == pytest.approx(before * p.lookup.forget + 16)

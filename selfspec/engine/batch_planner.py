@@ -158,14 +158,17 @@ class BatchPlanner:
                 forward_seconds / predicted
         over = max(0.0, seconds - forward_seconds) / max(1, rows)
         self.overhead[kind] = over if kind not in self.overhead else self.overhead[kind] + EMA * (over - self.overhead[kind])
-        if kind == "lookup":
+        if kind == "lookup":  # evidence fades once per round, not once per row
+            faded: set[int] = set()
             for n, a, m in zip(drafted, accepted, matches or [1] * len(drafted)):
                 if n:
-                    self.lookup.update(n, a, m)
+                    self.lookup.update(n, a, m, fade=m not in faded)
+                    faded.add(m)
         if kind == "two-pass":
             per_row = tokens / max(1, rows)
             self.two_pass_yield = per_row if not self.two_pass_yield else self.two_pass_yield + EMA * (
                 per_row - self.two_pass_yield)
+            first = True
             for lq, a in zip(chains_lq or [], accepted):
                 n = int(lq.numel())
                 if n:
@@ -173,7 +176,8 @@ class BatchPlanner:
                     reached[: min(n, a + 1)] = True
                     acc = torch.zeros(n, dtype=torch.bool)
                     acc[:a] = True
-                    self.chain.update(lq, reached, acc)
+                    self.chain.update(lq, reached, acc, fade=first)
+                    first = False
         if kind != "ar":  # a speculative round that lost to AR's predicted rate makes the next probe wait longer
             ar_rate = self.last_rates.get("ar")
             if ar_rate is not None and seconds > 0:

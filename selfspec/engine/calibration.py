@@ -41,10 +41,14 @@ class Calibrator:
         est = (self.accepted + self.a * self.prior) / (self.reached + self.a)
         return est[self._bin(local_logp)]
 
-    def update(self, local_logp: torch.Tensor, reached: torch.Tensor, accepted: torch.Tensor) -> None:
+    def update(self, local_logp: torch.Tensor, reached: torch.Tensor, accepted: torch.Tensor, *,
+               fade: bool = True) -> None:
+        """Count one verified tree; `fade=False` for the second and later rows of one batched round,
+        so that evidence fades per round, not per row."""
         b = self._bin(local_logp)
-        self.reached *= self.FORGET
-        self.accepted *= self.FORGET
+        if fade:
+            self.reached *= self.FORGET
+            self.accepted *= self.FORGET
         self.reached.index_add_(0, b, reached.double())
         self.accepted.index_add_(0, b, accepted.double())
 
@@ -73,13 +77,15 @@ class PositionCalibrator:
         a, prior = self.a, self.prior
         return [(accepted[i] + a * prior) / (reached[i] + a) for i in range(min(n, self.positions))]
 
-    def update(self, drafted: int, accepted: int, match: int = 1) -> None:
-        """A chain of `drafted` tokens of which the first `accepted` were taken."""
+    def update(self, drafted: int, accepted: int, match: int = 1, *, fade: bool = True) -> None:
+        """A chain of `drafted` tokens of which the first `accepted` were taken; `fade=False` for
+        the second and later rows of one batched round (evidence fades per round, not per row)."""
         reached_l, accepted_l = self._get(match)
-        f = self.forget
-        for i in range(self.positions):
-            reached_l[i] *= f
-            accepted_l[i] *= f
+        if fade:
+            f = self.forget
+            for i in range(self.positions):
+                reached_l[i] *= f
+                accepted_l[i] *= f
         drafted = min(drafted, self.positions)
         for i in range(min(accepted + 1, drafted)):
             reached_l[i] += 1
