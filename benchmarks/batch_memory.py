@@ -15,13 +15,7 @@ import json
 import resource
 import time
 
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+from memory_growth import rss_mib  # this folder's scripts run with it on sys.path
 
 
 def main(argv=None) -> int:
@@ -35,9 +29,10 @@ def main(argv=None) -> int:
     import torch
 
     import selfspec
-    from selfspec.engine.batch import BatchDecoder, row_capacity
+    from selfspec.engine.batch import BatchDecoder
     from selfspec.engine.batch_forward import BatchForward
     from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request import row_capacity
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -8,7 +8,8 @@ import torch
 
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.calibration import Calibrator, acceptance
-from selfspec.engine.planner import Forecast, Option, Planner, config_label, log2_budgets
+from selfspec.engine.layouts import Option, config_label
+from selfspec.engine.planner import Forecast, Planner, log2_budgets
 from selfspec.engine.profile import CostProfile
 from selfspec.engine.decoder import Decoder, generate_ids
 

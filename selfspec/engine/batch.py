@@ -41,47 +41,11 @@ from selfspec.drafting.verify import truncate, walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
 from selfspec.engine.batch_planner import BatchOption, BatchPlanner
 from selfspec.engine.batch_profile import batch_cost_model
-from selfspec.engine.request import check_request, scratch
+from selfspec.engine.layouts import config_label
+from selfspec.engine.request import check_batch, eos_ids, row_capacity
 from selfspec.engine.masks import tree_block
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.stats import Stats
-
-MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
-
-
-def batch_mode(cfg: DecodeConfig) -> str:
-    """"auto" (the batch planner chooses each round) or the fixed layout every round runs."""
-    return cfg.mode
-
-
-def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
-                max_cache_bytes: int | None = None) -> None:
-    """Every batch request error, raised before any model work."""
-    if not isinstance(prompts_ids, (list, tuple)) or len(prompts_ids) == 0:
-        raise ValueError("empty batch: at least one prompt is needed")
-    for i, p in enumerate(prompts_ids):
-        if len(p) == 0:
-            raise ValueError(f"empty prompt at index {i}: at least one token is needed")
-        check_request(model, p, cfg)
-    mode = batch_mode(cfg)
-    if mode == "presto" and cfg.rho == "learned":
-        raise ValueError("batched presto supports rho 'ngram' or 'none' (not 'learned')")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if generators is not None and len(generators) != len(prompts_ids):
-        raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
-    rows = min(batch_size or len(prompts_ids), len(prompts_ids))
-    bf = BatchForward.of(model)
-    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
-    limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
-    if need > limit:
-        raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
-                         f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
-
-
-def row_capacity(prompts_ids, cfg: DecodeConfig) -> int:
-    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=True) + 1
-
 
 @dataclass
 class _Row:
@@ -117,12 +81,11 @@ class BatchDecoder:
             dev = model.get_input_embeddings().weight.device
             generators = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
         self.model, self.cfg = model, cfg
-        self.mode = batch_mode(cfg)
+        self.mode = cfg.mode
         self.one_pass = self.mode in ("linear", "presto") and cfg.schedule == "one-pass"
         self.prompts = [[int(t) for t in p] for p in prompts_ids]
         self.batch_size = min(batch_size or len(self.prompts), len(self.prompts))
-        eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
-        self.eos = set([eos] if isinstance(eos, int) else (eos or []))
+        self.eos = eos_ids(model, eos_token_id)
         self.mask_id = int(model.config.mask_token_id)
         self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
         self.bf = BatchForward.of(model)
@@ -270,7 +233,7 @@ class BatchDecoder:
             limit = nodes + 1 if cfg.group_nodes is None else cfg.group_nodes
             owners = [group_owners(t, limit) if room > 1 else None for t, room in zip(trees, rooms)]
         self._tree_time(live, time.perf_counter() - t0)
-        return trees, owners, _label(cfg, self.mode), {}
+        return trees, owners, config_label(cfg), {}
 
     def _plan_auto(self, live: list[_Row], rooms: list[int]) -> tuple[list[Tree], list, str, dict]:
         """plan "auto": the batch planner picks AR, lookup chains or a two-pass linear draft, and
@@ -284,7 +247,7 @@ class BatchDecoder:
             chains.append(r.index_.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else [])
         option = self.planner.plan(chains, matches, max(rooms) - 1)
         self._tree_time(live, time.perf_counter() - t0)
-        info = {"option": option, "matches": matches, "draft_pass": option.kind == "two-pass"}
+        info = {"option": option, "matches": matches}
         if option.kind == "lookup":
             trees = [chain([r.root] + c[: option.k], torch.zeros(len(c[: option.k]) + 1)) for r, c in zip(live, chains)]
             return trees, [None] * R, option.label, info
@@ -298,7 +261,7 @@ class BatchDecoder:
         for r, m, lq in zip(live, margs, lqs):
             d = min(k, lq.numel())
             trees.append(chain([r.root] + m.top_tok[:d, 0].tolist(), torch.cat([torch.zeros(1), lq[:d].cumsum(0)])))
-        info["chains_lq"] = [lq[: min(k, lq.numel())] for lq in lqs]
+        info["chains_lq"] = [lq[:k] for lq in lqs]
         self._tree_time(live, time.perf_counter() - t0)
         return trees, [None] * R, BatchOption("two-pass", k).label, info
 
@@ -363,7 +326,7 @@ class BatchDecoder:
             self.planner.observe(info["option"], rows=R, width=q, seconds=time.perf_counter() - t_round,
                                  forward_seconds=self._model_seconds - f_before, tokens=committed,
                                  drafted=[n - 1 for n in ns], accepted=accepted, matches=info["matches"],
-                                 chains_lq=info.get("chains_lq"), draft_pass=info["draft_pass"])
+                                 chains_lq=info.get("chains_lq"))
 
     # -- the loop -----------------------------------------------------------------------------------
     def __iter__(self):
@@ -413,14 +376,6 @@ class BatchDecoder:
             else:
                 s += 1
         return slots, entered
-
-
-def _label(cfg: DecodeConfig, mode: str) -> str:
-    """The round layout's name, as the batch-1 decoder's `plan_hist` spells it."""
-    if mode in ("ar", "lookup"):
-        return mode
-    return (f"{mode}/{cfg.schedule}" + (f"/N={cfg.budget}" if mode == "presto" else "")
-            + ("/lookup" if mode == "presto" and cfg.lookup else ""))
 
 
 def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:

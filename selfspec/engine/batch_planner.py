@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.engine.calibration import Calibrator, PositionCalibrator
+from selfspec.engine.layouts import layout_label
 
 MARGIN = 0.05
 PROBE_MIN, PROBE_MAX = 8, 128
@@ -52,7 +53,9 @@ class BatchOption:
     def label(self) -> str:
         if self.kind == "ar" or self.k == 0 and self.kind == "lookup":
             return "ar"
-        return f"lookup/N={self.k}" if self.kind == "lookup" else f"linear/two-pass/N={self.k}"
+        if self.kind == "lookup":
+            return layout_label("lookup", nodes=self.k)
+        return layout_label("linear", schedule="two-pass", nodes=self.k)
 
 
 AR = BatchOption()
@@ -88,16 +91,19 @@ class BatchPlanner:
             model += self.cost(R, self.block_length)
         return model * self._scale(kind) + self.overhead.get(kind, 0.0) * R
 
-    def lookup_yields(self, chains: list[list[int]], matches: list[int], k: int) -> float:
-        """Expected tokens of the batch when each row's chain is cut to k tokens."""
-        total = 0.0
+    def lookup_gains(self, chains: list[list[int]], matches: list[int], longest: int) -> list[float]:
+        """gains[k]: expected accepted drafts of the batch when each row's chain is cut to k
+        tokens, k = 0..longest (one pass over each row's calibrated chain)."""
+        gains = [0.0] * (longest + 1)
         for chain, match in zip(chains, matches):
-            e, run = 1.0, 1.0
-            for p in self.lookup.prob(min(k, len(chain)), match):
-                run *= p
-                e += run
-            total += e
-        return total
+            run, total = 1.0, 0.0
+            probs = self.lookup.prob(min(longest, len(chain)), match)
+            for k in range(1, longest + 1):
+                if k <= len(probs):
+                    run *= probs[k - 1]
+                    total += run
+                gains[k] += total
+        return gains
 
     def plan(self, chains: list[list[int]], matches: list[int], room: int) -> BatchOption:
         """The layout of the next round. `chains[i]`: row i's lookup drafts (may be empty);
@@ -107,9 +113,9 @@ class BatchPlanner:
         rates = {"ar": best_rate}
         spec, spec_rate = None, 0.0
         longest = min(max((len(c) for c in chains), default=0), self.lookup_tokens, room)
+        gains = self.lookup_gains(chains, matches, longest)
         for k in range(1, longest + 1):
-            e = 1 + (self.lookup_yields(chains, matches, k) - R) * (1 - MARGIN) / R
-            rate = e * R / self._seconds("lookup", R, k + 1)
+            rate = (R + gains[k] * (1 - MARGIN)) / self._seconds("lookup", R, k + 1)
             if rate > spec_rate:
                 spec, spec_rate = BatchOption("lookup", k), rate
         if self.two_pass and room >= 1:
@@ -146,18 +152,15 @@ class BatchPlanner:
 
     def observe(self, option: BatchOption, *, rows: int, width: int, seconds: float, forward_seconds: float,
                 tokens: int, drafted: list[int], accepted: list[int], matches: list[int] | None = None,
-                chains_lq: list[torch.Tensor] | None = None, draft_pass: bool = False) -> None:
+                chains_lq: list[torch.Tensor] | None = None) -> None:
         """What a round did: its layout, rows, verify width, wall and model seconds, committed
         tokens, and per row the drafted and accepted counts (lookup: with match lengths; two-pass:
         with each verified chain's log q)."""
-        kind = "two-pass" if draft_pass else option.kind
-        predicted = self.cost(rows, width) + (self.cost(rows, self.block_length) if draft_pass else 0.0)
+        kind = option.kind
+        predicted = self.cost(rows, width) + (self.cost(rows, self.block_length) if kind == "two-pass" else 0.0)
         if forward_seconds > 0:
-            old = self._scale(kind)
-            self.scale[kind] = old + EMA * (forward_seconds / predicted - old) if kind in self.scale else \
-                forward_seconds / predicted
-        over = max(0.0, seconds - forward_seconds) / max(1, rows)
-        self.overhead[kind] = over if kind not in self.overhead else self.overhead[kind] + EMA * (over - self.overhead[kind])
+            self.scale[kind] = _ema(self.scale.get(kind), forward_seconds / predicted)
+        self.overhead[kind] = _ema(self.overhead.get(kind), max(0.0, seconds - forward_seconds) / max(1, rows))
         if kind == "lookup":  # evidence fades once per round, not once per row
             faded: set[int] = set()
             for n, a, m in zip(drafted, accepted, matches or [1] * len(drafted)):
@@ -165,9 +168,7 @@ class BatchPlanner:
                     self.lookup.update(n, a, m, fade=m not in faded)
                     faded.add(m)
         if kind == "two-pass":
-            per_row = tokens / max(1, rows)
-            self.two_pass_yield = per_row if not self.two_pass_yield else self.two_pass_yield + EMA * (
-                per_row - self.two_pass_yield)
+            self.two_pass_yield = _ema(self.two_pass_yield or None, tokens / max(1, rows))
             first = True
             for lq, a in zip(chains_lq or [], accepted):
                 n = int(lq.numel())
@@ -183,3 +184,8 @@ class BatchPlanner:
             if ar_rate is not None and seconds > 0:
                 won = tokens / seconds >= ar_rate
                 self.probe_every = PROBE_MIN if won else min(PROBE_MAX, 2 * self.probe_every)
+
+
+def _ema(old: float | None, x: float) -> float:
+    """A fading average: the first observation as is, then EMA of each new one."""
+    return x if old is None else old + EMA * (x - old)

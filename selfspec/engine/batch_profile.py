@@ -20,15 +20,13 @@ from the last two points; measured costs are made non-decreasing in q and in B.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
-from selfspec.engine.profile import _interp, default_path, device_key, model_key
+from selfspec.engine.profile import (best_of_sweeps, check_origin, default_path, device_key, grid_ok, interp2,
+                                     model_key, read_json, save_json)
 
 FORMAT = "selfspec-batch-profile/1"
 GRID_B = (1, 2, 4, 8, 16)
@@ -47,19 +45,13 @@ class BatchProfile:
     source: str = "<memory>"
 
     def __post_init__(self):
-        ok = (len(self.b) >= 1 and len(self.q) >= 1 and len(self.seconds) == len(self.b)
-              and all(len(r) == len(self.q) for r in self.seconds)
-              and list(self.b) == sorted(set(self.b)) and list(self.q) == sorted(set(self.q))
-              and all(x >= 1 for x in self.b + self.q)
-              and all(isinstance(s, (int, float)) and s == s and 0 < s < float("inf") for r in self.seconds for s in r))
-        if not ok:
+        if not (grid_ok(self.b, self.q, self.seconds) and all(x >= 1 for x in self.b + self.q)):
             raise ValueError(f"{self.source}: not a valid batch cost profile (b and q ascending, seconds[b][q] "
                              f"positive and finite, one row per b and one column per q)")
 
     def __call__(self, B: int, q: int) -> float:
         """Predicted seconds of one forward of B rows x q query tokens."""
-        rows = [_interp(self.q, row, q) for row in self.seconds]
-        return max(1e-9, _interp(self.b, rows, B))
+        return max(1e-9, interp2(self.b, self.q, self.seconds, B, q))
 
     @classmethod
     def flat(cls, seconds: float = 1e-3) -> "BatchProfile":
@@ -81,15 +73,7 @@ class BatchProfile:
     def load(cls, path: str, *, device: str | None = None, model: str | None = None,
              dtype: str | None = None) -> "BatchProfile":
         """Read a batch profile; every problem is a ValueError / FileNotFoundError naming the file."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"batch cost profile {path} not found")
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"batch cost profile {path} cannot be read: {e}") from None
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise ValueError(f"batch cost profile {path}: expected \"format\": \"{FORMAT}\"")
+        raw = read_json(path, FORMAT, "batch cost profile")
         try:
             prof = cls(str(raw["device"]), str(raw["model"]), str(raw["dtype"]), tuple(int(x) for x in raw["b"]),
                        tuple(int(x) for x in raw["q"]), tuple(tuple(float(s) for s in r) for r in raw["seconds"]),
@@ -98,17 +82,11 @@ class BatchProfile:
             if isinstance(e, ValueError) and str(e).startswith(path):
                 raise
             raise ValueError(f"batch cost profile {path}: missing or malformed field ({e})") from None
-        for name, want, have in (("device", device, prof.device), ("model", model, prof.model),
-                                 ("dtype", dtype, prof.dtype)):
-            if want is not None and have not in ("*", "any", "synthetic") and have != want:
-                raise ValueError(f"batch cost profile {path} was measured for {name} {have!r}, not {want!r}")
+        check_origin(prof, path, "batch cost profile", device=device, model=model, dtype=dtype)
         return prof
 
     def save(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1)
-        os.replace(path + ".tmp", path)
+        save_json(path, self.to_json())
 
 
 def _monotone(rows: list[list[float]]) -> tuple[tuple[float, ...], ...]:
@@ -124,9 +102,7 @@ def _monotone(rows: list[list[float]]) -> tuple[tuple[float, ...], ...]:
 def measure_batch(model, *, grid_b=GRID_B, grid_q=GRID_Q, c: int = 256, sweeps: int = 4, budget_s: float = 30.0,
                   progress: bool = True) -> BatchProfile:
     """Time batched forwards (`batch_forward.BatchForward`) over the grid: the fastest of a few
-    sweeps per point (interference only adds time), fewer sweeps when one is slow."""
-    from tqdm import tqdm
-
+    sweeps per point (`profile.best_of_sweeps`)."""
     from selfspec.engine.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
@@ -139,31 +115,21 @@ def measure_batch(model, *, grid_b=GRID_B, grid_q=GRID_Q, c: int = 256, sweeps: 
     cache.lengths[0] = c
     for r in range(1, max(grid_b)):  # every row holds the same prefix: copy row 0 instead of running it again
         cache.move(0, r, keep=True)
-    points = [(i, j) for i in range(len(grid_b)) for j in range(len(grid_q))]
-    best = [[float("inf")] * len(grid_q) for _ in grid_b]
-    bar = tqdm(total=(sweeps + 1) * len(points), desc="measuring the batch cost profile", file=sys.stderr,
-               disable=not progress, leave=False)
-    sweep, total = 0, sweeps + 1
-    while sweep < total:
-        t_sweep = time.perf_counter()
-        for i, j in points:
-            B, q = grid_b[i], grid_q[j]
-            toks = torch.randint(0, V, (B, q), generator=gen)
-            block = torch.full((q, q), float("-inf")).triu_(1).expand(B, q, q)
-            t0 = time.perf_counter()
-            h = bf(toks, torch.arange(q).expand(B, q), cache, slice(0, B), block=block)
-            bf.logits(h[:, : min(q, 16)].reshape(-1, h.shape[-1]))
-            if h.is_cuda:
-                torch.cuda.synchronize(h.device)
-            if sweep:
-                best[i][j] = min(best[i][j], time.perf_counter() - t0)
-            bar.update(1)
-        if sweep == 0:
-            total = 1 + max(2, min(sweeps, int(budget_s / max(1e-9, time.perf_counter() - t_sweep)) - 1))
-            bar.total = total * len(points)
-            bar.refresh()
-        sweep += 1
-    bar.close()
+    points = [(B, q) for B in grid_b for q in grid_q]
+    inputs = {(B, q): (torch.randint(0, V, (B, q), generator=gen),
+                       torch.full((q, q), float("-inf")).triu_(1).expand(B, q, q)) for B, q in points}
+
+    def run(point):
+        B, q = point
+        toks, block = inputs[point]
+        h = bf(toks, torch.arange(q).expand(B, q), cache, slice(0, B), block=block)
+        bf.logits(h[:, : min(q, 16)].reshape(-1, h.shape[-1]))
+        if h.is_cuda:
+            torch.cuda.synchronize(h.device)
+
+    times = best_of_sweeps(points, run, sweeps=sweeps, budget_s=budget_s, desc="measuring the batch cost profile",
+                           progress=progress)
+    best = [times[i * len(grid_q):(i + 1) * len(grid_q)] for i in range(len(grid_b))]
     dev = model.get_input_embeddings().weight.device
     return BatchProfile(device_key(dev), model_key(model), str(model.dtype).replace("torch.", ""), tuple(grid_b),
                         tuple(grid_q), _monotone(best), c)

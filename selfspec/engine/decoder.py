@@ -27,11 +27,12 @@ import time
 import torch
 
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.request import check_request, scratch
+from selfspec.engine.request import check_request, eos_ids, scratch
 from selfspec.engine.forward import engine
 from selfspec.drafting.lookup import ContextIndex
 from selfspec.engine.masks import tree_block
-from selfspec.engine.planner import Forecast, config_label, fixed_option, keep_planner, planner_for
+from selfspec.engine.layouts import config_label, fixed_option
+from selfspec.engine.planner import Forecast, keep_planner, planner_for
 from selfspec.engine.rounds import Round, recorder_observer, stats_observer
 from selfspec.engine.stats import Stats
 from selfspec.drafting.sampling import select
@@ -67,7 +68,7 @@ class Decoder:
         bonus              int: the target token at the end of the path
         committed          list[int]: tokens emitted by this round (accepted draft nodes + bonus,
                            after eos / max_new_tokens truncation)
-        layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ... (`planner.config_label`;
+        layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ... (`layouts.config_label`;
                            plan "auto": the round's `Option.label`, e.g. "one-pass/N=8/m=9/G=8")
         forward_seconds    float: this round's model time (two-pass: both passes)
         query_tokens       int: query tokens this round's forwards ran (nodes + mask slots)
@@ -80,8 +81,7 @@ class Decoder:
         check_request(model, prompt_ids, cfg)
         self.model, self.cfg = model, cfg
         self.prompt = [int(t) for t in prompt_ids]
-        eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
-        self.eos = set([eos] if isinstance(eos, int) else (eos or []))
+        self.eos = eos_ids(model, eos_token_id)
         self.mask_id = int(model.config.mask_token_id)
         self.gen = generator
         self.lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None

@@ -57,19 +57,14 @@ class CostProfile:
     source: str = "<memory>"
 
     def __post_init__(self):
-        ok = (len(self.q) >= 1 and len(self.c) >= 1 and len(self.seconds) == len(self.c)
-              and all(len(row) == len(self.q) for row in self.seconds)
-              and list(self.q) == sorted(set(self.q)) and list(self.c) == sorted(set(self.c))
-              and all(q >= 1 for q in self.q) and all(c >= 0 for c in self.c)
-              and all(isinstance(s, (int, float)) and s == s and 0 < s < float("inf") for r in self.seconds for s in r))
+        ok = grid_ok(self.c, self.q, self.seconds) and all(q >= 1 for q in self.q) and all(c >= 0 for c in self.c)
         if not ok:
             raise ValueError(f"{self.source}: not a valid cost profile (q and c must be ascending, seconds[c][q] "
                              f"positive and finite, one row per c and one column per q)")
 
     def __call__(self, q: int, c: int) -> float:
         """Predicted seconds of one forward of q query tokens over c cached tokens."""
-        rows = [_interp(self.q, row, q) for row in self.seconds]
-        return max(1e-9, _interp(self.c, rows, c))
+        return max(1e-9, interp2(self.c, self.q, self.seconds, c, q))
 
     @classmethod
     def flat(cls, seconds: float = 1e-3, *, max_q: int = 1024) -> "CostProfile":
@@ -83,15 +78,7 @@ class CostProfile:
     @classmethod
     def load(cls, path: str, *, device: str | None = None, model: str | None = None, dtype: str | None = None) -> "CostProfile":
         """Read a profile file; every problem is a ValueError / FileNotFoundError naming the file."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"cost profile {path} not found")
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cost profile {path} cannot be read: {e}") from None
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise ValueError(f"cost profile {path}: expected \"format\": \"{FORMAT}\"")
+        raw = read_json(path, FORMAT, "cost profile")
         try:
             prof = cls(str(raw["device"]), str(raw["model"]), str(raw["dtype"]), tuple(int(x) for x in raw["q"]),
                        tuple(int(x) for x in raw["c"]), tuple(tuple(float(s) for s in r) for r in raw["seconds"]), path)
@@ -99,17 +86,82 @@ class CostProfile:
             if isinstance(e, ValueError) and str(e).startswith(path):
                 raise
             raise ValueError(f"cost profile {path}: missing or malformed field ({e})") from None
-        for name, want, have in (("device", device, prof.device), ("model", model, prof.model), ("dtype", dtype, prof.dtype)):
-            if want is not None and have not in ("*", "any", "synthetic") and have != want:
-                raise ValueError(f"cost profile {path} was measured for {name} {have!r}, not this {name} ({want!r})")
+        check_origin(prof, path, "cost profile", device=device, model=model, dtype=dtype)
         return prof
 
     def save(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1)
-        os.replace(tmp, path)
+        save_json(path, self.to_json())
+
+
+# -- shared by the batch-1 and the batch profile (`batch_profile.BatchProfile`) ---------------------
+def grid_ok(rows, cols, seconds) -> bool:
+    """Both axes ascending without repeats, one row per `rows` entry and one column per `cols`
+    entry, every time positive and finite."""
+    return (len(rows) >= 1 and len(cols) >= 1 and len(seconds) == len(rows)
+            and all(len(r) == len(cols) for r in seconds)
+            and list(rows) == sorted(set(rows)) and list(cols) == sorted(set(cols))
+            and all(isinstance(s, (int, float)) and s == s and 0 < s < float("inf") for r in seconds for s in r))
+
+
+def interp2(rows, cols, seconds, r: float, c: float) -> float:
+    """seconds[.][.] at (r, c): linear along each row in `cols`, then across rows in `rows`."""
+    return _interp(rows, [_interp(cols, row, c) for row in seconds], r)
+
+
+def read_json(path: str, fmt: str, what: str) -> dict:
+    """A profile file's JSON object; a missing, unreadable or foreign file is one error naming it."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path} not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what} {path} cannot be read: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
+        raise ValueError(f"{what} {path}: expected \"format\": \"{fmt}\"")
+    return raw
+
+
+def check_origin(prof, path: str, what: str, **want) -> None:
+    """A profile measured for another device, model or dtype is refused (synthetic ones match any)."""
+    for name, value in want.items():
+        have = getattr(prof, name)
+        if value is not None and have not in ("*", "any", "synthetic") and have != value:
+            raise ValueError(f"{what} {path} was measured for {name} {have!r}, not this {name} ({value!r})")
+
+
+def save_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def best_of_sweeps(points: list, run, *, sweeps: int, budget_s: float, desc: str, progress: bool) -> list[float]:
+    """The fastest time of `run(point)` per point over a warm-up sweep and then `sweeps` timed
+    ones (fewer, at least 2, when one sweep is slow against `budget_s`). Interference from other
+    work only ever adds time, so the minimum is the device's own cost, and sweeping spreads a
+    burst of interference over the grid instead of one point."""
+    from tqdm import tqdm
+
+    best = [float("inf")] * len(points)
+    bar = tqdm(total=(sweeps + 1) * len(points), desc=desc, file=sys.stderr, disable=not progress, leave=False)
+    sweep, total = 0, sweeps + 1
+    while sweep < total:
+        t_sweep = time.perf_counter()
+        for i, point in enumerate(points):
+            t0 = time.perf_counter()
+            run(point)
+            if sweep:  # sweep 0 warms up
+                best[i] = min(best[i], time.perf_counter() - t0)
+            bar.update(1)
+        if sweep == 0:
+            total = 1 + max(2, min(sweeps, int(budget_s / max(1e-9, time.perf_counter() - t_sweep)) - 1))
+            bar.total = total * len(points)
+            bar.refresh()
+        sweep += 1
+    bar.close()
+    return best
 
 
 def _interp(xs, ys, x: float) -> float:
@@ -158,15 +210,11 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, budget_s: f
             progress: bool = True) -> CostProfile:
     """Time the compact forward over the grid on the model's own device and dtype.
 
-    The grid is swept `sweeps` times (after one warm-up sweep) and each point keeps its fastest
-    time: interference from other work only ever adds time, so the minimum is the device's own
-    cost, and sweeping spreads a burst of interference over the grid instead of one point.
+    Each point keeps its fastest time over `sweeps` sweeps of the grid (`best_of_sweeps`).
     Costs are then made non-decreasing in q (more query tokens never cost less). A model whose
     sweep is slow (135M parameters on 2 CPU cores: ~4 s) gets fewer sweeps, at least 2, so that
     the whole measurement stays near `budget_s`.
     """
-    from tqdm import tqdm
-
     from selfspec.engine.forward import engine
 
     ff = engine(model)
@@ -185,30 +233,19 @@ def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, budget_s: f
         q = grid_q[j]
         inputs[j] = (torch.randint(0, V, (q,), generator=gen),
                      torch.full((q, q), float("-inf")).triu_(1) if q > 1 else None)
-    best = [[float("inf")] * len(grid_q) for _ in grid_c]
-    bar = tqdm(total=(sweeps + 1) * len(points), desc="measuring the cost profile", file=sys.stderr,
-               disable=not progress, leave=False)
-    sweep, total = 0, sweeps + 1
-    while sweep < total:
-        t_sweep = time.perf_counter()
-        for i, j in points:
-            c, q = grid_c[i], grid_q[j]
-            cache.length = c
-            toks, block = inputs[j]
-            t0 = time.perf_counter()
-            h = ff(toks, torch.arange(c, c + q), cache, block=block)
-            ff.logits(h[: min(q, 48)])
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            if sweep:  # sweep 0 warms up
-                best[i][j] = min(best[i][j], time.perf_counter() - t0)
-            bar.update(1)
-        if sweep == 0:
-            total = 1 + max(2, min(sweeps, int(budget_s / max(1e-9, time.perf_counter() - t_sweep)) - 1))
-            bar.total = total * len(points)
-            bar.refresh()
-        sweep += 1
-    bar.close()
+    def run(point):
+        i, j = point
+        c, q = grid_c[i], grid_q[j]
+        cache.length = c
+        toks, block = inputs[j]
+        h = ff(toks, torch.arange(c, c + q), cache, block=block)
+        ff.logits(h[: min(q, 48)])
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    times = best_of_sweeps(points, run, sweeps=sweeps, budget_s=budget_s, desc="measuring the cost profile",
+                           progress=progress)
+    best = [times[i * len(grid_q):(i + 1) * len(grid_q)] for i in range(len(grid_c))]
     cache.length = 0
     rows = []
     for row in best:

@@ -1,7 +1,9 @@
-"""What a request needs before any model work: its checks and its cache room."""
+"""What a request needs before any model work: its checks (one prompt or a batch), its eos ids
+and its cache room."""
 
 from __future__ import annotations
 
+from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
 
@@ -50,3 +52,40 @@ def scratch(cfg: DecodeConfig, *, batch: bool = False) -> int:
     if cfg.mode != "auto" and cfg.schedule == "two-pass":
         return max(cfg.block_length, nodes + 1, cfg.lookup_tokens + 1 if cfg.lookup else 0)
     return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
+
+
+def eos_ids(model, eos_token_id=None) -> set[int]:
+    """The ids that end a generation: the given id(s), else the model config's."""
+    eos = eos_token_id if eos_token_id is not None else model.config.eos_token_id
+    return set([eos] if isinstance(eos, int) else (eos or []))
+
+
+MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
+
+
+def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
+                max_cache_bytes: int | None = None) -> None:
+    """Every batch request error, raised before any model work."""
+    if not isinstance(prompts_ids, (list, tuple)) or len(prompts_ids) == 0:
+        raise ValueError("empty batch: at least one prompt is needed")
+    for i, p in enumerate(prompts_ids):
+        if len(p) == 0:
+            raise ValueError(f"empty prompt at index {i}: at least one token is needed")
+        check_request(model, p, cfg)
+    if cfg.mode == "presto" and cfg.rho == "learned":
+        raise ValueError("batched presto supports rho 'ngram' or 'none' (not 'learned')")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if generators is not None and len(generators) != len(prompts_ids):
+        raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
+    rows = min(batch_size or len(prompts_ids), len(prompts_ids))
+    bf = BatchForward.of(model)
+    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
+    limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
+    if need > limit:
+        raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
+                         f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
+
+
+def row_capacity(prompts_ids, cfg: DecodeConfig) -> int:
+    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=True) + 1

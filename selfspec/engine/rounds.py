@@ -31,7 +31,7 @@ class Round:
     forward_before: float = 0.0  # stats.forward_seconds when the round began
     query_before: int = 0
     # plan
-    option: object = None  # planner.Option
+    option: object = None  # layouts.Option
     layout: str = ""
     big: Tree | None = None  # the planner's largest tree (its pick is a top-N subtree)
     drafted: list[int] | None = None  # lookup drafts, when the planner read them

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import replace
 
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
-from selfspec.engine.planner import config_label, layout_label
+from selfspec.engine.layouts import config_label, layout_label
 from selfspec.tools.peers import llama_cpp_available
 
 PEERS = ("hf", "hf-lookup", "llama.cpp")
@@ -187,6 +187,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
 
     from selfspec.tools.peers import HFPeer, LlamaCppPeer
     from selfspec.engine.decoder import Decoder
+    from selfspec.engine.request import eos_ids
     from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
@@ -199,7 +200,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         else:
             hp = HFPeer(model, prompt_lookup=10 if name == "hf-lookup" else 0)
         runners += [("peer", (hp, t)) for t in temps]
-    eos = Decoder(model, encoded[0], configs[0]).eos
+    eos = eos_ids(model)
     for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
         if kind == "cfg":
             for _ in Decoder(model, encoded[0], replace(r, max_new_tokens=warmup_tokens), profile=profile):

@@ -54,11 +54,11 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     from tqdm import tqdm
 
     from selfspec.engine.batch import BatchDecoder
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.request import eos_ids
     from selfspec.tools.peers import causal_lm
 
     base = dict(base or {})
-    eos = Decoder(model, prompts_ids[0], DecodeConfig(mode="ar", max_new_tokens=1)).eos
+    eos = eos_ids(model)
     mask_id = int(model.config.mask_token_id)
     pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     lm = causal_lm(model) if "hf" in peers else None

@@ -15,6 +15,7 @@ so a resumed run sees the same data as an uninterrupted one.
 from __future__ import annotations
 
 import ast
+import json
 import random
 import re
 import textwrap
@@ -119,8 +120,6 @@ def code_window(tok, rng: random.Random, pool, window: int) -> list[int]:
 @lru_cache(maxsize=2)
 def greedy_records(path: str) -> tuple:
     """The id lists of a `greedy_data` JSONL file (the model's own greedy answers with their prompts)."""
-    import json
-
     out = []
     with open(path) as f:
         for line in f:
