@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     prompts = [tok.encode(f"# A long tutorial on Python {topics[i % len(topics)]}, part {i}\n") for i in range(a.rows)]
     cfg = DecodeConfig(mode="ar", max_new_tokens=a.tokens - max(len(p) for p in prompts))
     dec = BatchDecoder(model, prompts, cfg, batch_size=a.rows, eos_token_id=[])
-    kv = BatchForward.of(model).cache_bytes(a.rows, row_capacity(prompts, cfg)) / 2**20
+    kv = BatchForward.of(model).cache_bytes(a.rows, row_capacity(prompts, cfg, a.rows)) / 2**20
     t0 = time.perf_counter()
     n = sum(len(chunk) for _, chunk in dec)
     dt = time.perf_counter() - t0

@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import pytest
 
 import selfspec
-import selfspec.engine.decoder as decoder_module
+import selfspec.engine.batch as decoder_module
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.profile import CostProfile

@@ -122,10 +122,16 @@ def test_on_the_shipped_model_a_flat_profile_plans_one_pass_presto_with_budget_3
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompt = json.loads(f.readline())["prompt"]
     dec = Decoder(model, tok.encode(prompt), DecodeConfig(max_new_tokens=48), profile=CostProfile.flat())
-    dec.cache = dec.ff.new_cache(512)
-    root, marg = dec._prefill(with_group=True)
-    forecast, _ = dec._forecast(root, marg, 48)
-    opt, _ = dec.planner.choose(forecast, dec.cache.length, 48)
+    chosen, plan = [], dec.planner.plan
+
+    def recording(*a):
+        chosen.append(plan(*a))
+        return chosen[-1]
+
+    dec.planner.plan = recording
+    rounds = iter(dec)
+    next(rounds), next(rounds)  # the prefill's token, then the first round (planned on the prefill's group)
+    opt = chosen[0][0]
     assert opt.nodes >= 32 and opt.groups == opt.nodes + 1 and not opt.draft_pass
 
 

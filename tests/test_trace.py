@@ -196,8 +196,9 @@ def test_hook_records_agree_with_the_run_stats():
     assert 0 < sum(r.forward_seconds for r in tr.rounds) <= s.forward_seconds
     assert [r.c for r in tr.rounds] == [3 + sum(s.accept_lengths[:i]) for i in range(s.rounds)]
     assert {r.layout for r in tr.rounds} == {"presto/two-pass/N=6"} and tr.rounds[0].lam == 0.2
-    assert set(raw[0]) == {"round", "c", "tree", "cands", "targets", "path", "bonus", "committed", "layout",
+    assert set(raw[0]) == {"round", "row", "c", "tree", "cands", "targets", "path", "bonus", "committed", "layout",
                            "forward_seconds", "query_tokens", "lam", "oracle_candidates"}
+    assert {info["row"] for info in raw} == {0}
 
 
 def test_score_split_is_log_q_plus_the_prefix_aligned_part():

@@ -1,75 +1,68 @@
-"""Batched decoding: many prompts at once, each row equal to its batch-1 run.
+"""The decoder: rounds over a batch of sequences with ragged acceptance. One prompt is one row.
 
-`BatchDecoder` runs up to `batch_size` rows through one batched forward per step
-(`batch_forward.BatchForward`, cache `cache.BatchKVCache`) and yields `(row, chunk)` as rows
-commit. Rows accept ragged lengths: each keeps its own cache length, generator, lookup index
-and n-gram rho; drafting, verification (`verify.walk`) and sampling (`sampling.select` with the
-row's own generator, called exactly as the batch-1 `Decoder` calls it) run per row, so greedy
-rows equal their batch-1 output and sampled rows are exact samples, reproducible per row seed.
+`BatchDecoder` runs up to `batch_size` sequences (`sequence.Sequence`, one per prompt) through
+one batched forward per step (`batch_forward.BatchForward` into a `cache.BatchKVCache`, slot =
+position) and yields `(row, chunk)` as rows commit. `decoder.Decoder`, the batch-1 API, is this
+code with one row. Each row keeps its own cache length, generator, lookup index and rho; its
+drafting, verification (`verify.walk`) and sampling (`sampling.select` with the row's own
+generator) run per row, so greedy rows equal their batch-1 output and sampled rows are exact
+samples, reproducible per row seed.
 
-A round, for the R live rows (cache rows 0..R-1):
-1. draft pass (two-pass linear / PRESTO): [root, M x (B-1)] per row, one batched forward;
-2. draft: per row, a tree (AR: the root; lookup: the copied chain; linear: a chain; PRESTO: the
-   top-N tree) from the draft pass's marginals (two-pass) or the previous round's (one-pass);
-3. lay out: each row's tree nodes padded to the widest tree (N), then (one-pass) each row's mask
-   groups padded to the most groups (M x G); padding queries see only themselves, no real query
-   sees them, and the draft LoRA runs on every row from N on (real groups and padding alike);
-4. verify forward, per-row targets and walk, commit each row's path into its own slots; one-pass:
-   the next marginals from the endpoint's group (or its nearest owner's), as the batch-1 decoder;
-5. rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
-   prefilled into the freed cache row (continuous batching), else the last live row moves there.
+Every round starts from the same state per row: the cache row holds the accepted prefix and
+`root`, the last emitted token, is not in it yet; `marg` holds marginals for the depths after
+the root when the previous round left some (one-pass). A round fills one `rounds.Round` per
+row, step by step (`_round`):
 
-Modes: "ar", "lookup", and fixed "linear" / "presto", two-pass or one-pass; plan "auto" (mode
-"auto"): each round the batch planner (`batch_planner.BatchPlanner`, on the batch cost profile
-f(B, q)) picks AR, lookup chains or a two-pass linear draft for all rows, and how many tokens.
+1. plan (`_plan`): one layout (`layouts.Option`) for the whole batch: a fixed mode's, or plan
+   "auto"'s: with one row the batch-1 planner (`planner.Planner`: AR, lookup chains, PRESTO
+   trees two-pass or one-pass, probes), with several the batch planner
+   (`batch_planner.BatchPlanner` on f(B, q): AR, lookup chains or two-pass linear drafts);
+2. draft (`_draft_step`): two-pass layouts first run [root, M x (B-1)] per row in one batched
+   forward; then per row a tree (the root; a copied chain; a linear chain; PRESTO's top-N tree);
+3. lay out + forward (`_forward_step`): each row's tree nodes padded to the widest tree (N),
+   then its mask groups (one-pass: `tree.group_owners`) padded to the most groups (M x G); a
+   padding query sees only itself and no real query sees it; the draft LoRA runs from N on;
+4. verify + commit (`_verify_commit`): per row the targets (`sampling.select`), `verify.walk`,
+   the next marginals from the endpoint's group or its nearest owner's shifted by the depth gap
+   (slot 0 of a group is the bonus position), the accepted path gathered into the row's slots;
+5. observe: each row's observers get its finished round (stats, the batch-1 planner, the
+   predictor's recorder, the round hook); the batch planner observes the whole round.
+
+Rows that finish (eos inside the accepted span, max_new_tokens) leave; a waiting prompt is
+prefilled into the freed cache row (continuous batching), else the last live row moves there.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from selfspec.drafting.lookup import ContextIndex
 from selfspec.drafting.sampling import select
-from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
-from selfspec.drafting.tree import (ContextCandidates, Marginals, Tree, build_tree, chain, group_owners, nearest_owner,
-                                    root_only)
-from selfspec.drafting.verify import truncate, walk
+from selfspec.drafting.scoring import path_context
+from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
+from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import BatchForward, pad_block
 from selfspec.engine.batch_planner import BatchOption, BatchPlanner
-from selfspec.engine.batch_profile import batch_cost_model
-from selfspec.engine.layouts import config_label
-from selfspec.engine.request import check_batch, eos_ids, row_capacity
+from selfspec.engine.layouts import AR, Option, config_label, fixed_option
 from selfspec.engine.masks import tree_block
 from selfspec.engine.options import DecodeConfig
+from selfspec.engine.planner import Planner, keep_planner, planner_for
+from selfspec.engine.request import check_batch, eos_ids, row_capacity
+from selfspec.engine.rounds import Round, recorder_observer, stats_observer
+from selfspec.engine.sequence import Sequence, draft_tree, forecast, lookup_chain, new_sequence
 from selfspec.engine.stats import Stats
-
-@dataclass
-class _Row:
-    index: int
-    prompt: list[int]
-    gen: torch.Generator | None
-    stats: Stats = field(default_factory=Stats)
-    emitted: list[int] = field(default_factory=list)
-    root: int = -1
-    done: bool = False
-    index_: ContextIndex | None = None
-    rho: NgramRho | None = None
-    extra: object = None
-    t0: float = 0.0
-    marg: Marginals | None = None  # one-pass: the marginals the previous round left
-
-    def tail(self, n: int) -> list[int]:
-        e = self.emitted
-        return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
 
 
 class BatchDecoder:
     """Iterates `(row_index, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]`
-    hold row i's ids and measurements (input order). See the module docstring for the round."""
+    hold row i's ids and measurements (input order). See the module docstring for the round.
+
+    Hooks (None, or set before iterating): `on_round(info)` once per row and round, with the
+    dict of `decoder.Decoder`'s contract plus "row" (the prompt's index); `recorder(...)` as
+    `decoder.Decoder.recorder`, for every row's rounds that verified a tree drafted from marginals.
+    """
 
     def __init__(self, model, prompts_ids, cfg: DecodeConfig, *, batch_size: int | None = None,
                  eos_token_id=None, generators: list[torch.Generator | None] | None = None,
@@ -81,8 +74,6 @@ class BatchDecoder:
             dev = model.get_input_embeddings().weight.device
             generators = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
         self.model, self.cfg = model, cfg
-        self.mode = cfg.mode
-        self.one_pass = self.mode in ("linear", "presto") and cfg.schedule == "one-pass"
         self.prompts = [[int(t) for t in p] for p in prompts_ids]
         self.batch_size = min(batch_size or len(self.prompts), len(self.prompts))
         self.eos = eos_ids(model, eos_token_id)
@@ -92,290 +83,340 @@ class BatchDecoder:
         self.gens = list(generators) if generators is not None else [None] * len(self.prompts)
         self.outputs: list[list[int]] = [[] for _ in self.prompts]
         self.stats: list[Stats] = [Stats() for _ in self.prompts]
+        self.recorder = None
+        self.on_round = None
         self.cache = None
-        self._model_seconds = 0.0  # every batched forward's time, for the planner's observations
-        self.planner = None
-        if self.mode == "auto":
-            self.planner = BatchPlanner(batch_cost_model(model, profile), lookup_tokens=cfg.lookup_tokens,
-                                        block_length=cfg.block_length)
+        self._model_seconds = 0.0  # every batched forward's time, for the batch planner
+        self.planner = self.batch_planner = None
+        if cfg.mode == "auto" and self.batch_size == 1:
+            self.planner = planner_for(model, cfg, profile)
+        elif cfg.mode == "auto":
+            from selfspec.engine.batch_profile import batch_cost_model
 
-    # -- per-row pieces ----------------------------------------------------------------------------
-    def _new_row(self, i: int) -> _Row:
-        cfg, p = self.cfg, self.prompts[i]
-        row = _Row(i, p, self.gens[i], self.stats[i], self.outputs[i], t0=time.perf_counter())
-        if self.mode in ("lookup", "auto") or (self.mode == "presto" and cfg.lookup):
-            row.index_ = ContextIndex(p, min_ngram=cfg.lookup_min_ngram, max_ngram=cfg.lookup_max_ngram)
-        if self.mode == "presto":
-            row.rho = NgramRho(self.model.config.vocab_size, p) if cfg.rho == "ngram" else None
-            row.extra = make_extra_score(row.rho, cfg.lam)
-        return row
+            self.batch_planner = BatchPlanner(batch_cost_model(model, profile), lookup_tokens=cfg.lookup_tokens,
+                                              block_length=cfg.block_length)
+        self.fixed = fixed_option(cfg) if cfg.mode != "auto" else None
+        self.fixed_label = config_label(cfg)
+        self.prefill_group = self.planner is not None or (self.fixed is not None and self.fixed.groups > 0)
+        self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup) \
+            or self.batch_planner is not None
+        self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
+        self.k = cfg.tree_top_k if cfg.mode in ("presto", "auto") else 1
+        self._info: dict = {}  # what the batch planner observes about the current round
 
-    def _targets(self, row: _Row, logits: torch.Tensor) -> torch.Tensor:
-        c = self.cfg
-        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
-                      generator=row.gen).cpu()
-
-    def _emit(self, row: _Row, tokens: list[int]) -> list[int]:
-        """Truncate at eos (inclusive) and at max_new_tokens; marks the row done."""
-        out, hit = truncate(tokens, self.eos, self.cfg.max_new_tokens - len(row.emitted))
-        row.done = row.done or hit or len(row.emitted) + len(out) >= self.cfg.max_new_tokens
-        row.emitted.extend(out)
-        row.stats.new_tokens = len(row.emitted)
-        if row.rho is not None and out:
-            row.rho.extend(out)
-        if row.index_ is not None and out:
-            row.index_.extend(out)
-        if row.done:
-            row.stats.seconds = time.perf_counter() - row.t0
-        return out
-
-    def _draft(self, row: _Row, marg: Marginals | None, room: int) -> Tree:
-        cfg = self.cfg
-        if self.mode == "lookup":
-            if room <= 1:
-                return root_only(row.root)
-            drafted = row.index_.propose(row.tail(cfg.lookup_max_ngram), min(cfg.lookup_tokens, room - 1))
-            return chain([row.root] + drafted, torch.zeros(len(drafted) + 1))
-        if marg is None or room <= 1:
-            return root_only(row.root)
-        depth = min(len(marg), room - 1)
-        if self.mode == "linear":
-            lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]
-            return chain([row.root] + tok.tolist(), torch.cat([torch.zeros(1), lq.cumsum(0)]))
-        tail = row.tail(max(2, cfg.lookup_max_ngram))
-        h2 = path_context(tail, [], 2)[0]
-        ctx = None
-        if cfg.lookup and row.index_ is not None and marg.logq is not None:
-            index = row.index_
-            ctx = ContextCandidates(lambda path: index.continuations(path, 2), marg.logq,
-                                    tuple(tail[-cfg.lookup_max_ngram:]))
-        k = cfg.tree_top_k
-        return build_tree(row.root, marg.top_lq[:, :k], marg.top_tok[:, :k], budget=cfg.budget,
-                          extra_score=row.extra, history=(h2, row.root), max_depth=depth, entropy=marg.entropy,
-                          lookup=ctx)
-
-    # -- batched steps ------------------------------------------------------------------------------
-    def _timed(self, rows: list[_Row], fn):
+    # -- model calls ------------------------------------------------------------------------------
+    def _timed(self, rows: list[Sequence], fn):
+        """Model time: added to every row the call served (each waited for all of it)."""
         t0 = time.perf_counter()
         out = fn()
         if isinstance(out, torch.Tensor) and out.is_cuda:
             torch.cuda.synchronize(out.device)
         dt = time.perf_counter() - t0
         self._model_seconds += dt
-        for r in rows:
-            r.stats.forward_seconds += dt
+        for s in rows:
+            s.stats.forward_seconds += dt
         return out
 
-    def _prefill(self, rows: list[_Row], slot: int) -> list[list[int]]:
-        """The prompts causally into cache rows slot .. slot+k-1, in one forward (shorter prompts
-        padded at their end: the padding's K/V lands past the row's length, never read); returns
-        each row's first chunk (one token)."""
-        k, Ls = len(rows), [len(r.prompt) for r in rows]
+    def _targets(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        return select(logits, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, banned=self.mask_id,
+                      generator=seq.gen).cpu()
+
+    def _marginals(self, seq: Sequence, hidden: torch.Tensor) -> Marginals | None:
+        if hidden.shape[0] == 0:
+            return None
+        logits = self._timed([seq], lambda: self.bf.logits(hidden))
+        return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id,
+                                     entropy=self.learned or self.recorder is not None)
+
+    def _new_sequence(self, i: int) -> Sequence:
+        return new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.stats[i], self.outputs[i],
+                            lookup=self.uses_lookup)
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        return seq.emit(tokens, self.eos, self.cfg.max_new_tokens)
+
+    def _prefill(self, rows: list[Sequence], slot: int) -> list[list[int]]:
+        """The prompts causally into cache rows slot .. slot+k-1 in one forward (shorter prompts
+        padded at their end: the padding's K/V lands past the row's length, never read), then
+        (one-pass layouts) one read-only mask group per row for the first round's marginals.
+        Returns each row's first chunk (one token)."""
+        k, Ls = len(rows), [len(s.prompt) for s in rows]
         L = max(Ls)
         tokens = torch.zeros(k, L, dtype=torch.long)
-        for i, r in enumerate(rows):
-            tokens[i, : Ls[i]] = torch.tensor(r.prompt)
+        for i, s in enumerate(rows):
+            tokens[i, : Ls[i]] = torch.tensor(s.prompt)
             self.cache.lengths[slot + i] = 0
         sl = slice(slot, slot + k)
         hidden = self._timed(rows, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, sl, causal=True))
         last = hidden[torch.arange(k), torch.tensor(Ls) - 1]
         logits = self._timed(rows, lambda: self.bf.logits(last))
-        for i, r in enumerate(rows):
+        for i, s in enumerate(rows):
             self.cache.lengths[slot + i] = Ls[i]
-            r.root = int(self._targets(r, logits[i : i + 1])[0])
-            r.stats.prefill_forwards = 1
-        if self.one_pass:  # one mask group after each prompt (read-only): the first round's marginals
+            s.root = int(self._targets(s, logits[i : i + 1])[0])
+            s.stats.prefill_forwards = 1
+        if self.prefill_group:  # the group sits at L .. L+G-1: slot 0 is where the first token goes
             G = self.cfg.group
             hidden = self._timed(rows, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
                                                        self.cache, sl, lora=self.lora,
                                                        lora_rows=slice(0, None) if self.lora else None))
-            for i, r in enumerate(rows):
-                r.stats.prefill_forwards = 2
-                r.marg = self._marginals(r, hidden[i, 1:])
-        return [self._emit(r, [r.root]) for r in rows]
+            for i, s in enumerate(rows):
+                s.stats.prefill_forwards = 2
+                s.marg = self._marginals(s, hidden[i, 1:])
+        return [self._emit(s, [s.root]) for s in rows]
 
-    def _marginals(self, row: _Row, hidden: torch.Tensor) -> Marginals | None:
-        if hidden.shape[0] == 0:
-            return None
-        logits = self._timed([row], lambda: self.bf.logits(hidden))
-        return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id)
-
-    def _draft_pass(self, live: list[_Row]) -> list[Marginals]:
+    def _draft_pass(self, live: list[Sequence]) -> list[Marginals]:
         """[root, M x (B-1)] per row, bidirectional over each row's prefix; read-only (no commit)."""
         B, R = self.cfg.block_length, len(live)
         tokens = torch.full((R, B), self.mask_id)
-        tokens[:, 0] = torch.tensor([r.root for r in live])
+        tokens[:, 0] = torch.tensor([s.root for s in live])
         hidden = self._timed(live, lambda: self.bf(tokens, torch.arange(B).expand(R, B), self.cache, slice(0, R),
                                                    lora=self.lora, lora_rows=slice(0, None) if self.lora else None))
         logits = self._timed(live, lambda: self.bf.logits(hidden[:, 1:].reshape(R * (B - 1), -1)))
         logits = logits.view(R, B - 1, -1)
+        entropy = self.learned or self.recorder is not None
         out = []
-        for i, r in enumerate(live):
-            r.stats.forwards += 1
-            r.stats.query_tokens += B
-            out.append(Marginals.from_logits(logits[i], self.cfg.tree_top_k, self.mask_id))
+        for i, s in enumerate(live):
+            s.stats.forwards += 1
+            s.stats.query_tokens += B
+            out.append(Marginals.from_logits(logits[i], self.cfg.tree_top_k, self.mask_id, entropy=entropy))
         return out
 
-    def _plan(self, live: list[_Row], rooms: list[int]) -> tuple[list[Tree], list, str, dict]:
-        """Steps 1-2 of a round: the layout and every row's tree (and mask-group owners).
-        Returns (trees, owners, plan_hist label, what `planner.observe` needs)."""
-        cfg, R = self.cfg, len(live)
-        if self.planner is not None:
-            return self._plan_auto(live, rooms)
-        margs = [r.marg for r in live] if self.one_pass else [None] * R
-        if self.mode in ("linear", "presto") and not self.one_pass and any(room > 1 for room in rooms):
-            margs = self._draft_pass(live)
+    # -- a round's steps (each fills its part of every row's `Round`) ------------------------------
+    def _plan(self, live: list[Sequence], rounds: list[Round]) -> None:
+        """One layout for the batch: the fixed mode's, or plan "auto"'s (with what it drafted)."""
+        if self.fixed is not None:
+            for r in rounds:
+                r.option, r.layout = self.fixed, self.fixed_label
+            return
         t0 = time.perf_counter()
-        trees = [self._draft(r, m, room) for r, m, room in zip(live, margs, rooms)]
-        owners: list[torch.Tensor | None] = [None] * R
-        if self.one_pass:
-            nodes = cfg.budget if self.mode == "presto" else cfg.block_length - 1
-            limit = nodes + 1 if cfg.group_nodes is None else cfg.group_nodes
-            owners = [group_owners(t, limit) if room > 1 else None for t, room in zip(trees, rooms)]
+        if self.planner is not None:  # one row: the batch-1 planner
+            s, r = live[0], rounds[0]
+            r.option, drafted = self.planner.plan(lambda: forecast(s, self.cfg, self.planner, r.marg, r.room), r.c,
+                                                  r.room, r.marg is not None)
+            if isinstance(drafted, list):
+                r.drafted, r.match = drafted, s.match
+            else:
+                r.big = drafted
+            r.layout = r.option.label
+        else:
+            chains, matches = [], []
+            for s, r in zip(live, rounds):
+                if r.room <= 1:  # nothing to draft; the planner still reads how well the context matches
+                    s.match = s.lookup.match_length(s.tail(self.cfg.lookup_max_ngram))
+                r.drafted = lookup_chain(s, self.cfg, r.room)
+                chains.append(r.drafted)
+                matches.append(s.match)
+            choice = self.batch_planner.plan(chains, matches, max(r.room for r in rounds) - 1)
+            self._info = {"option": choice, "matches": matches}
+            option = {"ar": AR, "lookup": Option(choice.k, source="lookup"),
+                      "two-pass": Option(self.cfg.block_length - 1, draft_pass=True)}[choice.kind]
+            for r in rounds:
+                r.option, r.layout = option, choice.label
         self._tree_time(live, time.perf_counter() - t0)
-        return trees, owners, config_label(cfg), {}
 
-    def _plan_auto(self, live: list[_Row], rooms: list[int]) -> tuple[list[Tree], list, str, dict]:
-        """plan "auto": the batch planner picks AR, lookup chains or a two-pass linear draft, and
-        how many tokens per row (`batch_planner.BatchPlanner`)."""
-        cfg, R = self.cfg, len(live)
+    def _draft_step(self, live: list[Sequence], rounds: list[Round]) -> None:
+        """Every row's tree: a draft pass first (two-pass), then a lookup chain, the planner's
+        top-N subtree, or a fresh tree (linear chain / PRESTO) from the marginals."""
+        cfg, option = self.cfg, rounds[0].option
+        margs = [r.marg for r in rounds]
+        if option.draft_pass:
+            margs = [None] * len(live)
+            if any(r.room > 1 for r in rounds):
+                margs = [m if r.room > 1 else None for m, r in zip(self._draft_pass(live), rounds)]
         t0 = time.perf_counter()
-        chains, matches = [], []
-        for r, room in zip(live, rooms):
-            tail = r.tail(cfg.lookup_max_ngram)
-            matches.append(r.index_.match_length(tail))
-            chains.append(r.index_.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else [])
-        option = self.planner.plan(chains, matches, max(rooms) - 1)
+        linear = cfg.mode == "linear" or self.batch_planner is not None
+        for s, r, marg in zip(live, rounds, margs):
+            if option.source == "lookup":
+                drafted = (lookup_chain(s, cfg, r.room) if r.drafted is None else r.drafted)[: option.nodes]
+                r.match = s.match
+                r.tree = chain([r.root] + drafted, torch.zeros(len(drafted) + 1))
+            elif r.big is not None and not option.draft_pass:
+                r.tree = top_nodes(r.big, option.nodes) if option.nodes else root_only(r.root)
+            else:
+                r.tree = draft_tree(s, cfg, marg, option.nodes, r.room, linear=linear)
+            r.drafted_from = marg
+            if self.recorder is not None:
+                r.history = tuple(path_context(s.tail(2), [], 2))
+            if marg is not None or (self.fixed is not None and cfg.mode not in ("ar", "lookup")):
+                cand = torch.zeros(0, 1, dtype=torch.long) if marg is None else marg.top_tok[:, : cfg.tree_top_k]
+                s.pending_oracle.append((r.emitted_before, cand))
+        if self.batch_planner is not None and option.draft_pass:
+            self._cut_chains(rounds)
         self._tree_time(live, time.perf_counter() - t0)
-        info = {"option": option, "matches": matches}
-        if option.kind == "lookup":
-            trees = [chain([r.root] + c[: option.k], torch.zeros(len(c[: option.k]) + 1)) for r, c in zip(live, chains)]
-            return trees, [None] * R, option.label, info
-        if option.kind != "two-pass":
-            return [root_only(r.root) for r in live], [None] * R, "ar", info
-        margs = self._draft_pass(live)
-        t0 = time.perf_counter()
-        lqs = [m.top_lq[: max(0, min(len(m), room - 1)), 0] for m, room in zip(margs, rooms)]
-        k = self.planner.width_after_draft(lqs)
-        trees = []
-        for r, m, lq in zip(live, margs, lqs):
-            d = min(k, lq.numel())
-            trees.append(chain([r.root] + m.top_tok[:d, 0].tolist(), torch.cat([torch.zeros(1), lq[:d].cumsum(0)])))
-        info["chains_lq"] = [lq[:k] for lq in lqs]
-        self._tree_time(live, time.perf_counter() - t0)
-        return trees, [None] * R, BatchOption("two-pass", k).label, info
 
-    @staticmethod
-    def _tree_time(live: list[_Row], dt: float) -> None:
-        for r in live:
-            r.stats.tree_seconds += dt / len(live)
+    def _cut_chains(self, rounds: list[Round]) -> None:
+        """Batch planner, two-pass: after the pass, every row's chain cut to the one width whose
+        calibrated yield per second is best (`BatchPlanner.width_after_draft`)."""
+        lqs = [torch.zeros(0) if r.drafted_from is None else r.drafted_from.top_lq[: r.n - 1, 0] for r in rounds]
+        k = self.batch_planner.width_after_draft(lqs)
+        for r in rounds:
+            d = min(k, r.n - 1)
+            r.tree = chain(r.tree.tokens[: d + 1].tolist(), r.tree.scores[: d + 1])
+            r.layout = BatchOption("two-pass", k).label
+        self._info["chains_lq"] = [lq[:k] for lq in lqs]
 
-    def _round(self, live: list[_Row]):
-        """One round for the live rows: plan and draft, lay out, forward, then per row verify,
-        commit and emit (yielding `(row, chunk)`), then the planner observes."""
+    def _forward_step(self, live: list[Sequence], rounds: list[Round]) -> tuple[torch.Tensor, int]:
+        """Every row's tree nodes plus mask groups in one forward; each row's targets. Returns the
+        hidden states [R, q, H] and the node width N (groups start there)."""
         cfg, R = self.cfg, len(live)
-        t_round, f_before = time.perf_counter(), self._model_seconds
-        rooms = [cfg.max_new_tokens - len(r.emitted) for r in live]
-        trees, owners, label, info = self._plan(live, rooms)
-        G = cfg.group
-        ns = [len(t) for t in trees]
-        ms = [0 if o is None else int(o.shape[0]) for o in owners]
+        for r in rounds:
+            groups = r.option.groups if r.room > 1 else 0
+            r.owners = group_owners(r.tree, groups) if groups else None
+            r.group_size = r.option.group_size or cfg.group
+        G = rounds[0].group_size
+        ns = [r.n for r in rounds]
+        ms = [0 if r.owners is None else int(r.owners.shape[0]) for r in rounds]
         N, M = max(ns), max(ms)
         q = N + M * G
         tokens = torch.full((R, q), self.mask_id)
         offsets = torch.arange(q).repeat(R, 1)  # padding sits at its own slot's position
-        blocks = torch.empty(R, q, q)
-        for i, t in enumerate(trees):
-            block, offs = tree_block(t.parents, t.depths, owners[i], G if owners[i] is not None else 0)
-            at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's queries in the layout
+        blocks = None if q == 1 else torch.empty(R, q, q)  # AR: one token that sees the prefix, no mask to build
+        for i, r in enumerate(rounds):
+            t = r.tree
             tokens[i, : ns[i]] = t.tokens
+            if blocks is None:
+                offsets[i, :1] = t.depths
+                continue
+            block, offs = tree_block(t.parents, t.depths, r.owners, G if r.owners is not None else 0)
+            at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's queries in the layout
             offsets[i, at] = offs
-            full = pad_block(torch.zeros(0, 0), q)
-            full[at[:, None], at[None, :]] = block
-            blocks[i] = full
+            blocks[i] = pad_block(block, q) if ms[i] == 0 or ns[i] == N else _scatter_block(block, at, q)
         lora = self.lora if M else None
         hidden = self._timed(live, lambda: self.bf(tokens, offsets, self.cache, slice(0, R), block=blocks, lora=lora,
                                                    lora_rows=slice(N, None) if lora is not None else None))
         real = torch.cat([torch.arange(n) + i * q for i, n in enumerate(ns)])
         logits = self._timed(live, lambda: self.bf.logits(hidden.reshape(R * q, -1)[real]))
-        start, accepted, committed = 0, [], 0
-        for i, (r, t) in enumerate(zip(live, trees)):
-            targets = self._targets(r, logits[start : start + ns[i]])
-            start += ns[i]
-            path, bonus = walk(t, targets)
-            accepted.append(len(path) - 1)
-            if self.one_pass:
-                r.marg = None
-                if owners[i] is not None:  # the endpoint's group, or its nearest owner's shifted by the depth gap
-                    j, u = nearest_owner(t.parents, owners[i], path[-1])
-                    skip = 1 + int(t.depths[path[-1]] - t.depths[u])
-                    r.marg = self._marginals(r, hidden[i, N + j * G + skip : N + (j + 1) * G])
-            self.cache.commit(i, path)
-            r.root = bonus
-            chunk = self._emit(r, t.tokens[path[1:]].tolist() + [bonus])
-            committed += len(chunk)
-            st = r.stats
-            st.forwards += 1
-            st.query_tokens += q
-            st.rounds += 1
-            st.plan_hist[label] += 1
-            st.accept_lengths.append(len(chunk))
-            st.round_tokens += len(chunk)
-            yield r.index, chunk
+        start = 0
+        for s, r in zip(live, rounds):
+            r.logits = logits[start : start + r.n]
+            start += r.n
+            r.targets = self._targets(s, r.logits)
+            s.stats.forwards += 1
+            s.stats.query_tokens += q
+        return hidden, N
+
+    def _verify_commit(self, slot: int, s: Sequence, r: Round, hidden: torch.Tensor, N: int) -> None:
+        """Walk, next marginals (one-pass), commit into the row's cache slots, emit."""
+        r.path, r.bonus = walk(r.tree, r.targets)
+        if r.owners is not None:
+            G = r.group_size
+            j, u = nearest_owner(r.tree.parents, r.owners, r.path[-1])
+            skip = 1 + int(r.tree.depths[r.path[-1]] - r.tree.depths[u])
+            r.next_marg = self._marginals(s, hidden[slot, N + j * G + skip : N + (j + 1) * G])
+        self.cache.commit(slot, r.path)
+        s.root, s.marg = r.bonus, r.next_marg
+        r.committed = self._emit(s, r.tree.tokens[r.path[1:]].tolist() + [r.bonus])
+        r.seconds = time.perf_counter() - r.t_start
+        r.forward_seconds = s.stats.forward_seconds - r.forward_before
+        r.query_tokens = s.stats.query_tokens - r.query_before
+
+    def _observers(self, s: Sequence) -> list:
+        """Who reads a row's finished round, in order: stats, the planner, the recorder, the hook."""
+        obs = [stats_observer(s.stats)]
         if self.planner is not None:
-            self.planner.observe(info["option"], rows=R, width=q, seconds=time.perf_counter() - t_round,
-                                 forward_seconds=self._model_seconds - f_before, tokens=committed,
-                                 drafted=[n - 1 for n in ns], accepted=accepted, matches=info["matches"],
-                                 chains_lq=info.get("chains_lq"))
+            obs.append(self.planner.observe)
+        if self.recorder is not None:
+            obs.append(recorder_observer(self.recorder, self.k, s.rho))
+        if self.on_round is not None:
+            lam = self.cfg.lam if self.cfg.mode in ("presto", "auto") else 0.0
+            hook, top_k, row = self.on_round, self.cfg.tree_top_k, s.index
+            obs.append(lambda r: hook({**r.info(lam, top_k), "row": row}))
+        return obs
 
-    # -- the loop -----------------------------------------------------------------------------------
+    @staticmethod
+    def _tree_time(live: list[Sequence], dt: float) -> None:
+        for s in live:
+            s.stats.tree_seconds += dt / len(live)
+
+    def _round(self, live: list[Sequence], observers: dict):
+        """One round for the live rows (cache rows 0..R-1); yields `(row, chunk)` per row."""
+        t0 = time.perf_counter()
+        f_before = self._model_seconds
+        rounds = [Round(s.stats.rounds, self.cache.lengths[i], s.root, s.marg, self.cfg.max_new_tokens - len(s.emitted),
+                        len(s.emitted), t_start=t0, forward_before=s.stats.forward_seconds,
+                        query_before=s.stats.query_tokens) for i, s in enumerate(live)]
+        self._plan(live, rounds)
+        self._draft_step(live, rounds)
+        hidden, N = self._forward_step(live, rounds)
+        for i, (s, r) in enumerate(zip(live, rounds)):
+            self._verify_commit(i, s, r, hidden, N)
+            for observe in observers[s.index]:
+                observe(r)
+            yield s.index, r.committed
+        if self.batch_planner is not None:
+            info = self._info
+            self.batch_planner.observe(info["option"], rows=len(live), width=hidden.shape[1],
+                                       seconds=time.perf_counter() - t0, forward_seconds=self._model_seconds - f_before,
+                                       tokens=sum(len(r.committed) for r in rounds),
+                                       drafted=[r.n - 1 for r in rounds], accepted=[len(r.path) - 1 for r in rounds],
+                                       matches=info["matches"], chains_lq=info.get("chains_lq"))
+
+    # -- the loop ---------------------------------------------------------------------------------
     def __iter__(self):
-        self.cache = self.bf.new_cache(self.batch_size, row_capacity(self.prompts, self.cfg))
+        self.cache = self.bf.new_cache(self.batch_size, row_capacity(self.prompts, self.cfg, self.batch_size))
         waiting = deque(range(len(self.prompts)))
-        live: list[_Row] = []  # live[s] occupies cache row s
-        while True:
-            # fill free cache rows with waiting prompts, prefilled together (a prompt may finish at
-            # its prefill token: the rows after it move up)
-            while waiting and len(live) < self.batch_size:
-                rows = [self._new_row(waiting.popleft()) for _ in range(min(self.batch_size - len(live), len(waiting)))]
-                base = len(live)
-                for row, chunk in zip(rows, self._prefill(rows, base)):
-                    yield row.index, chunk
-                for slot, row in enumerate(rows, start=base):
-                    if not row.done:
-                        if slot != len(live):
-                            self.cache.move(slot, len(live))
-                        live.append(row)
-            if not live:
-                return
-            yield from self._round(live)
-            if any(r.done for r in live):
-                live, entered = self._refill(live, waiting)
-                for row, chunk in entered:
-                    yield row.index, chunk
+        live: list[Sequence] = []  # live[s] occupies cache row s
+        observers: dict[int, list] = {}
+        try:
+            while True:
+                # free cache rows take waiting prompts, prefilled together (a prompt may finish at
+                # its prefill token: the rows after it move up)
+                while waiting and len(live) < self.batch_size:
+                    rows = [self._new_sequence(waiting.popleft()) for _ in range(min(self.batch_size - len(live),
+                                                                                      len(waiting)))]
+                    base = len(live)
+                    for s, chunk in zip(rows, self._prefill(rows, base)):
+                        observers[s.index] = self._observers(s)
+                        yield s.index, chunk
+                    for slot, s in enumerate(rows, start=base):
+                        if not s.done:
+                            if slot != len(live):
+                                self.cache.move(slot, len(live))
+                            live.append(s)
+                if not live:
+                    return
+                yield from self._round(live, observers)
+                if any(s.done for s in live):
+                    live, entered = self._refill(live, waiting)
+                    for s, chunk in entered:
+                        observers[s.index] = self._observers(s)
+                        yield s.index, chunk
+        finally:
+            for s in live:  # stopped early: what the live rows measured so far
+                s.finish()
+            if self.planner is not None:
+                keep_planner(self.planner)
 
-    def _refill(self, live: list[_Row], waiting: deque) -> tuple[list[_Row], list[tuple[_Row, list[int]]]]:
+    def _refill(self, live: list[Sequence], waiting: deque) -> tuple[list[Sequence], list[tuple[Sequence, list[int]]]]:
         """Finished rows leave: a waiting prompt is prefilled into the freed cache row, else the last
         live row moves into it, so the live rows stay cache rows 0..R-1. Returns the live rows and
         the entering rows' first chunks."""
         entered = []
-        slots: list[_Row | None] = [None if r.done else r for r in live]
-        for s in range(len(slots)):
-            while slots[s] is None and waiting:
-                row = self._new_row(waiting.popleft())
-                entered.append((row, self._prefill([row], s)[0]))
-                if not row.done:
-                    slots[s] = row
-        s = 0
-        while s < len(slots):
+        slots: list[Sequence | None] = [None if s.done else s for s in live]
+        for i in range(len(slots)):
+            while slots[i] is None and waiting:
+                s = self._new_sequence(waiting.popleft())
+                entered.append((s, self._prefill([s], i)[0]))
+                if not s.done:
+                    slots[i] = s
+        i = 0
+        while i < len(slots):
             if slots[-1] is None:
                 slots.pop()
-            elif slots[s] is None:
-                self.cache.move(len(slots) - 1, s)
-                slots[s] = slots.pop()
+            elif slots[i] is None:
+                self.cache.move(len(slots) - 1, i)
+                slots[i] = slots.pop()
             else:
-                s += 1
+                i += 1
         return slots, entered
+
+
+def _scatter_block(block: torch.Tensor, at: torch.Tensor, q: int) -> torch.Tensor:
+    """A row's [n', n'] block placed at layout columns `at` of a [q, q] block; padding as `pad_block`."""
+    full = pad_block(torch.zeros(0, 0), q)
+    full[at[:, None], at[None, :]] = block
+    return full
 
 
 def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:

@@ -85,13 +85,15 @@ class BatchForward:
         if lengths.shape[0] != R:
             raise ValueError(f"{R} token rows for {lengths.shape[0]} cache rows")
         positions = lengths[:, None] + offsets
+        # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
+        # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all
+        use_causal = causal and R == 1 and int(lengths[0]) == 0
+        no_mask = R == 1 and not causal and block is None
         if block is None:
             block = torch.zeros(q, q)
             if causal:
                 block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
             block = block.expand(R, q, q)
-        # a lone prefill (one row, empty prefix, causal) takes SDPA's causal path, as FastForward does
-        use_causal = causal and R == 1 and int(lengths[0]) == 0
         h = F.embedding(tokens.to(ff.embed.device), ff.embed)
         masks = {}
 
@@ -100,7 +102,7 @@ class BatchForward:
 
         def attend(i, dev, qs, ks, vs):
             if dev not in masks:
-                masks[dev] = None if use_causal else batch_mask(lengths, block, ff.dtype).to(dev)
+                masks[dev] = None if use_causal or no_mask else batch_mask(lengths, block, ff.dtype).to(dev)
             kc, vc = cache.write(i, rows, lengths, ks, vs)
             return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)

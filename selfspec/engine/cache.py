@@ -181,6 +181,11 @@ class BatchKVCache:
         end = int(starts.max()) + q
         if end > self.capacity:
             raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
+        if k.shape[0] == 1:  # one row: a plain slice, no index tensor
+            s = int(starts[0])
+            kb[:, :, s : s + q] = k
+            vb[:, :, s : s + q] = v
+            return kb[:, :, :end], vb[:, :, :end]
         idx = (starts.to(kb.device)[:, None] + torch.arange(q, device=kb.device))[:, None, :, None]
         idx = idx.expand(k.shape[0], k.shape[1], q, k.shape[3])
         kb.scatter_(2, idx, k)

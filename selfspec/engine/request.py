@@ -41,7 +41,7 @@ def scratch(cfg: DecodeConfig, *, batch: bool = False) -> int:
 
     AR writes one; lookup its chain and root; two-pass its draft block or its tree; one-pass and
     the batch-1 planner (which may choose one-pass) a tree with a group on every node; the batch
-    planner (`batch=True`) AR, lookup chains or two-pass linear drafts."""
+    planner (`batch=True`: plan "auto" over several rows) AR, lookup chains or two-pass linear drafts."""
     if cfg.mode == "ar":
         return 1
     if cfg.mode == "lookup":
@@ -72,20 +72,20 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
         if len(p) == 0:
             raise ValueError(f"empty prompt at index {i}: at least one token is needed")
         check_request(model, p, cfg)
-    if cfg.mode == "presto" and cfg.rho == "learned":
-        raise ValueError("batched presto supports rho 'ngram' or 'none' (not 'learned')")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if generators is not None and len(generators) != len(prompts_ids):
         raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
     rows = min(batch_size or len(prompts_ids), len(prompts_ids))
     bf = BatchForward.of(model)
-    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
+    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg, rows))
     limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
     if need > limit:
         raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
                          f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
 
 
-def row_capacity(prompts_ids, cfg: DecodeConfig) -> int:
-    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=True) + 1
+def row_capacity(prompts_ids, cfg: DecodeConfig, rows: int) -> int:
+    """Cache slots per row: the longest prompt, its new tokens and a round's scratch (a batch of
+    one row plans with the batch-1 planner, several with the batch planner)."""
+    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=rows > 1) + 1

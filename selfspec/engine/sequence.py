@@ -1,0 +1,148 @@
+"""One request's state inside the decoder (nano-vllm's `Sequence`), and what it drafts from it.
+
+A `Sequence` holds everything that belongs to one prompt and nothing that belongs to the batch:
+its text so far, its generator, its lookup index and n-gram rho (both fed by every emitted
+token), the root and marginals the next round starts from, its stats and pending oracle
+candidates. The decoder (`batch.BatchDecoder`) runs rounds over a list of them; a generation of
+one prompt is the same code with one.
+
+The drafting helpers turn a sequence plus marginals into the tree a round verifies
+(`draft_tree`), read its context for a copied chain (`lookup_chain`), or forecast the largest
+tree the batch-1 planner may choose from (`forecast`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.drafting.lookup import ContextIndex
+from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
+from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
+from selfspec.drafting.verify import oracle_length, truncate
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.stats import Stats
+
+
+@dataclass
+class Sequence:
+    """One prompt's generation. `emitted` and `stats` are the objects the caller reads."""
+
+    index: int  # the prompt's place in the input
+    prompt: list[int]
+    gen: torch.Generator | None
+    stats: Stats = field(default_factory=Stats)
+    emitted: list[int] = field(default_factory=list)
+    lookup: ContextIndex | None = None  # prompt lookup over prompt + emitted
+    rho: NgramRho | None = None  # n-gram rho over prompt + emitted
+    extra: object = None  # the tree builder's extra score (lambda * log rho), or None
+    root: int = -1  # the last emitted token, not in the cache yet
+    marg: Marginals | None = None  # marginals the previous round left (one-pass), or None
+    match: int = 1  # n-gram length behind the latest lookup proposal
+    done: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+    pending_oracle: list = field(default_factory=list)  # (emitted before the round, candidates [D, K])
+
+    def tail(self, n: int) -> list[int]:
+        """The last n committed tokens (the root is the last), without copying the whole text."""
+        e = self.emitted
+        return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
+
+    def emit(self, tokens: list[int], eos: set[int], max_new_tokens: int) -> list[int]:
+        """Truncate at eos (inclusive) and at max_new_tokens; feeds rho and the lookup index and
+        marks the sequence done. Returns the chunk that was emitted."""
+        out, hit = truncate(tokens, eos, max_new_tokens - len(self.emitted))
+        self.done = self.done or hit or len(self.emitted) + len(out) >= max_new_tokens
+        self.emitted.extend(out)
+        self.stats.new_tokens = len(self.emitted)
+        if self.rho is not None and out:
+            self.rho.extend(out)
+        if self.lookup is not None and out:
+            self.lookup.extend(out)
+        if self.done:
+            self.finish()
+        return out
+
+    def finish(self) -> None:
+        """Wall time and oracle lengths, once (when the sequence ends or its iteration stops)."""
+        if self.stats.seconds == 0.0:
+            self.stats.seconds = time.perf_counter() - self.t0
+        for start, cand in self.pending_oracle:
+            if start < len(self.emitted):
+                self.stats.oracle_lengths.append(oracle_length(cand, self.emitted[start:]))
+        self.pending_oracle.clear()
+
+
+def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, stats: Stats, out: list[int], *,
+                 lookup: bool) -> Sequence:
+    """A sequence with the per-request scorers its mode reads: PRESTO trees (presto, auto) get the
+    n-gram rho (or the learned predictor over it), `lookup` asks for a prompt-lookup index."""
+    seq = Sequence(index, prompt, gen, stats, out)
+    trees = cfg.mode in ("presto", "auto")
+    if trees and cfg.rho in ("ngram", "learned"):
+        seq.rho = NgramRho(model.config.vocab_size, prompt)
+    if trees and cfg.rho == "learned":
+        from selfspec.drafting.learned_rho import LearnedRho
+
+        seq.extra = make_extra_score(LearnedRho(model.presto_predictor, seq.rho), cfg.lam)
+    elif trees:
+        seq.extra = make_extra_score(seq.rho, cfg.lam)
+    if lookup:
+        seq.lookup = ContextIndex(prompt, min_ngram=cfg.lookup_min_ngram, max_ngram=cfg.lookup_max_ngram)
+    return seq
+
+
+def draft_tree(seq: Sequence, cfg: DecodeConfig, marg: Marginals | None, nodes: int, room: int, *,
+               linear: bool) -> Tree:
+    """Marginals -> the tree a round verifies: the root alone (no marginals, no room), a chain of
+    the top-1 tokens (linear), or PRESTO's top-`nodes` tree with context candidates."""
+    if nodes < 1 or marg is None or room <= 1:
+        return root_only(seq.root)
+    depth = min(len(marg), room - 1)
+    if linear:
+        lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]
+        return chain([seq.root] + tok.tolist(), torch.cat([torch.zeros(1), lq.cumsum(0)]))
+    tail = seq.tail(max(2, cfg.lookup_max_ngram))
+    h2 = path_context(tail, [], 2)[0]
+    ctx = None
+    if cfg.lookup and seq.lookup is not None and marg.logq is not None:
+        index = seq.lookup
+        ctx = ContextCandidates(lambda path: index.continuations(path, 2), marg.logq,
+                                tuple(tail[-cfg.lookup_max_ngram:]))
+    k = cfg.tree_top_k
+    return build_tree(seq.root, marg.top_lq[:, :k], marg.top_tok[:, :k], budget=nodes, extra_score=seq.extra,
+                      history=(h2, seq.root), max_depth=depth, entropy=marg.entropy, lookup=ctx)
+
+
+def lookup_chain(seq: Sequence, cfg: DecodeConfig, room: int) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest match of the context's last n-gram
+    (`seq.match` is set to that n-gram's length)."""
+    if room <= 1:
+        return []
+    tail = seq.tail(cfg.lookup_max_ngram)
+    seq.match = seq.lookup.match_length(tail)
+    return seq.lookup.propose(tail, min(cfg.lookup_tokens, room - 1))
+
+
+def forecast(seq: Sequence, cfg: DecodeConfig, planner, marg: Marginals | None, room: int):
+    """The largest tree the batch-1 planner may pick from (or the lookup chain, as a list), with
+    calibrated acceptance per node: `(planner.Forecast, drafted)`."""
+    from selfspec.engine.planner import Forecast
+
+    if room <= 1:
+        return Forecast(), None
+    if marg is None:
+        if seq.lookup is None:
+            return Forecast(), None
+        drafted = lookup_chain(seq, cfg, room)
+        if not drafted:
+            return Forecast(), None
+        acc, run = [1.0], 1.0
+        for p in planner.lookup_calibrator.prob(len(drafted), seq.match):
+            run *= p
+            acc.append(run)
+        return Forecast(acc, kind="lookup"), drafted
+    tree = draft_tree(seq, cfg, marg, cfg.budget, room, linear=False)
+    return planner.forecast_tree(tree), tree
