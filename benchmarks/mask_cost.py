@@ -4,7 +4,7 @@
 
 Round: a budget-N PRESTO tree (random marginals, 15 depths, top-4) with a mask group of G on
 every node (the one-pass default, q = (N + 1) * (G + 1) query tokens) over c cached tokens.
-`engine` is what the runtime does per round (`masks.tree_block` + the reused `MaskBuffer`);
+`engine` is what a batch-1 round does (`masks.tree_block` + the request's reused `MaskBuffer`);
 `full` builds the whole [q, c + q] mask (`masks.tree_and_groups`, what wave 1 did every round).
 Prefill: the runtime runs the prompt with SDPA's causal flag (no mask tensor) and its first mask
 group over the cache with no mask, so its mask work is the non-forward time of `_prefill`;
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from selfspec.engine.forward import MaskBuffer
+from selfspec.engine.batch_forward import MaskBuffer
 from selfspec.engine.masks import tree_and_groups, tree_block
 from selfspec.drafting.tree import build_tree, group_owners
 
@@ -63,7 +63,7 @@ def main():
     from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
     from selfspec.engine.options import DecodeConfig
     from selfspec.checkpoint.model import NemotronLabsDiffusionModel
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.batch import BatchDecoder
 
     L = a.prompt
     cfg = NemotronLabsDiffusionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -77,11 +77,12 @@ def main():
     prompt = torch.randint(5, 64, (L,), generator=g).tolist()
     runs = []
     for _ in range(3):
-        dec = Decoder(model, prompt, DecodeConfig(mode="presto", max_new_tokens=4, group_size=a.group))
-        dec.cache = dec.ff.new_cache(L + 64)
+        dec = BatchDecoder(model, [prompt], DecodeConfig(mode="presto", max_new_tokens=4, group_size=a.group))
+        dec.cache = dec.bf.new_cache(1, L + 64)
+        seq = dec._new_sequence(0)
         t0 = time.perf_counter()
-        dec._prefill(with_group=True)
-        runs.append(time.perf_counter() - t0 - dec.stats.forward_seconds)
+        dec._prefill([seq], 0)
+        runs.append(time.perf_counter() - t0 - seq.stats.forward_seconds)
     out["prompt"] = L
     out["prefill_mask_work_ms"] = round(1e3 * statistics.median(runs), 3)
     t0 = time.perf_counter()

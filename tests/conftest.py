@@ -82,3 +82,24 @@ def tiny_dir(tmp_path_factory):
     tiny_model(vocab_size=len(tok)).save_pretrained(path)
     tok.save_pretrained(str(path))
     return path
+
+
+class OneRow:
+    """One cache row of the runtime's forward: tokens [q] at cache length + offsets [q]."""
+
+    def __init__(self, model):
+        from selfspec.engine.batch_forward import BatchForward
+        from selfspec.engine.forward import FastForward
+
+        self.bf = BatchForward(FastForward(model))
+        self.ff = self.bf.ff
+
+    def new_cache(self, capacity):
+        return self.bf.new_cache(1, capacity)
+
+    def __call__(self, tokens, offsets, cache, *, block=None, **kw):
+        return self.bf(tokens[None], offsets[None], cache, slice(0, 1), block=None if block is None else block[None],
+                       **kw)[0]
+
+    def logits(self, hidden):
+        return self.bf.logits(hidden)

@@ -16,7 +16,7 @@ from selfspec.engine.decoder import generate_ids
 from selfspec.engine.forward import engine
 from selfspec.engine.options import DecodeConfig
 
-from conftest import tiny_model
+from conftest import OneRow, tiny_model
 
 V = 8
 MODES = {
@@ -71,8 +71,7 @@ def _poison(cache, value=1e30):
 
 def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots():
     m = tiny_model()
-    ff = engine(m)
-    bf = BatchForward(ff)
+    bf, one = BatchForward(engine(m)), OneRow(m)  # one cache row: the batch-1 path, with no padding
     prompts = [list(range(5, 5 + n)) for n in (3, 19, 6)]
     cache = bf.new_cache(3, 48)
     _poison(cache)
@@ -80,9 +79,9 @@ def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots(
     for r, p in enumerate(prompts):
         bf(torch.tensor([p]), torch.arange(len(p))[None], cache, slice(r, r + 1), causal=True)
         cache.lengths[r] = len(p)
-        c1 = ff.new_cache(48)
-        ff(torch.tensor(p), torch.arange(len(p)), c1, causal=True)
-        c1.commit_all(len(p))
+        c1 = one.new_cache(48)
+        one(torch.tensor(p), torch.arange(len(p)), c1, causal=True)
+        c1.commit(0, list(range(len(p))))
         refs.append(c1)
     _poison(cache)
     # a 3-node tree (root, two children) and a padded row
@@ -95,7 +94,7 @@ def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots(
     assert torch.isfinite(h).all()
     for r in range(3):
         n = 3 if r < 2 else 1
-        h1 = ff(toks[r, :n], refs[r].length + offs[r, :n], refs[r], block=blocks[r, :n, :n])
+        h1 = one(toks[r, :n], offs[r, :n], refs[r], block=blocks[r, :n, :n])
         torch.testing.assert_close(h[r, :n], h1, rtol=1e-5, atol=1e-5)
 
 

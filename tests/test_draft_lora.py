@@ -8,10 +8,9 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import OneRow, tiny_model
 from selfspec.checkpoint.lora import TARGETS, DraftLoRA, load_draft_lora
 from selfspec.engine.decoder import generate_ids
-from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
 from selfspec.training.draft_lora import (Block, DraftParams, Frozen, Hyper, block_batch, block_logits, clean_pass,
                                           draft_loss, export, load_state, make_optimizer, sample_blocks, save_state,
@@ -136,12 +135,12 @@ def test_export_load_round_trip_gives_the_same_deltas_and_logits(tmp_path):
         _, kvs = clean_pass(fz, w)
         with torch.no_grad():
             mine = block_logits(fz, params, batch, kvs, T)
-        ff = FastForward(model)
+        ff = OneRow(model)
         cache = ff.new_cache(T + 8)
         ff(w[:9], torch.arange(9), cache, causal=True)
-        cache.commit_all(9)
+        cache.commit(0, list(range(9)))
         toks = batch[0]
-        fast = ff.logits(ff(toks, torch.arange(9, 13), cache, lora=lora, lora_rows=slice(0, None)))[1:]
+        fast = ff.logits(ff(toks, torch.arange(4), cache, lora=lora, lora_rows=slice(0, None)))[1:]
         assert (mine - fast).abs().max().item() <= 1e-4
         mask = torch.zeros(13, 13)
         mask[:9, :9] = torch.full((9, 9), float("-inf")).triu(1)
@@ -188,7 +187,7 @@ def test_verification_logits_are_unchanged_by_an_adapter_on_every_target():
     model = _model()
     lora = _full_lora(model)
     try:
-        ff = FastForward(model)
+        ff = OneRow(model)
         prefix = torch.randint(5, 64, (7,))
         # a mixed step: 4 verification rows (causal), then 4 mask rows seeing them and each other
         toks = torch.cat([torch.randint(5, 64, (4,)), torch.full((4,), 4)])
@@ -198,8 +197,8 @@ def test_verification_logits_are_unchanged_by_an_adapter_on_every_target():
         for use in (None, lora):
             cache = ff.new_cache(32)
             ff(prefix, torch.arange(7), cache, causal=True)
-            cache.commit_all(7)
-            out.append(ff.logits(ff(toks, torch.arange(7, 15), cache, block=block, lora=use,
+            cache.commit(0, list(range(7)))
+            out.append(ff.logits(ff(toks, torch.arange(8), cache, block=block, lora=use,
                                     lora_rows=slice(4, None) if use else None)))
         assert torch.equal(out[0][:4], out[1][:4])
         assert (out[0][4:] - out[1][4:]).abs().max() > 1e-3

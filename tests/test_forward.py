@@ -1,14 +1,15 @@
-"""The compact forward against transformers' Ministral3Model (the reference), and the KV cache."""
+"""The runtime's forward (one cache row, as a batch-1 generation runs it) against transformers'
+Ministral3Model (the reference), and the KV cache."""
 
 import pytest
 import torch
 
-from selfspec.engine.cache import KVCache
-from selfspec.engine.forward import FastForward, MaskBuffer
+from selfspec.engine.batch_forward import MaskBuffer
+from selfspec.engine.cache import BatchKVCache
 from selfspec.engine.masks import additive, tree_block
 from selfspec.drafting.tree import ancestors
 
-from conftest import tiny_model
+from conftest import OneRow
 
 
 def _ref(model, ids, pos, mask=None):
@@ -19,8 +20,8 @@ def _ref(model, ids, pos, mask=None):
 @pytest.mark.parametrize("fused", [True, False])
 def test_causal_logits_equal_the_transformers_reference_past_the_original_context(model, fused, monkeypatch):
     monkeypatch.setattr("selfspec.engine.forward.FUSE_MAX_PARAMS", 10**12 if fused else 0)
-    ff = FastForward(model)
-    assert ff.fused is fused
+    ff = OneRow(model)
+    assert ff.ff.fused is fused
     ids = torch.randint(5, 64, (40,))
     pos = torch.arange(30, 70)  # original max is 8: YaRN and the Llama-4 query scale both matter here
     h = ff(ids, pos, ff.new_cache(64), causal=True)
@@ -28,27 +29,27 @@ def test_causal_logits_equal_the_transformers_reference_past_the_original_contex
 
 
 def test_tree_and_group_rows_over_a_cache_equal_the_reference_with_the_full_mask(model):
-    ff = FastForward(model)
+    ff = OneRow(model)
     prefix = torch.randint(5, 64, (9,))
     parents = torch.tensor([-1, 0, 0, 1, 2, 3])
     depths = torch.tensor([0, 1, 1, 2, 2, 3])
     owners = torch.tensor([0, 3])
     block, offsets = tree_block(parents, depths, owners, 3)
     tokens = torch.cat([torch.randint(5, 64, (6,)), torch.full((6,), 4)])
-    cache = ff.new_cache(8)  # too small on purpose: it grows
+    cache = ff.new_cache(21)
     ff(prefix, torch.arange(9), cache, causal=True)
-    cache.commit_all(9)
-    ours = ff.logits(ff(tokens, 9 + offsets, cache, block=block))
+    cache.commit(0, list(range(9)))
+    ours = ff.logits(ff(tokens, offsets, cache, block=block))
     full = torch.cat([prefix, tokens])
     mask = torch.cat([torch.cat([additive(torch.ones(9, 9, dtype=torch.bool).tril()), torch.full((9, 12), float("-inf"))], 1),
                       torch.cat([torch.zeros(12, 9), block], 1)])
     ref = _ref(model, full, torch.cat([torch.arange(9), 9 + offsets]), mask[None, None])[9:]
     assert (ours - ref).abs().max().item() <= 1e-5
-    assert cache.length == 9 and cache.capacity >= 21
+    assert cache.lengths == [9]
 
 
 def test_each_tree_node_equals_its_path_recomputed_causally(model):
-    ff = FastForward(model)
+    ff = OneRow(model)
     prefix = torch.randint(5, 64, (5,))
     parents = torch.tensor([-1, 0, 0, 1, 1, 4])
     depths = torch.tensor([0, 1, 1, 2, 2, 3])
@@ -56,8 +57,8 @@ def test_each_tree_node_equals_its_path_recomputed_causally(model):
     block, offsets = tree_block(parents, depths)
     cache = ff.new_cache(16)
     ff(prefix, torch.arange(5), cache, causal=True)
-    cache.commit_all(5)
-    logits = ff.logits(ff(tokens, 5 + offsets, cache, block=block))
+    cache.commit(0, list(range(5)))
+    logits = ff.logits(ff(tokens, offsets, cache, block=block))
     anc = ancestors(parents, depths)
     for v in range(6):
         path = anc[v].nonzero().squeeze(-1)
@@ -66,36 +67,36 @@ def test_each_tree_node_equals_its_path_recomputed_causally(model):
 
 
 def test_commit_of_a_tree_path_equals_a_cache_recomputed_on_that_path(model):
-    ff = FastForward(model)
+    ff = OneRow(model)
     ids = torch.randint(5, 64, (12,))
     parents = torch.tensor([-1, 0, 0, 2])
     depths = torch.tensor([0, 1, 1, 2])
     block, offsets = tree_block(parents, depths)
     cache = ff.new_cache(32)
     ff(ids[:8], torch.arange(8), cache, causal=True)
-    cache.commit_all(8)
-    ff(ids[8:], 8 + offsets, cache, block=block)
-    cache.commit([0, 2, 3])
+    cache.commit(0, list(range(8)))
+    ff(ids[8:], offsets, cache, block=block)
+    cache.commit(0, [0, 2, 3])
     fresh = ff.new_cache(32)
     kept = torch.cat([ids[:8], ids[8:][[0, 2, 3]]])
     ff(kept, torch.arange(11), fresh, causal=True)
-    fresh.commit_all(11)
-    assert cache.length == fresh.length == 11
+    fresh.commit(0, list(range(11)))
+    assert cache.lengths == fresh.lengths == [11]
     for a, b in zip(cache.k + cache.v, fresh.k + fresh.v):
         assert torch.allclose(a[:, :, :11], b[:, :, :11], atol=1e-5)
 
 
 def test_a_read_only_pass_does_not_change_the_committed_prefix(model):
-    ff = FastForward(model)
+    ff = OneRow(model)
     ids = torch.randint(5, 64, (10,))
     cache = ff.new_cache(20)
     ff(ids, torch.arange(10), cache, causal=True)
-    cache.commit_all(10)
+    cache.commit(0, list(range(10)))
     before = [t[:, :, :10].clone() for t in cache.k + cache.v]
-    ff(torch.full((5,), 4), torch.arange(10, 15), cache)  # a draft pass: nothing committed
-    assert cache.length == 10
+    ff(torch.full((5,), 4), torch.arange(5), cache)  # a draft pass: nothing committed
+    assert cache.lengths == [10]
     assert all(torch.equal(a, t[:, :, :10]) for a, t in zip(before, cache.k + cache.v))
-    nxt = ff.logits(ff(ids[:1], torch.tensor([10]), cache))
+    nxt = ff.logits(ff(ids[:1], torch.tensor([0]), cache))
     assert torch.allclose(nxt[0], _ref(model, torch.cat([ids, ids[:1]]), torch.arange(11))[-1], atol=1e-5)
 
 
@@ -108,12 +109,12 @@ def test_mask_buffer_keeps_prefix_columns_zero_across_steps():
 
 
 def test_kv_cache_commit_moves_accepted_rows_into_place():
-    cache = KVCache(["cpu"], 1, 2, 8, torch.float32)
-    cache.length = 2
+    cache = BatchKVCache(["cpu"], 1, 2, 1, 8, torch.float32)
+    cache.lengths[0] = 2
     rows = torch.arange(4, dtype=torch.float32)[None, None, :, None].expand(1, 1, 4, 2)
-    cache.write(0, 2, rows, rows)
-    cache.commit([0, 2, 3])
-    assert cache.length == 5
+    cache.write(0, slice(0, 1), torch.tensor([2]), rows, rows)
+    cache.commit(0, [0, 2, 3])
+    assert cache.lengths == [5]
     assert cache.k[0][0, 0, 2:5, 0].tolist() == [0.0, 2.0, 3.0]
 
 
@@ -125,7 +126,7 @@ def test_draft_lora_reaches_only_draft_rows(model):
     weights = {i: (torch.randn(4, D, generator=g), torch.randn(H, 4, generator=g)) for i in range(model.config.num_hidden_layers)}
     lora = DraftLoRA(model, weights, 2.0)
     try:
-        ff = FastForward(model)
+        ff = OneRow(model)
         ids = torch.randint(5, 64, (6,))
         plain = ff.logits(ff(ids, torch.arange(6), ff.new_cache(8), causal=True))
         mixed = ff.logits(ff(ids, torch.arange(6), ff.new_cache(8), causal=True, lora=lora, lora_rows=slice(4, None)))

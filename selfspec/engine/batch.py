@@ -48,7 +48,7 @@ from selfspec.engine.batch_planner import BatchOption, BatchPlanner
 from selfspec.engine.layouts import AR, Option, config_label, fixed_option
 from selfspec.engine.masks import tree_block
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import Planner, keep_planner, planner_for
+from selfspec.engine.planner import keep_planner, planner_for
 from selfspec.engine.request import check_batch, eos_ids, row_capacity
 from selfspec.engine.rounds import Round, recorder_observer, stats_observer
 from selfspec.engine.sequence import Sequence, draft_tree, forecast, lookup_chain, new_sequence

@@ -7,6 +7,10 @@ sit at positions lengths[r] + offsets[r] and write their K/V at slots lengths[r]
 plus what `block[r]` [q, q] allows among its own new tokens; every other slot (a shorter row's
 stale scratch up to the batch's widest row) is hidden by the float additive [R, 1, q, S] mask.
 
+One row (a batch-1 generation) needs no prefix mask: its [q, S] mask is a reused buffer whose
+prefix columns stay zero (`MaskBuffer`), so a round costs O(q^2) mask work however long the
+context is, and new tokens that all see each other (AR, a draft pass) get no mask at all.
+
 Rows of a round are padded to one width q by the caller; a padding query must see at least one
 key (SDPA yields NaN on a fully masked row): `pad_block` lets it see itself, and no real token
 sees it. Hidden masked slots still enter SDPA with weight 0, so they must be finite: the cache
@@ -33,6 +37,39 @@ def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
     idx = torch.arange(n, q)
     out[idx, idx] = 0
     return out
+
+
+class MaskBuffer:
+    """A reused float [rows, cols] buffer: zero everywhere except the last step's block.
+
+    Example: view(c=3, block) with a [2, 2] block returns a [2, 5] view whose first 3 columns
+    are 0 and whose last 2 are `block`; the next call first zeroes those 2x2 cells again.
+    """
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype = device, dtype
+        self.buf = torch.zeros(0, 0, device=device, dtype=dtype)
+        self._dirty: tuple[int, int, int] | None = None  # (rows, col0, col1) written last
+
+    def view(self, c: int, block: torch.Tensor) -> torch.Tensor:
+        q = block.shape[0]
+        if self.buf.shape[0] < q or self.buf.shape[1] < c + q:
+            rows, cols = max(q, self.buf.shape[0]), max(c + q, 2 * self.buf.shape[1])
+            self.buf = torch.zeros(rows, cols, device=self.device, dtype=self.dtype)
+            self._dirty = None
+        if self._dirty is not None:
+            r, a, b = self._dirty
+            self.buf[:r, a:b] = 0
+        self.buf[:q, c : c + q] = block
+        self._dirty = (q, c, c + q)
+        return self.buf[:q, : c + q]
+
+
+def _mask_buffer(cache: BatchKVCache, device, dtype) -> MaskBuffer:
+    buf = cache.scratch.get(("mask", device))
+    if buf is None:
+        buf = cache.scratch[("mask", device)] = MaskBuffer(device, dtype)
+    return buf
 
 
 def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
@@ -102,7 +139,12 @@ class BatchForward:
 
         def attend(i, dev, qs, ks, vs):
             if dev not in masks:
-                masks[dev] = None if use_causal or no_mask else batch_mask(lengths, block, ff.dtype).to(dev)
+                if use_causal or no_mask:
+                    masks[dev] = None
+                elif R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
+                    masks[dev] = _mask_buffer(cache, dev, ff.dtype).view(int(lengths[0]), block[0].to(dev, ff.dtype))
+                else:
+                    masks[dev] = batch_mask(lengths, block, ff.dtype).to(dev)
             kc, vc = cache.write(i, rows, lengths, ks, vs)
             return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)

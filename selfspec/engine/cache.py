@@ -5,10 +5,11 @@ writes K/V for everything it ran; afterwards the runtime either leaves them (a r
 or keeps an ordered list of offsets (the accepted tree path). Each layer is edited on its own
 device, so a model split over several devices needs nothing special.
 
-`KVCache` is the runtime's cache: preallocated for the request, written in place, committed by
-gathering the accepted rows into place (no per-forward concatenation, no per-round allocation
-that grows with the context). The `DynamicCache` helpers below serve the transformers
-reference forward (`NemotronLabsDiffusionModel.forward`), which tests compare against.
+`BatchKVCache` is the runtime's cache (one row per live sequence; a batch-1 generation has one):
+preallocated for the request, written in place, committed by gathering the accepted rows into
+place (no per-forward concatenation, no per-round allocation that grows with the context). The
+`DynamicCache` helpers serve the transformers reference forward
+(`NemotronLabsDiffusionModel.forward`), which tests compare against.
 """
 
 from __future__ import annotations
@@ -17,69 +18,6 @@ from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import DynamicCache
-
-
-class KVCache:
-    """Per-layer K/V buffers [1, kv_heads, capacity, head_dim]; slots 0..length-1 are the prefix.
-
-    Example: length 5; a forward writes 4 new tokens at slots 5..8 (length stays 5); commit([0, 2, 3])
-    moves slots 5, 7, 8 to 5, 6, 7 and sets length 8. Slots past `length` are scratch.
-    """
-
-    @torch.inference_mode()  # the forward writes these buffers under inference mode; so does all else
-    def __init__(self, devices, n_kv: int, head_dim: int, capacity: int, dtype: torch.dtype):
-        self.devices = list(devices)
-        self.shape = (1, n_kv, max(1, capacity), head_dim)
-        self.dtype = dtype
-        self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
-        self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
-        self.length = 0
-        # per-request buffers the forward writes (the mask block): they live with the request, so
-        # generations running in other threads on the same model never see each other's writes
-        self.scratch: dict = {}
-
-    @property
-    def capacity(self) -> int:
-        return self.shape[2]
-
-    @torch.inference_mode()
-    def reserve(self, n: int) -> None:
-        """Make room for `n` slots (doubling; requests are sized up front, so this is rare)."""
-        if n <= self.capacity:
-            return
-        cap = max(n, 2 * self.capacity)
-        for bufs in (self.k, self.v):
-            for i, old in enumerate(bufs):
-                new = old.new_zeros(self.shape[:2] + (cap,) + self.shape[3:])
-                new[:, :, : self.length] = old[:, :, : self.length]
-                bufs[i] = new
-        self.shape = self.shape[:2] + (cap,) + self.shape[3:]
-
-    @torch.inference_mode()
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store new K/V at slots start.. and return views of slots 0..start+q-1 for attention."""
-        end = start + k.shape[2]
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    @torch.inference_mode()
-    def commit(self, accepted: list[int]) -> None:
-        """Keep the new rows at offsets `accepted` (ordered, into the slots after `length`)."""
-        n, start = len(accepted), self.length
-        if n and list(accepted) != list(range(n)):
-            idx = torch.tensor(accepted, dtype=torch.long) + start
-            for bufs in (self.k, self.v):
-                for i, buf in enumerate(bufs):
-                    buf[:, :, start : start + n] = buf.index_select(2, idx.to(buf.device))
-        self.length = start + n
-
-    def commit_all(self, n: int) -> None:
-        """Keep all `n` rows the last forward wrote (a prefill)."""
-        self.length += n
-
-    def truncate(self, n: int) -> None:
-        self.length = min(self.length, n)
 
 
 def new_cache(model) -> DynamicCache:
@@ -163,6 +101,9 @@ class BatchKVCache:
         self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.lengths = [0] * self.shape[0]
+        # per-request buffers the forward writes (the one-row mask): they live with the request, so
+        # generations running in other threads on the same model never see each other's writes
+        self.scratch: dict = {}
 
     @property
     def rows(self) -> int:

@@ -1,24 +1,19 @@
-"""The runtime's compact forward over the model's own weights (gpt-fast style).
+"""The compact forward's weights and layer body over the model's own weights (gpt-fast style).
 
 `NemotronLabsDiffusionModel.forward` (transformers' `Ministral3Model`) stays the reference: tests
-hold this forward to it (fp32 logits within 1e-5, with masks, a cache and positions past the
-original context). This one exists for speed: no per-forward cache concatenation (K/V are
-written in place into a `cache.KVCache`), no mask built where none is needed, RoPE read from a
-table instead of recomputed per layer, and the output head applied only to the rows a step
-reads (`logits(hidden[rows])`), which on a small model is a third of the compute.
+hold the runtime's forward (`batch_forward.BatchForward`, which runs this layer body over one or
+many cache rows) to it: fp32 logits within 1e-5, with masks, a cache and positions past the
+original context. This one exists for speed: K/V written in place into the cache (no per-forward
+concatenation), RoPE read from a table instead of recomputed per layer, fused q/k/v and gate/up
+on small models, and the output head applied only to the rows a step reads
+(`logits(hidden[rows])`), which on a small model is a third of the compute.
 
 Math, per layer (as `Ministral3DecoderLayer`): RMSNorm (fp32 statistics), q/k/v projections,
 YaRN RoPE (transformers' own inverse frequencies and attention factor), q scaled by
 `1 + beta * log(1 + floor(pos / original_max))` (Llama-4 query scaling), SDPA with grouped KV
 heads, o_proj, residual, SwiGLU MLP, residual; final norm. The draft LoRA (`lora.DraftLoRA`)
 adds its deltas on draft rows (q/k/v before RoPE, o, gate/up, down) and its mask embedding.
-
-A step's attention: every new query sees the whole cached prefix; among the new tokens it sees
-what `block` allows (a float additive [q, q] mask, None = all of them). The full
-[q, prefix + q] mask is a reused buffer whose prefix columns stay zero, so a round costs
-O(q^2) mask work however long the context is.
 """
-
 from __future__ import annotations
 
 import threading
@@ -27,7 +22,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from selfspec.engine.cache import KVCache
 
 # Fused q/k/v and gate/up copies save kernel calls, which matters for tiny models only, and
 # double those weights in memory. Measured on 2 CPU cores: SmolLM2-135M AR at B = 1 and B = 8 was
@@ -56,34 +50,9 @@ class Rope(NamedTuple):
     k_sin: torch.Tensor
 
 
-class MaskBuffer:
-    """A reused float [rows, cols] buffer: zero everywhere except the last step's block.
-
-    Example: view(c=3, block) with a [2, 2] block returns a [2, 5] view whose first 3 columns
-    are 0 and whose last 2 are `block`; the next call first zeroes those 2x2 cells again.
-    """
-
-    def __init__(self, device, dtype):
-        self.device, self.dtype = device, dtype
-        self.buf = torch.zeros(0, 0, device=device, dtype=dtype)
-        self._dirty: tuple[int, int, int] | None = None  # (rows, col0, col1) written last
-
-    def view(self, c: int, block: torch.Tensor) -> torch.Tensor:
-        q = block.shape[0]
-        if self.buf.shape[0] < q or self.buf.shape[1] < c + q:
-            rows, cols = max(q, self.buf.shape[0]), max(c + q, 2 * self.buf.shape[1])
-            self.buf = torch.zeros(rows, cols, device=self.device, dtype=self.dtype)
-            self._dirty = None
-        if self._dirty is not None:
-            r, a, b = self._dirty
-            self.buf[:r, a:b] = 0
-        self.buf[:q, c : c + q] = block
-        self._dirty = (q, c, c + q)
-        return self.buf[:q, : c + q]
-
-
 class FastForward:
-    """Forward passes over a `NemotronLabsDiffusionModel`'s weights into a `KVCache`."""
+    """A `NemotronLabsDiffusionModel`'s weights as the forward reads them, its RoPE tables, the
+    layer body (`layers_forward`) and the output head (`logits`)."""
 
     def __init__(self, model):
         cfg = model.config
@@ -131,9 +100,6 @@ class FastForward:
             return False
         return not any(p.device.type == "meta" for p in model.parameters())
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.devices, self.n_kv, self.head_dim, capacity, self.dtype)
-
     # -- position tables ---------------------------------------------------------------------
     def _make_tables(self, n: int) -> Rope:
         """Per position 0..n-1: the RoPE tables, with the sin signed and the query tables times
@@ -169,38 +135,6 @@ class FastForward:
         return Rope(*(t[p][None, None] for t in tab[1][device]))
 
     # -- the forward ---------------------------------------------------------------------------
-    @torch.inference_mode()
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *,
-                 block: torch.Tensor | None = None, causal: bool = False, lora=None,
-                 lora_rows: slice | None = None) -> torch.Tensor:
-        """Final hidden states [q, H] of `tokens` [q] at `positions` [q] after `cache.length`.
-
-        K/V of the new tokens are written at slots length .. length+q-1; `cache.length` is not
-        moved (the caller commits what it keeps). `block` is a float additive [q, q] mask among the
-        new tokens (None: they all see each other); `causal=True` means a lower-triangular block.
-        `lora` (a `lora.DraftLoRA`) adds its deltas (and mask embedding) on `lora_rows`.
-        """
-        q = int(tokens.shape[0])
-        c = cache.length
-        cache.reserve(c + q)
-        dev0 = self.devices[0]
-        h = F.embedding(tokens.to(self.embed.device), self.embed)[None]
-        use_causal = causal and c == 0 and block is None
-        if causal and not use_causal and block is None:
-            block = torch.full((q, q), float("-inf"), dtype=self.dtype, device=dev0).triu_(1)
-        masks = {}
-
-        def attend(i, dev, qs, ks, vs):
-            if dev not in masks:
-                masks[dev] = None if block is None or q == 0 else _mask_buffer(cache, dev, self.dtype).view(
-                    c, block.to(dev, self.dtype))
-            keys, values = cache.write(i, c, ks, vs)  # the cached prefix and these tokens
-            return F.scaled_dot_product_attention(qs, keys, values, attn_mask=masks[dev], is_causal=use_causal,
-                                                  enable_gqa=self.n_heads != self.n_kv)
-
-        h = self.layers_forward(tokens, h, lambda dev: self._rope(positions, dev), attend, lora, lora_rows)
-        return h[0]
-
     def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, rope, attend, lora=None,
                        lora_rows: slice | None = None) -> torch.Tensor:
         """The decoder layers and final norm over embeddings h [R, q, H] of `tokens` ([q] or [R, q]):
@@ -266,13 +200,6 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
-def _mask_buffer(cache: KVCache, device, dtype) -> MaskBuffer:
-    buf = cache.scratch.get(("mask", device))
-    if buf is None:
-        buf = cache.scratch[("mask", device)] = MaskBuffer(device, dtype)
-    return buf
-
-
 _ENGINE_LOCK = threading.Lock()
 
 
@@ -286,7 +213,7 @@ def weights_key(model) -> tuple:
 def engine(model) -> FastForward:
     """The model's compact forward: made once, remade when the weights change (in place, or by
     `model.to(dtype / device)`). Generations in several threads share it: it holds only
-    read-only state (weights, RoPE tables); each request's scratch lives in its `KVCache`."""
+    read-only state (weights, RoPE tables); each request's scratch lives in its `cache.BatchKVCache`."""
     key = weights_key(model)
     ff = getattr(model, "_selfspec_forward", None)
     if ff is not None and ff[1] == key:

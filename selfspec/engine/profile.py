@@ -208,45 +208,46 @@ def default_path(model) -> str:
 @torch.inference_mode()
 def measure(model, *, grid_q=GRID_Q, grid_c=GRID_C, sweeps: int = 5, budget_s: float = 20.0,
             progress: bool = True) -> CostProfile:
-    """Time the compact forward over the grid on the model's own device and dtype.
+    """Time the runtime's one-row forward (`batch_forward.BatchForward`, as a batch-1 generation
+    runs it) over the grid on the model's own device and dtype.
 
     Each point keeps its fastest time over `sweeps` sweeps of the grid (`best_of_sweeps`).
     Costs are then made non-decreasing in q (more query tokens never cost less). A model whose
     sweep is slow (135M parameters on 2 CPU cores: ~4 s) gets fewer sweeps, at least 2, so that
     the whole measurement stays near `budget_s`.
     """
-    from selfspec.engine.forward import engine
+    from selfspec.engine.batch_forward import BatchForward
 
-    ff = engine(model)
+    bf = BatchForward.of(model)
     limit = model.config.max_position_embeddings
     grid_c = sorted({min(c, max(0, limit - max(grid_q) - 1)) for c in grid_c})
     dev = model.get_input_embeddings().weight.device
-    cache = ff.new_cache(max(grid_c) + max(grid_q) + 1)
+    cache = bf.new_cache(1, max(grid_c) + max(grid_q) + 1)
     gen = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
-    prefix = torch.randint(0, V, (max(grid_c),), generator=gen)
+    prefix = torch.randint(0, V, (1, max(grid_c)), generator=gen)
     if prefix.numel():
-        ff(prefix, torch.arange(prefix.numel()), cache, causal=True)
+        bf(prefix, torch.arange(prefix.shape[1])[None], cache, slice(0, 1), causal=True)
     points = [(i, j) for i in range(len(grid_c)) for j in range(len(grid_q))]
     inputs = {}
     for _, j in points:
         q = grid_q[j]
-        inputs[j] = (torch.randint(0, V, (q,), generator=gen),
-                     torch.full((q, q), float("-inf")).triu_(1) if q > 1 else None)
+        inputs[j] = (torch.randint(0, V, (1, q), generator=gen),
+                     torch.full((q, q), float("-inf")).triu_(1)[None] if q > 1 else None)
+
     def run(point):
         i, j = point
         c, q = grid_c[i], grid_q[j]
-        cache.length = c
+        cache.lengths[0] = c
         toks, block = inputs[j]
-        h = ff(toks, torch.arange(c, c + q), cache, block=block)
-        ff.logits(h[: min(q, 48)])
+        h = bf(toks, torch.arange(q)[None], cache, slice(0, 1), block=block)
+        bf.logits(h[0, : min(q, 48)])
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     times = best_of_sweeps(points, run, sweeps=sweeps, budget_s=budget_s, desc="measuring the cost profile",
                            progress=progress)
     best = [times[i * len(grid_q):(i + 1) * len(grid_q)] for i in range(len(grid_c))]
-    cache.length = 0
     rows = []
     for row in best:
         mono, top = [], 0.0
