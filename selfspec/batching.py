@@ -5,8 +5,10 @@
 sample otherwise. Seeds: an int `seed` gives row i the seed `seed + i`; a list gives one per row.
 Modes batched: "ar", "lookup", fixed "linear" / "presto" (two-pass and one-pass) and plan
 "auto" (the batch planner: AR, lookup chains or two-pass linear drafts per round, chosen on the
-batch cost profile; `profile=` takes a `batch_profile.BatchProfile` or its JSON path). Stop
-strings, HF streamers, traces and rho "learned" are batch-1 only.
+batch cost profile; `profile=` takes a `batch_profile.BatchProfile` or its JSON path). A batch
+of one prompt is a batch-1 generation (the batch-1 planner, its `profile.CostProfile`).
+`trace=True` gives every row its own `selfspec.trace.Trace` (`results[i].trace`). Stop strings
+and HF streamers are batch-1 only.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class RowResult:
     token_ids: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     finish_reason: str | None = None
+    trace: object | None = None  # a selfspec.trace.Trace when trace=True
 
 
 @dataclass
@@ -53,6 +56,8 @@ class BatchGeneration:
         for row, chunk in dec:
             res = self.results[row]
             res.token_ids.extend(chunk)
+            if res.trace is not None:
+                res.trace.add_chunk(chunk)
             out = detoks[row].push(chunk)
             if len(res.token_ids) >= dec.cfg.max_new_tokens or (chunk and chunk[-1] in dec.eos):
                 out += detoks[row].flush()
@@ -63,11 +68,11 @@ class BatchGeneration:
 
 
 def stream_batch(model, tokenizer, prompts, *, encode, seed=None, eos_token_id=None, batch_size: int | None = None,
-                 max_cache_bytes: int | None = None, **decode) -> BatchGeneration:
+                 max_cache_bytes: int | None = None, trace: bool = False, **decode) -> BatchGeneration:
     """Start a batch; every error is raised here, before any model work. `encode(tokenizer, prompt)`
     turns a text or chat prompt into ids (`streaming.encode_prompt`, handed in: no import circle)."""
     profile = decode.pop("profile", None)
-    for k in ("generator", "stop", "streamer", "trace"):
+    for k in ("generator", "stop", "streamer"):
         if decode.pop(k, None) not in (None, False, [], ""):
             raise ValueError(f"{k!r} is not supported for a batch of prompts (use seed=int or a list of seeds)"
                              if k == "generator" else f"{k!r} is not supported for a batch of prompts yet")
@@ -101,4 +106,13 @@ def stream_batch(model, tokenizer, prompts, *, encode, seed=None, eos_token_id=N
         raise ValueError("profile= is read by plan 'auto' only; this batch runs a fixed mode")
     dec = BatchDecoder(model, ids, cfg, batch_size=batch_size, eos_token_id=eos_token_id, seeds=seeds,
                        max_cache_bytes=max_cache_bytes, profile=profile)
-    return BatchGeneration(dec, tokenizer, [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)])
+    results = [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)]
+    if trace:
+        from dataclasses import asdict
+
+        from selfspec.trace import Trace
+
+        for res in results:
+            res.trace = Trace(tokenizer, res.prompt_ids, settings=asdict(cfg))
+        dec.on_round = lambda info: results[info["row"]].trace.add(info)
+    return BatchGeneration(dec, tokenizer, results)
