@@ -112,7 +112,7 @@ def test_kv_cache_commit_moves_accepted_rows_into_place():
     cache = BatchKVCache(["cpu"], 1, 2, 1, 8, torch.float32)
     cache.lengths[0] = 2
     rows = torch.arange(4, dtype=torch.float32)[None, None, :, None].expand(1, 1, 4, 2)
-    cache.write(0, slice(0, 1), torch.tensor([2]), rows, rows)
+    cache.write(0, slice(0, 1), [2], rows, rows)
     cache.commit(0, [0, 2, 3])
     assert cache.lengths == [5]
     assert cache.k[0][0, 0, 2:5, 0].tolist() == [0.0, 2.0, 3.0]

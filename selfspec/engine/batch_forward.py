@@ -118,13 +118,14 @@ class BatchForward:
         """
         ff = self.ff
         R, q = int(tokens.shape[0]), int(tokens.shape[1])
-        lengths = torch.tensor(cache.lengths[rows], dtype=torch.long)
+        starts = cache.lengths[rows]
+        lengths = torch.tensor(starts, dtype=torch.long)
         if lengths.shape[0] != R:
             raise ValueError(f"{R} token rows for {lengths.shape[0]} cache rows")
         positions = lengths[:, None] + offsets
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
         # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all
-        use_causal = causal and R == 1 and int(lengths[0]) == 0
+        use_causal = causal and R == 1 and starts[0] == 0
         no_mask = R == 1 and not causal and block is None
         if block is None:
             block = torch.zeros(q, q)
@@ -142,10 +143,10 @@ class BatchForward:
                 if use_causal or no_mask:
                     masks[dev] = None
                 elif R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
-                    masks[dev] = _mask_buffer(cache, dev, ff.dtype).view(int(lengths[0]), block[0].to(dev, ff.dtype))
+                    masks[dev] = _mask_buffer(cache, dev, ff.dtype).view(starts[0], block[0].to(dev, ff.dtype))
                 else:
                     masks[dev] = batch_mask(lengths, block, ff.dtype).to(dev)
-            kc, vc = cache.write(i, rows, lengths, ks, vs)
+            kc, vc = cache.write(i, rows, starts, ks, vs)
             return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 

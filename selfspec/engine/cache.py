@@ -114,24 +114,32 @@ class BatchKVCache:
         return self.shape[2]
 
     @torch.inference_mode()
-    def write(self, layer: int, rows: slice, starts: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def write(self, layer: int, rows: slice, starts: list[int], k: torch.Tensor, v: torch.Tensor):
         """Store row r's new K/V [R, kv, q, D] at slots starts[r].. and return views [R, kv, S, D]
         of the rows' slots 0..S-1, S = max(starts) + q (the caller's mask hides what a row may not see)."""
         q = k.shape[2]
         kb, vb = self.k[layer][rows], self.v[layer][rows]
-        end = int(starts.max()) + q
+        end = max(starts) + q
         if end > self.capacity:
             raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
-        if k.shape[0] == 1:  # one row: a plain slice, no index tensor
-            s = int(starts[0])
-            kb[:, :, s : s + q] = k
-            vb[:, :, s : s + q] = v
-            return kb[:, :, :end], vb[:, :, :end]
-        idx = (starts.to(kb.device)[:, None] + torch.arange(q, device=kb.device))[:, None, :, None]
-        idx = idx.expand(k.shape[0], k.shape[1], q, k.shape[3])
-        kb.scatter_(2, idx, k)
-        vb.scatter_(2, idx, v)
+        if len(starts) == 1:  # one row: a plain slice, no index tensor
+            kb[:, :, starts[0] : end] = k
+            vb[:, :, starts[0] : end] = v
+        else:
+            idx = self._index(starts, k.shape, kb.device)
+            kb.scatter_(2, idx, k)
+            vb.scatter_(2, idx, v)
         return kb[:, :, :end], vb[:, :, :end]
+
+    def _index(self, starts: list[int], shape, device) -> torch.Tensor:
+        """The scatter index of a forward's writes, made once for all its layers (one per device kept)."""
+        key = (tuple(starts), tuple(shape))
+        memo = self.scratch.get(("index", device))
+        if memo is None or memo[0] != key:
+            R, kv, q, D = shape
+            idx = (torch.tensor(starts, device=device)[:, None] + torch.arange(q, device=device))[:, None, :, None]
+            memo = self.scratch[("index", device)] = (key, idx.expand(R, kv, q, D))
+        return memo[1]
 
     @torch.inference_mode()
     def commit(self, row: int, accepted: list[int]) -> None:
