@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from selfspec.engine.batch import BatchDecoder, generate_batch_ids
-from selfspec.engine.batch_forward import BatchForward, batch_mask, pad_block
+from selfspec.engine.batch_forward import BatchForward, batch_mask
+from selfspec.engine.masks import pad_block
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.forward import engine
 from selfspec.engine.options import DecodeConfig

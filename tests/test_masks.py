@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfspec.engine import cache as kv
-from selfspec.engine.masks import additive, draft_block, joint_training_allowed, tree_and_groups
+from selfspec.engine.masks import additive, draft_block, joint_training_allowed, rows_layout, tree_and_groups, tree_block
 from selfspec.drafting.tree import Tree, path_to
 
 from conftest import tiny_model
@@ -73,3 +73,39 @@ def test_joint_training_mask_worked_example():
     assert noisy1 == [0, 1, 1, 0, 1, 0, 0, 0]
     clean2 = a[4 + 2].int().tolist()
     assert clean2 == [0, 0, 0, 0, 1, 1, 1, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 100), min_size=0, max_size=7), st.integers(0, 3)),
+                min_size=1, max_size=4), st.integers(1, 3))
+def test_rows_layout_keeps_each_rows_block_and_padding_sees_only_itself(rows, G):
+    """Brute force per row: its real queries see each other exactly as its own `tree_block` says
+    and see no padding; every padding column sees only itself; offsets follow the row's own."""
+    trees, owners = [], []
+    for seeds, m in rows:
+        parents = [-1] + [s % (i + 1) for i, s in enumerate(seeds)]  # node i+1's parent is one of 0..i
+        depths = [0]
+        for p in parents[1:]:
+            depths.append(depths[p] + 1)
+        n = len(parents)
+        trees.append(Tree(torch.arange(10, 10 + n), torch.tensor(parents), torch.tensor(depths)))
+        owners.append(None if m == 0 else torch.arange(min(m, n)))
+    lay = rows_layout(trees, owners, G, mask_id=4)
+    N = max(len(t) for t in trees)
+    q = N + max(0 if o is None else len(o) for o in owners) * G
+    assert lay.tokens.shape == (len(trees), q) and lay.nodes == N
+    for i, (t, o) in enumerate(zip(trees, owners)):
+        n, m = len(t), 0 if o is None else len(o)
+        cols = list(range(n)) + [N + j for j in range(m * G)]
+        block, offs = tree_block(t.parents, t.depths, o, G if o is not None else 0)
+        assert lay.tokens[i, :n].tolist() == t.tokens.tolist()
+        assert lay.offsets[i, cols].tolist() == offs.tolist()
+        if lay.blocks is None:
+            assert q == 1
+            continue
+        seen = lay.blocks[i] == 0
+        assert torch.equal(seen[cols][:, cols], block == 0)
+        pad = [c for c in range(q) if c not in cols]
+        for c in pad:
+            assert seen[c].nonzero().flatten().tolist() == [c] and lay.tokens[i, c] == 4
+        assert not seen[cols][:, pad].any()

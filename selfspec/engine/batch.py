@@ -43,10 +43,10 @@ from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
-from selfspec.engine.batch_forward import BatchForward, pad_block
+from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.batch_planner import BatchOption, BatchPlanner
 from selfspec.engine.layouts import AR, Option, config_label, fixed_option
-from selfspec.engine.masks import tree_block
+from selfspec.engine.masks import rows_layout
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import keep_planner, planner_for
 from selfspec.engine.request import check_batch, eos_ids, row_capacity
@@ -264,27 +264,12 @@ class BatchDecoder:
             groups = r.option.groups if r.room > 1 else 0
             r.owners = group_owners(r.tree, groups) if groups else None
             r.group_size = r.option.group_size or cfg.group
-        G = rounds[0].group_size
+        lay = rows_layout([r.tree for r in rounds], [r.owners for r in rounds], rounds[0].group_size, self.mask_id)
+        N, q = lay.nodes, lay.tokens.shape[1]
+        lora = self.lora if q > N else None  # the draft LoRA on the mask groups, from column N on
+        hidden = self._timed(live, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks,
+                                                   lora=lora, lora_rows=slice(N, None) if lora is not None else None))
         ns = [r.n for r in rounds]
-        ms = [0 if r.owners is None else int(r.owners.shape[0]) for r in rounds]
-        N, M = max(ns), max(ms)
-        q = N + M * G
-        tokens = torch.full((R, q), self.mask_id)
-        offsets = torch.arange(q).repeat(R, 1)  # padding sits at its own slot's position
-        blocks = None if q == 1 else torch.empty(R, q, q)  # AR: one token that sees the prefix, no mask to build
-        for i, r in enumerate(rounds):
-            t = r.tree
-            tokens[i, : ns[i]] = t.tokens
-            if blocks is None:
-                offsets[i, :1] = t.depths
-                continue
-            block, offs = tree_block(t.parents, t.depths, r.owners, G if r.owners is not None else 0)
-            at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's queries in the layout
-            offsets[i, at] = offs
-            blocks[i] = pad_block(block, q) if ms[i] == 0 or ns[i] == N else _scatter_block(block, at, q)
-        lora = self.lora if M else None
-        hidden = self._timed(live, lambda: self.bf(tokens, offsets, self.cache, slice(0, R), block=blocks, lora=lora,
-                                                   lora_rows=slice(N, None) if lora is not None else None))
         real = torch.cat([torch.arange(n) + i * q for i, n in enumerate(ns)])
         logits = self._timed(live, lambda: self.bf.logits(hidden.reshape(R * q, -1)[real]))
         start = 0
@@ -410,13 +395,6 @@ class BatchDecoder:
             else:
                 i += 1
         return slots, entered
-
-
-def _scatter_block(block: torch.Tensor, at: torch.Tensor, q: int) -> torch.Tensor:
-    """A row's [n', n'] block placed at layout columns `at` of a [q, q] block; padding as `pad_block`."""
-    full = pad_block(torch.zeros(0, 0), q)
-    full[at[:, None], at[None, :]] = block
-    return full
 
 
 def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:

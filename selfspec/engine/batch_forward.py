@@ -12,7 +12,7 @@ prefix columns stay zero (`MaskBuffer`), so a round costs O(q^2) mask work howev
 context is, and new tokens that all see each other (AR, a draft pass) get no mask at all.
 
 Rows of a round are padded to one width q by the caller; a padding query must see at least one
-key (SDPA yields NaN on a fully masked row): `pad_block` lets it see itself, and no real token
+key (SDPA yields NaN on a fully masked row): `masks.pad_block` lets it see itself, and no real token
 sees it. Hidden masked slots still enter SDPA with weight 0, so they must be finite: the cache
 only ever holds zeros or K/V the model wrote.
 """
@@ -26,17 +26,6 @@ from selfspec.engine.cache import BatchKVCache
 from selfspec.engine.forward import FastForward, Rope, engine
 
 NEG = float("-inf")
-
-
-def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
-    """A row's [n, n] additive block padded to [q, q]: padding queries see only themselves, and
-    real queries never see padding. Example: n=1, q=3 -> [[0, -inf, -inf], [-inf, 0, -inf], ...]."""
-    n = block.shape[0]
-    out = torch.full((q, q), NEG, dtype=block.dtype)
-    out[:n, :n] = block
-    idx = torch.arange(n, q)
-    out[idx, idx] = 0
-    return out
 
 
 class MaskBuffer:

@@ -116,3 +116,59 @@ def draft_block(prefix_len: int, block_len: int, dtype: torch.dtype = torch.floa
     """Two-pass draft: [seed, M x (B-1)] at prefix_len.., fully bidirectional, prefix visible."""
     mask = torch.zeros(1, 1, block_len, prefix_len + block_len, dtype=dtype)
     return mask, torch.arange(prefix_len, prefix_len + block_len)[None]
+
+
+def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
+    """A row's [n, n] additive block padded to [q, q]: padding queries see only themselves, and
+    real queries never see padding. Example: n=1, q=3 -> [[0, -inf, -inf], [-inf, 0, -inf], ...]."""
+    n = block.shape[0]
+    out = torch.full((q, q), NEG, dtype=block.dtype)
+    out[:n, :n] = block
+    idx = torch.arange(n, q)
+    out[idx, idx] = 0
+    return out
+
+
+@dataclass
+class RowsLayout:
+    """One round's queries for R rows: tokens / offsets [R, q], blocks [R, q, q] (None when q = 1:
+    one token per row sees its prefix, no mask to build); row i's groups start at column `nodes`."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    blocks: torch.Tensor | None
+    nodes: int  # N: the widest tree; every row's mask groups start there
+
+
+def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: int) -> RowsLayout:
+    """Every row's tree nodes padded to the widest tree (N), then its mask groups (G slots on each
+    owner node, `tree_block`) padded to the most groups (M): q = N + M * G columns. A padding
+    column holds `mask_id` at its own column's offset, sees only itself and is seen by no real query.
+
+    Example: chains of 3 and 1 nodes, no groups: q = 3; row 1 is [root, pad, pad] with offsets
+    [0, 1, 2] and block rows [0, -inf, -inf], [-inf, 0, -inf], [-inf, -inf, 0].
+    """
+    R = len(trees)
+    ns = [len(t) for t in trees]
+    ms = [0 if o is None else int(o.shape[0]) for o in owners]
+    N, G = max(ns), group
+    q = N + max(ms) * G
+    tokens = torch.full((R, q), mask_id, dtype=torch.long)
+    offsets = torch.arange(q).repeat(R, 1)
+    blocks = None if q == 1 else torch.empty(R, q, q)
+    for i, t in enumerate(trees):
+        tokens[i, : ns[i]] = t.tokens
+        if blocks is None:
+            offsets[i, :1] = t.depths
+            continue
+        block, offs = tree_block(t.parents, t.depths, owners[i], G if owners[i] is not None else 0)
+        if ms[i] == 0 or ns[i] == N:  # row i's queries are the layout's first columns
+            offsets[i, : offs.shape[0]] = offs
+            blocks[i] = pad_block(block, q)
+            continue
+        at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's columns in the layout
+        offsets[i, at] = offs
+        full = pad_block(torch.zeros(0, 0), q)
+        full[at[:, None], at[None, :]] = block
+        blocks[i] = full
+    return RowsLayout(tokens, offsets, blocks, N)
