@@ -16,15 +16,9 @@ from selfspec.engine.profile import CostProfile
 
 from conftest import tiny_model
 
-V = 8
-LAYOUTS = {
-    "ar": dict(mode="ar"),
-    "lookup": dict(mode="lookup"),
-    "linear two-pass": dict(mode="linear", schedule="two-pass", block_length=8),
-    "presto two-pass": dict(mode="presto", schedule="two-pass", block_length=8, budget=16),
-    "presto one-pass": dict(mode="presto", schedule="one-pass", block_length=4, budget=8, group_nodes=3),
-    "auto": dict(mode="auto", block_length=6, budget=8),
-}
+from test_batch import MODES, V
+
+LAYOUTS = {**MODES, "auto": dict(mode="auto", block_length=6, budget=8)}
 
 
 def _prompts(lengths=(3, 17, 9, 6), seed=0):
