@@ -48,5 +48,9 @@ def test_batch_example_runs_a_batch_on_a_small_model(tmp_path):
 
     r = subprocess.run([sys.executable, str(ROOT / "examples/batch_generate.py"), "--model",
                         str(ROOT / "models/pystdlib-nld-9m"), "--batch-size", "3", "--max-new-tokens", "8",
-                        "--mode", "lookup"], check=True, cwd=ROOT, capture_output=True, text=True)
+                        "--mode", "lookup", "--trace-dir", str(tmp_path / "traces")], check=True, cwd=ROOT,
+                       capture_output=True, text=True)
     assert r.stdout.count("-- row ") == 4 and "tokens/s for the batch" in r.stdout
+    pages = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert pages == [f"row{i}.html" for i in range(4)]
+    assert all("<html" in (tmp_path / "traces" / p).read_text()[:300].lower() for p in pages)
