@@ -6,7 +6,8 @@ sample otherwise. Seeds: an int `seed` gives row i the seed `seed + i`; a list g
 Modes batched: "ar", "lookup", fixed "linear" / "presto" (two-pass and one-pass) and plan
 "auto" (the batch planner: AR, lookup chains or two-pass linear drafts per round, chosen on the
 batch cost profile; `profile=` takes a `batch_profile.BatchProfile` or its JSON path). A batch
-of one prompt is a batch-1 generation (the batch-1 planner, its `profile.CostProfile`).
+of one row is a batch-1 generation (the batch-1 planner, its `profile.CostProfile`), unless
+`profile=` is a batch profile (then the batch planner plans it).
 `trace=True` gives every row its own `selfspec.trace.Trace` (`results[i].trace`). Stop strings
 and HF streamers are batch-1 only.
 """

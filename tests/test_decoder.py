@@ -69,6 +69,24 @@ def test_plan_auto_uses_the_batch1_planner_for_one_row_and_the_batch_planner_for
     assert isinstance(many.batch_planner, BatchPlanner) and many.planner is None
 
 
+def test_the_profile_given_picks_the_planner_and_a_mismatch_fails_before_any_work(tmp_path, monkeypatch):
+    from selfspec.engine.batch_profile import BatchProfile
+
+    m = tiny_model(vocab_size=V)
+    prompts = _prompts()[:2]
+    cfg = DecodeConfig(max_new_tokens=12)
+    path = tmp_path / "batch.json"
+    BatchProfile.flat().save(str(path))
+    for prof in (BatchProfile.flat(), str(path)):  # a batch profile for one row: the batch planner plans
+        dec = BatchDecoder(m, prompts, cfg, batch_size=1, profile=prof)
+        assert dec.planner is None and isinstance(dec.batch_planner, BatchPlanner)
+    ar = [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])[0] for p in prompts]
+    assert generate_batch_ids(m, prompts, cfg, batch_size=1, eos_token_id=[], profile=str(path))[0] == ar
+    monkeypatch.setattr(BatchDecoder, "_prefill", lambda *a: pytest.fail("model work before the error"))
+    with pytest.raises(ValueError, match="batch cost profile"):
+        BatchDecoder(m, prompts, cfg, batch_size=2, profile=CostProfile.flat())
+
+
 def test_one_row_plan_auto_reaches_one_pass_trees_and_stays_exact():
     """A flat profile makes big trees with groups pay: the batch-1 planner picks one-pass
     layouts, which only it can; the output is still AR's."""

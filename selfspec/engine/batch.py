@@ -45,10 +45,12 @@ from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner
 from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.batch_planner import BatchOption, BatchPlanner
+from selfspec.engine.batch_profile import batch_cost_model, is_batch_profile
 from selfspec.engine.layouts import AR, Option, config_label, fixed_option
 from selfspec.engine.masks import rows_layout
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import keep_planner, planner_for
+from selfspec.engine.profile import CostProfile
 from selfspec.engine.request import check_batch, eos_ids, row_capacity
 from selfspec.engine.rounds import Round, recorder_observer, stats_observer
 from selfspec.engine.sequence import Sequence, draft_tree, forecast, lookup_chain, new_sequence
@@ -88,11 +90,14 @@ class BatchDecoder:
         self.cache = None
         self._model_seconds = 0.0  # every batched forward's time, for the batch planner
         self.planner = self.batch_planner = None
-        if cfg.mode == "auto" and self.batch_size == 1:
+        # plan "auto": one row plans with the batch-1 planner (every layout, on f(q, c)) unless a
+        # batch cost profile was given for it; several rows with the batch planner, on f(B, q)
+        if cfg.mode == "auto" and self.batch_size == 1 and not is_batch_profile(profile):
             self.planner = planner_for(model, cfg, profile)
         elif cfg.mode == "auto":
-            from selfspec.engine.batch_profile import batch_cost_model
-
+            if isinstance(profile, CostProfile):
+                raise ValueError("a batch of several rows plans on a batch cost profile (f(B, q), "
+                                 "`batch_profile.BatchProfile`); this is a batch-1 cost profile")
             self.batch_planner = BatchPlanner(batch_cost_model(model, profile), lookup_tokens=cfg.lookup_tokens,
                                               block_length=cfg.block_length)
         self.fixed = fixed_option(cfg) if cfg.mode != "auto" else None

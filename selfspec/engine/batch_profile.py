@@ -20,6 +20,7 @@ from the last two points; measured costs are made non-decreasing in q and in B.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -137,6 +138,22 @@ def measure_batch(model, *, grid_b=GRID_B, grid_q=GRID_Q, c: int = 256, sweeps: 
 
 def batch_path(model) -> str:
     return default_path(model)[: -len(".json")] + "-batch.json"
+
+
+def is_batch_profile(profile) -> bool:
+    """Whether `profile` (an object, or a path to one) is a batch cost profile: a batch of one row
+    given one plans with the batch planner. A file that cannot be read is not one (the loader
+    that reads it next names its problem)."""
+    if isinstance(profile, BatchProfile):
+        return True
+    if not isinstance(profile, (str, os.PathLike)):
+        return False
+    try:
+        with open(profile, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("format") == FORMAT
 
 
 def batch_cost_model(model, profile=None) -> BatchProfile:
