@@ -135,6 +135,8 @@ class BatchDecoder:
                                      entropy=self.learned or self.recorder is not None)
 
     def _new_sequence(self, i: int) -> Sequence:
+        if self.planner is not None:  # one row at a time: each prompt starts its rate and probe clock afresh
+            self.planner.begin()
         return new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.stats[i], self.outputs[i],
                             lookup=self.uses_lookup)
 
