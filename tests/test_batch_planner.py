@@ -41,6 +41,19 @@ def test_lookup_is_chosen_only_when_its_yield_beats_the_width_cost():
     assert likely.plan(chains, matches, 1).k <= 1  # the room caps the chain
 
 
+def test_a_draining_batch_speculates_only_for_the_rows_that_end_it():
+    """No prompt waits: a likely chain on a row that will finish early is not worth the wider
+    round; the same chain on every row with the most tokens left is."""
+    torch.manual_seed(0)
+    cpu = Table({1: 93.0, 2: 124.0, 3: 150.0, 4: 172.0, 5: 200.0})
+    p = BatchPlanner(cpu, two_pass=False)
+    _trained(p, 0.95)
+    chains, matches = [[1, 2, 3, 4], [1, 2, 3, 4], []], [2] * 3
+    assert p.plan(chains, matches, 10).kind == "lookup"  # a queue keeps the batch full: tokens count
+    assert p.plan(chains, matches, 10, drain=[12, 12, 30]) is AR  # the row that ends the batch gains nothing
+    assert p.plan(chains, matches, 10, drain=[30, 30, 12]).kind == "lookup"  # both rows that end it do
+
+
 def test_probes_come_after_a_run_of_ar_rounds_and_wait_longer_after_losing():
     p = BatchPlanner(BatchProfile.linear(per_token=1.0), two_pass=False)
     chains = [[1, 2]] * 4

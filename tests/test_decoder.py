@@ -184,3 +184,26 @@ def test_learned_rho_in_a_batch_keeps_every_row_equal_to_batch1(schedule):
     ngram = generate_batch_ids(m, prompts, DecodeConfig(**{**cfg.__dict__, "rho": "ngram"}), eos_token_id=[],
                                batch_size=3)[1]
     assert [s.accept_lengths for s in ngram] != [s.accept_lengths for s in stats]
+
+
+def test_the_batch_planner_is_told_when_the_batch_drains(monkeypatch):
+    """While prompts wait for a cache row the planner counts the batch's tokens; once none waits
+    it gets every row's tokens left (the batch now ends with its slowest row)."""
+    from selfspec.engine.batch_profile import BatchProfile
+
+    seen, real = [], BatchPlanner.plan
+
+    def plan(self, chains, matches, room, *, drain=None):
+        seen.append(drain)
+        return real(self, chains, matches, room, drain=drain)
+
+    monkeypatch.setattr(BatchPlanner, "plan", plan)
+    m = tiny_model(vocab_size=V)
+    prompts = _prompts((3, 17, 9, 6))
+    dec = BatchDecoder(m, prompts, DecodeConfig(max_new_tokens=10), batch_size=2, eos_token_id=[],
+                       profile=BatchProfile.flat())
+    for _ in dec:
+        pass
+    first_drain = next(i for i, d in enumerate(seen) if d is not None)
+    assert first_drain > 0 and all(d is not None for d in seen[first_drain:])
+    assert all(len(d) <= 2 and all(1 <= x <= 9 for x in d) for d in seen[first_drain:])

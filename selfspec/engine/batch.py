@@ -108,6 +108,7 @@ class BatchDecoder:
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.k = cfg.tree_top_k if cfg.mode in ("presto", "auto") else 1
         self._info: dict = {}  # what the batch planner observes about the current round
+        self._waiting = 0  # prompts waiting for a cache row when the round is planned
 
     # -- model calls ------------------------------------------------------------------------------
     def _timed(self, rows: list[Sequence], fn):
@@ -214,7 +215,8 @@ class BatchDecoder:
                 r.drafted = lookup_chain(s, self.cfg, r.room)
                 chains.append(r.drafted)
                 matches.append(s.match)
-            choice = self.batch_planner.plan(chains, matches, max(r.room for r in rounds) - 1)
+            drain = [r.room for r in rounds] if not self._waiting else None  # nothing waits: the batch drains
+            choice = self.batch_planner.plan(chains, matches, max(r.room for r in rounds) - 1, drain=drain)
             self._info = {"option": choice, "matches": matches}
             option = {"ar": AR, "lookup": Option(choice.k, source="lookup"),
                       "two-pass": Option(self.cfg.block_length - 1, draft_pass=True)}[choice.kind]
@@ -368,6 +370,7 @@ class BatchDecoder:
                             live.append(s)
                 if not live:
                     return
+                self._waiting = len(waiting)
                 yield from self._round(live, observers)
                 if any(s.done for s in live):
                     live, entered = self._refill(live, waiting)

@@ -15,7 +15,11 @@ shares one width w (`batch.BatchDecoder` pads short drafts). Candidate layouts:
 A layout's cost is the batch profile's f(R, w) (`batch_profile.BatchProfile`) times a scale
 per kind of round learnt from the measured forwards (the profile was taken at one context
 length, under one load), plus a per-row overhead per kind of round, measured. The choice maximises
-sum_i E_i / cost, with speculative yields discounted by `MARGIN`. After `PROBE_MIN` AR rounds
+sum_i E_i / cost, with speculative yields discounted by `MARGIN`. When no prompt waits for a
+cache row, the batch ends with its slowest row: a round is then worth the progress of the rows
+with the most tokens left (the least any of them is expected to commit), not the sum over rows,
+since a speculative round that speeds up only the other rows makes every row pay for the wider
+round and leaves the end where it was. After `PROBE_MIN` AR rounds
 in a row the best speculative layout is tried anyway (the text may have become predictable);
 the interval doubles up to `PROBE_MAX` while such tries lose to AR.
 
@@ -105,29 +109,44 @@ class BatchPlanner:
                 gains[k] += total
         return gains
 
-    def plan(self, chains: list[list[int]], matches: list[int], room: int) -> BatchOption:
+    def plan(self, chains: list[list[int]], matches: list[int], room: int, *,
+             drain: list[int] | None = None) -> BatchOption:
         """The layout of the next round. `chains[i]`: row i's lookup drafts (may be empty);
-        `room`: the most draft tokens any row may still take."""
+        `room`: the most draft tokens any row may still take; `drain`: when no prompt waits, each
+        row's tokens left (the round is then worth the progress of the rows with the most left).
+
+        Example (drain): rows with 30, 30 and 12 tokens left, a likely chain on the third row
+        only: the rows that end the batch gain nothing from it, so AR is chosen; without `drain`
+        the chain's expected tokens count for the batch and lookup may win."""
         R = len(chains)
-        best, best_rate = AR, R / self._seconds("ar", R, 1)
-        rates = {"ar": best_rate}
-        spec, spec_rate = None, 0.0
         longest = min(max((len(c) for c in chains), default=0), self.lookup_tokens, room)
         gains = self.lookup_gains(chains, matches, longest)
+        worth, unit = gains, R  # what a round is worth: tokens of the batch, AR's R for sure
+        if drain is not None:  # the progress of the rows that end the batch: the least of theirs
+            top = max(drain)
+            last = [i for i, d in enumerate(drain) if d == top]
+            per_row = [self.lookup_gains([chains[i]], [matches[i]], longest) for i in last]
+            worth, unit = [min(g[k] for g in per_row) for k in range(longest + 1)], 1
+        ar_seconds = self._seconds("ar", R, 1)
+        best, best_value = AR, unit / ar_seconds
+        rates = {"ar": R / ar_seconds}  # tokens/s of the batch, for judging probes
+        spec, spec_value = None, 0.0
         for k in range(1, longest + 1):
-            rate = (R + gains[k] * (1 - MARGIN)) / self._seconds("lookup", R, k + 1)
-            if rate > spec_rate:
-                spec, spec_rate = BatchOption("lookup", k), rate
+            seconds = self._seconds("lookup", R, k + 1)
+            value = (unit + worth[k] * (1 - MARGIN)) / seconds
+            if value > spec_value:
+                spec, spec_value = BatchOption("lookup", k), value
+                rates["lookup"] = (R + gains[k] * (1 - MARGIN)) / seconds
         if self.two_pass and room >= 1:
             k = min(self.block_length - 1, room)
             # untried: optimistic (half the block), so that it gets measured once
             e = self.two_pass_yield or 1 + 0.5 * k
-            rate = (1 + (e - 1) * (1 - MARGIN)) * R / self._seconds("two-pass", R, k + 1)
-            if rate > spec_rate:
-                spec, spec_rate = BatchOption("two-pass", k), rate
-        if spec is not None:
-            rates[spec.kind] = spec_rate
-        if spec is not None and (spec_rate > best_rate or self.ar_streak >= self.probe_every):
+            seconds = self._seconds("two-pass", R, k + 1)
+            value = (1 + (e - 1) * (1 - MARGIN)) * unit / seconds  # every row drafts: the same yield per row
+            if value > spec_value:
+                spec, spec_value = BatchOption("two-pass", k), value
+                rates["two-pass"] = (1 + (e - 1) * (1 - MARGIN)) * R / seconds
+        if spec is not None and (spec_value > best_value or self.ar_streak >= self.probe_every):
             best = spec
         self.last_rates = rates
         self.ar_streak = self.ar_streak + 1 if best is AR else 0
