@@ -62,7 +62,7 @@ class BatchDecoder:
     hold row i's ids and measurements (input order). See the module docstring for the round.
 
     Hooks (None, or set before iterating): `on_round(info)` once per row and round, with the
-    dict of `decoder.Decoder`'s contract plus "row" (the prompt's index); `recorder(...)` as
+    dict of `decoder.Decoder`'s contract ("row" is the prompt's index); `recorder(...)` as
     `decoder.Decoder.recorder`, for every row's rounds that verified a tree drafted from marginals.
     """
 

@@ -1,10 +1,10 @@
 """One verification round as one object, and the observers that read it when it ends.
 
-`decoder.Decoder` runs a round as steps (plan, draft, lay out + forward, verify, commit) that
-each fill fields of a `Round`; when the round's tokens are emitted, every observer in the
-decoder's list receives it: the planner's calibration (`planner.Planner.observe`), the
-predictor's recorder, the oracle bookkeeping, the stats, and the round hook (`on_round`, whose
-dict contract `Round.info` keeps).
+`batch.BatchDecoder` runs a round as steps (plan, draft, lay out + forward, verify, commit) that
+fill one `Round` per row; when a row's tokens are emitted, every observer in that row's list
+receives its round: the stats, the batch-1 planner's calibration (`planner.Planner.observe`),
+the predictor's recorder and the round hook (`on_round`, whose dict contract, in
+`decoder.Decoder`'s docstring, `Round.info` keeps; the decoder adds the row).
 """
 
 from __future__ import annotations
