@@ -107,8 +107,6 @@ class BatchDecoder:
             or self.batch_planner is not None
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.k = cfg.tree_top_k if cfg.mode in ("presto", "auto") else 1
-        self._info: dict = {}  # what the batch planner observes about the current round
-        self._waiting = 0  # prompts waiting for a cache row when the round is planned
 
     # -- model calls ------------------------------------------------------------------------------
     def _timed(self, rows: list[Sequence], fn):
@@ -131,7 +129,10 @@ class BatchDecoder:
     def _marginals(self, seq: Sequence, hidden: torch.Tensor) -> Marginals | None:
         if hidden.shape[0] == 0:
             return None
-        logits = self._timed([seq], lambda: self.bf.logits(hidden))
+        return self._from_logits(self._timed([seq], lambda: self.bf.logits(hidden)))
+
+    def _from_logits(self, logits: torch.Tensor) -> Marginals:
+        """Marginals with the entropy only where it is read (learned rho, the recorder)."""
         return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id,
                                      entropy=self.learned or self.recorder is not None)
 
@@ -182,22 +183,21 @@ class BatchDecoder:
                                                    lora=self.lora, lora_rows=slice(0, None) if self.lora else None))
         logits = self._timed(live, lambda: self.bf.logits(hidden[:, 1:].reshape(R * (B - 1), -1)))
         logits = logits.view(R, B - 1, -1)
-        entropy = self.learned or self.recorder is not None
-        out = []
-        for i, s in enumerate(live):
+        for s in live:
             s.stats.forwards += 1
             s.stats.query_tokens += B
-            out.append(Marginals.from_logits(logits[i], self.cfg.tree_top_k, self.mask_id, entropy=entropy))
-        return out
+        return [self._from_logits(row) for row in logits]
 
     # -- a round's steps (each fills its part of every row's `Round`) ------------------------------
-    def _plan(self, live: list[Sequence], rounds: list[Round]) -> None:
-        """One layout for the batch: the fixed mode's, or plan "auto"'s (with what it drafted)."""
+    def _plan(self, live: list[Sequence], rounds: list[Round], draining: bool) -> BatchOption | None:
+        """One layout for the batch: the fixed mode's, or plan "auto"'s (with what it drafted).
+        Returns the batch planner's choice (None for the others); `draining`: no prompt waits."""
         if self.fixed is not None:
             for r in rounds:
                 r.option, r.layout = self.fixed, self.fixed_label
-            return
+            return None
         t0 = time.perf_counter()
+        choice = None
         if self.planner is not None:  # one row: the batch-1 planner
             s, r = live[0], rounds[0]
             r.option, drafted = self.planner.plan(lambda: forecast(s, self.cfg, self.planner, r.marg, r.room), r.c,
@@ -208,21 +208,17 @@ class BatchDecoder:
                 r.big = drafted
             r.layout = r.option.label
         else:
-            chains, matches = [], []
             for s, r in zip(live, rounds):
-                if r.room <= 1:  # nothing to draft; the planner still reads how well the context matches
-                    s.match = s.lookup.match_length(s.tail(self.cfg.lookup_max_ngram))
-                r.drafted = lookup_chain(s, self.cfg, r.room)
-                chains.append(r.drafted)
-                matches.append(s.match)
-            drain = [r.room for r in rounds] if not self._waiting else None  # nothing waits: the batch drains
-            choice = self.batch_planner.plan(chains, matches, max(r.room for r in rounds) - 1, drain=drain)
-            self._info = {"option": choice, "matches": matches}
+                r.drafted, r.match = lookup_chain(s, self.cfg, r.room), s.match
+            drain = [r.room for r in rounds] if draining else None
+            choice = self.batch_planner.plan([r.drafted for r in rounds], [r.match for r in rounds],
+                                             max(r.room for r in rounds) - 1, drain=drain)
             option = {"ar": AR, "lookup": Option(choice.k, source="lookup"),
                       "two-pass": Option(self.cfg.block_length - 1, draft_pass=True)}[choice.kind]
             for r in rounds:
                 r.option, r.layout = option, choice.label
         self._tree_time(live, time.perf_counter() - t0)
+        return choice
 
     def _draft_step(self, live: list[Sequence], rounds: list[Round]) -> None:
         """Every row's tree: a draft pass first (two-pass), then a lookup chain, the planner's
@@ -257,13 +253,11 @@ class BatchDecoder:
     def _cut_chains(self, rounds: list[Round]) -> None:
         """Batch planner, two-pass: after the pass, every row's chain cut to the one width whose
         calibrated yield per second is best (`BatchPlanner.width_after_draft`)."""
-        lqs = [torch.zeros(0) if r.drafted_from is None else r.drafted_from.top_lq[: r.n - 1, 0] for r in rounds]
-        k = self.batch_planner.width_after_draft(lqs)
+        k = self.batch_planner.width_after_draft(_chains_lq(rounds))
         for r in rounds:
             d = min(k, r.n - 1)
             r.tree = chain(r.tree.tokens[: d + 1].tolist(), r.tree.scores[: d + 1])
             r.layout = BatchOption("two-pass", k).label
-        self._info["chains_lq"] = [lq[:k] for lq in lqs]
 
     def _forward_step(self, live: list[Sequence], rounds: list[Round]) -> tuple[torch.Tensor, int]:
         """Every row's tree nodes plus mask groups in one forward; each row's targets. Returns the
@@ -323,14 +317,15 @@ class BatchDecoder:
         for s in live:
             s.stats.tree_seconds += dt / len(live)
 
-    def _round(self, live: list[Sequence], observers: dict):
-        """One round for the live rows (cache rows 0..R-1); yields `(row, chunk)` per row."""
+    def _round(self, live: list[Sequence], observers: dict, draining: bool):
+        """One round for the live rows (cache rows 0..R-1); yields `(row, chunk)` per row.
+        `draining`: no prompt waits for a cache row (the batch ends with its slowest row)."""
         t0 = time.perf_counter()
         f_before = self._model_seconds
         rounds = [Round(s.stats.rounds, self.cache.lengths[i], s.root, s.marg, self.cfg.max_new_tokens - len(s.emitted),
                         len(s.emitted), t_start=t0, forward_before=s.stats.forward_seconds,
                         query_before=s.stats.query_tokens) for i, s in enumerate(live)]
-        self._plan(live, rounds)
+        choice = self._plan(live, rounds, draining)
         self._draft_step(live, rounds)
         hidden, N = self._forward_step(live, rounds)
         for i, (s, r) in enumerate(zip(live, rounds)):
@@ -338,13 +333,13 @@ class BatchDecoder:
             for observe in observers[s.index]:
                 observe(r)
             yield s.index, r.committed
-        if self.batch_planner is not None:
-            info = self._info
-            self.batch_planner.observe(info["option"], rows=len(live), width=hidden.shape[1],
+        if choice is not None:
+            self.batch_planner.observe(choice, rows=len(live), width=hidden.shape[1],
                                        seconds=time.perf_counter() - t0, forward_seconds=self._model_seconds - f_before,
                                        tokens=sum(len(r.committed) for r in rounds),
                                        drafted=[r.n - 1 for r in rounds], accepted=[len(r.path) - 1 for r in rounds],
-                                       matches=info["matches"], chains_lq=info.get("chains_lq"))
+                                       matches=[r.match for r in rounds],
+                                       chains_lq=_chains_lq(rounds) if choice.kind == "two-pass" else None)
 
     # -- the loop ---------------------------------------------------------------------------------
     def __iter__(self):
@@ -370,8 +365,7 @@ class BatchDecoder:
                             live.append(s)
                 if not live:
                     return
-                self._waiting = len(waiting)
-                yield from self._round(live, observers)
+                yield from self._round(live, observers, draining=not waiting)
                 if any(s.done for s in live):
                     live, entered = self._refill(live, waiting)
                     for s, chunk in entered:
@@ -395,16 +389,12 @@ class BatchDecoder:
                 entered.append((s, self._prefill([s], i)[0]))
                 if not s.done:
                     slots[i] = s
-        i = 0
-        while i < len(slots):
-            if slots[-1] is None:
-                slots.pop()
-            elif slots[i] is None:
-                self.cache.move(len(slots) - 1, i)
-                slots[i] = slots.pop()
-            else:
-                i += 1
-        return slots, entered
+        return self.cache.compact(slots), entered
+
+
+def _chains_lq(rounds: list[Round]) -> list[torch.Tensor]:
+    """Each row's verified chain's per-token log q (two-pass linear drafts; empty without one)."""
+    return [torch.zeros(0) if r.drafted_from is None else r.drafted_from.top_lq[: r.n - 1, 0] for r in rounds]
 
 
 def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:

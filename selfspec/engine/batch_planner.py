@@ -81,7 +81,7 @@ class BatchPlanner:
     overhead: dict = field(default_factory=dict)  # kind -> seconds per row-round beyond the model
     ar_streak: int = 0
     probe_every: int = PROBE_MIN
-    last_rates: dict = field(default_factory=dict)  # kind -> predicted batch tokens/s at the last plan
+    last_ar_rate: float | None = None  # AR's predicted batch tokens/s at the last plan: what a probe must beat
 
     def _scale(self, kind: str) -> float:
         """Measured / predicted model time of this kind of round; per kind, because a profile
@@ -129,26 +129,22 @@ class BatchPlanner:
             worth, unit = [min(g[k] for g in per_row) for k in range(longest + 1)], 1
         ar_seconds = self._seconds("ar", R, 1)
         best, best_value = AR, unit / ar_seconds
-        rates = {"ar": R / ar_seconds}  # tokens/s of the batch, for judging probes
         spec, spec_value = None, 0.0
         for k in range(1, longest + 1):
-            seconds = self._seconds("lookup", R, k + 1)
-            value = (unit + worth[k] * (1 - MARGIN)) / seconds
+            value = (unit + worth[k] * (1 - MARGIN)) / self._seconds("lookup", R, k + 1)
             if value > spec_value:
                 spec, spec_value = BatchOption("lookup", k), value
-                rates["lookup"] = (R + gains[k] * (1 - MARGIN)) / seconds
         if self.two_pass and room >= 1:
             k = min(self.block_length - 1, room)
             # untried: optimistic (half the block), so that it gets measured once
             e = self.two_pass_yield or 1 + 0.5 * k
-            seconds = self._seconds("two-pass", R, k + 1)
-            value = (1 + (e - 1) * (1 - MARGIN)) * unit / seconds  # every row drafts: the same yield per row
+            # every row drafts: the same yield per row
+            value = (1 + (e - 1) * (1 - MARGIN)) * unit / self._seconds("two-pass", R, k + 1)
             if value > spec_value:
                 spec, spec_value = BatchOption("two-pass", k), value
-                rates["two-pass"] = (1 + (e - 1) * (1 - MARGIN)) * R / seconds
         if spec is not None and (spec_value > best_value or self.ar_streak >= self.probe_every):
             best = spec
-        self.last_rates = rates
+        self.last_ar_rate = R / ar_seconds
         self.ar_streak = self.ar_streak + 1 if best is AR else 0
         return best
 
@@ -199,9 +195,8 @@ class BatchPlanner:
                     self.chain.update(lq, reached, acc, fade=first)
                     first = False
         if kind != "ar":  # a speculative round that lost to AR's predicted rate makes the next probe wait longer
-            ar_rate = self.last_rates.get("ar")
-            if ar_rate is not None and seconds > 0:
-                won = tokens / seconds >= ar_rate
+            if self.last_ar_rate is not None and seconds > 0:
+                won = tokens / seconds >= self.last_ar_rate
                 self.probe_every = PROBE_MIN if won else min(PROBE_MAX, 2 * self.probe_every)
 
 

@@ -164,6 +164,21 @@ class BatchKVCache:
         if not keep:
             self.lengths[src] = 0
 
+    def compact(self, occupants: list) -> list:
+        """Fill the empty rows (None in `occupants`, one entry per cache row from 0) by moving the
+        last occupied rows into them, so the occupied rows are 0..R-1; returns their occupants.
+        Example: [a, None, b, None, c] -> c moves from row 4 to row 1 -> [a, c, b]."""
+        rows, i = list(occupants), 0
+        while i < len(rows):
+            if rows[-1] is None:
+                rows.pop()
+            elif rows[i] is None:
+                self.move(len(rows) - 1, i)
+                rows[i] = rows.pop()
+            else:
+                i += 1
+        return rows
+
     @staticmethod
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:
         """Bytes such a cache allocates (K and V, every layer), for checks before allocating."""

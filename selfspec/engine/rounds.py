@@ -43,7 +43,6 @@ class Round:
     # lay out + forward
     owners: torch.Tensor | None = None
     group_size: int = 0
-    hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     # verify
     targets: torch.Tensor | None = None

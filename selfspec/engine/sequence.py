@@ -23,6 +23,7 @@ from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
 from selfspec.drafting.verify import oracle_length, truncate
 from selfspec.engine.options import DecodeConfig
+from selfspec.engine.planner import Forecast
 from selfspec.engine.stats import Stats
 
 
@@ -118,19 +119,15 @@ def draft_tree(seq: Sequence, cfg: DecodeConfig, marg: Marginals | None, nodes: 
 
 def lookup_chain(seq: Sequence, cfg: DecodeConfig, room: int) -> list[int]:
     """Prompt lookup: the tokens that followed the latest match of the context's last n-gram
-    (`seq.match` is set to that n-gram's length)."""
-    if room <= 1:
-        return []
+    (`seq.match` is set to that n-gram's length, even when there is no room to draft)."""
     tail = seq.tail(cfg.lookup_max_ngram)
     seq.match = seq.lookup.match_length(tail)
-    return seq.lookup.propose(tail, min(cfg.lookup_tokens, room - 1))
+    return seq.lookup.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else []
 
 
 def forecast(seq: Sequence, cfg: DecodeConfig, planner, marg: Marginals | None, room: int):
     """The largest tree the batch-1 planner may pick from (or the lookup chain, as a list), with
     calibrated acceptance per node: `(planner.Forecast, drafted)`."""
-    from selfspec.engine.planner import Forecast
-
     if room <= 1:
         return Forecast(), None
     if marg is None:
