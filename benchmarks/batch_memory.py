@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     import torch
 
     import selfspec
-    from selfspec.engine.batch import BatchDecoder
+    from selfspec.engine.decoder import Decoder
     from selfspec.engine.batch_forward import BatchForward
     from selfspec.engine.options import DecodeConfig
     from selfspec.engine.request import row_capacity
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
               "generators", "decorators", "exceptions", "modules", "typing", "threads"]
     prompts = [tok.encode(f"# A long tutorial on Python {topics[i % len(topics)]}, part {i}\n") for i in range(a.rows)]
     cfg = DecodeConfig(mode="ar", max_new_tokens=a.tokens - max(len(p) for p in prompts))
-    dec = BatchDecoder(model, prompts, cfg, batch_size=a.rows, eos_token_id=[])
-    kv = BatchForward.of(model).cache_bytes(a.rows, row_capacity(prompts, cfg, a.rows)) / 2**20
+    dec = Decoder(model, prompts, cfg, batch_size=a.rows, eos_token_id=[])
+    kv = BatchForward.of(model).cache_bytes(a.rows, row_capacity(prompts, cfg)) / 2**20
     t0 = time.perf_counter()
     n = sum(len(chunk) for _, chunk in dec)
     dt = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""Where batched plan "auto" gains and loses: per kind of round, the batch planner's predicted
+"""Where batched plan "auto" gains and loses: per kind of round, the planner's predicted
 tokens and seconds against what the round did, and the run's wall time against batched AR's.
 
     python benchmarks/batch_rounds.py [--batch-size 8] [--limit 16] [--max-new-tokens 64] [--prompts FILE]
@@ -32,44 +32,35 @@ def main(argv=None) -> int:
 
     import selfspec
     from selfspec.checkpoint.model import default_model_dir
-    from selfspec.engine import batch_planner as bp
-    from selfspec.engine.batch import BatchDecoder
+    from selfspec.engine.decoder import Decoder
     from selfspec.engine.options import DecodeConfig
-    from selfspec.tools.bench import read_prompts
+    from selfspec.engine.planner import Planner
     from selfspec.streaming import encode_prompt
+    from selfspec.tools.bench import read_prompts
 
     torch.set_num_threads(a.threads)
     model, tok = selfspec.load()
     path = a.prompts or os.path.join(default_model_dir(), "prompts.jsonl")
     prompts = [encode_prompt(tok, p["prompt"]) for p in read_prompts(path)[: a.limit]]
     rounds = defaultdict(lambda: [0, 0.0, 0, 0.0, 0.0])  # rounds, predicted tokens, tokens, predicted s, s
-    seen: dict = {}
-    real_plan, real_observe = bp.BatchPlanner.plan, bp.BatchPlanner.observe
+    real_observe = Planner.observe
 
-    def plan(self, chains, matches, room):
-        opt = real_plan(self, chains, matches, room)
-        R = len(chains)
-        gain = self.lookup_gains(chains, matches, opt.k)[opt.k] if opt.kind == "lookup" else 0.0
-        seen["p"] = (opt.label, R + gain * (1 - bp.MARGIN) if opt.kind != "two-pass" else None,
-                     self._seconds(opt.kind, R, opt.width))
-        return opt
+    def observe(self, rnd):
+        if self.predicted is not None:  # resting rounds (AR without a choice) have no prediction
+            r = rounds[rnd.layout]
+            r[0] += 1
+            r[1] += self.predicted[0]
+            r[2] += sum(len(x.committed) for x in rnd.rows)
+            r[3] += self.predicted[1]
+            r[4] += rnd.seconds
+        return real_observe(self, rnd)
 
-    def observe(self, option, **kw):
-        label, tokens, seconds = seen["p"]
-        r = rounds[label]
-        r[0] += 1
-        r[1] += tokens if tokens is not None else float("nan")  # two-pass: the width is chosen after the pass
-        r[2] += kw["tokens"]
-        r[3] += seconds
-        r[4] += kw["seconds"]
-        return real_observe(self, option, **kw)
-
-    bp.BatchPlanner.plan, bp.BatchPlanner.observe = plan, observe
+    Planner.observe = observe
     out = {"command": "python benchmarks/batch_rounds.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "batch_size": a.batch_size, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens}
     for mode in ("ar", "auto"):
-        dec = BatchDecoder(model, prompts, DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens),
-                           batch_size=a.batch_size, eos_token_id=[])
+        dec = Decoder(model, prompts, DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens),
+                      batch_size=a.batch_size, eos_token_id=[])
         t0 = time.perf_counter()
         n = sum(len(chunk) for _, chunk in dec)
         wall = time.perf_counter() - t0

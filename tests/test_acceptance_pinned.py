@@ -36,10 +36,10 @@ from types import SimpleNamespace
 import pytest
 
 import selfspec
-import selfspec.engine.batch as decoder_module
+import selfspec.engine.step as decoder_module
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.profile import CostProfile
+from selfspec.engine.cost import CostModel
 
 from conftest import SHIPPED
 
@@ -130,5 +130,5 @@ def test_planned_acceptance_on_a_flat_cost_profile_is_pinned(shipped, monkeypatc
     ticks = iter(range(10**9))
     monkeypatch.setattr(decoder_module, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
     shipped[0].__dict__.pop("_selfspec_planners", None)  # no planner learnt by an earlier run
-    tau = _tau(shipped, profile=CostProfile.flat(), mode="auto", lookup=None)
+    tau = _tau(shipped, profile=CostModel.flat(), mode="auto", lookup=None)
     _assert_floor("plan 'auto' on a flat cost profile", tau, 2.636, 2.50)

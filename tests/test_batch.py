@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from selfspec.engine.batch import BatchDecoder, generate_batch_ids
+from selfspec.engine.decoder import Decoder, generate_batch_ids
 from selfspec.engine.batch_forward import BatchForward, batch_mask
 from selfspec.engine.masks import pad_block
 from selfspec.engine.decoder import generate_ids
-from selfspec.engine.forward import engine
+from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
 
 from conftest import OneRow, tiny_model
@@ -72,14 +72,14 @@ def _poison(cache, value=1e30):
 
 def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots():
     m = tiny_model()
-    bf, one = BatchForward(engine(m)), OneRow(m)  # one cache row: the batch-1 path, with no padding
+    bf, one = BatchForward(FastForward(m)), OneRow(m)  # one cache row: the batch-1 path, with no padding
     prompts = [list(range(5, 5 + n)) for n in (3, 19, 6)]
     cache = bf.new_cache(3, 48)
     _poison(cache)
     refs = []
     for r, p in enumerate(prompts):
         bf(torch.tensor([p]), torch.arange(len(p))[None], cache, slice(r, r + 1), causal=True)
-        cache.lengths[r] = len(p)
+        cache.set_length(r, len(p))
         c1 = one.new_cache(48)
         one(torch.tensor(p), torch.arange(len(p)), c1, causal=True)
         c1.commit(0, list(range(len(p))))
@@ -162,17 +162,16 @@ def test_draft_lora_runs_on_draft_rows_only_as_in_batch1(mode):
 
 @pytest.mark.parametrize("profile,spec", [("flat", True), ("steep", False)])
 def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec, monkeypatch):
-    """On a clock where every forward takes what the profile says: with flat (GPU-like) costs the
-    batch planner speculates (lookup chains or two-pass drafts) on this repetitive tiny model;
-    with costs that grow with every query token it keeps AR apart from its probes. Either way
-    every row equals its batch-1 AR output."""
+    """On a clock where every forward takes what the cost model says: with flat (GPU-like) costs
+    the planner speculates on this repetitive tiny model; with costs that grow with every query
+    token it keeps AR apart from its probes. Either way every row equals its batch-1 AR output."""
     import types
 
-    from selfspec.engine import batch as batch_mod
+    from selfspec.engine import step as step_mod
     from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.batch_profile import BatchProfile
+    from selfspec.engine.cost import CostModel
 
-    prof = BatchProfile.flat() if profile == "flat" else BatchProfile.linear(per_token=1.0, fixed=1.0)
+    prof = CostModel.flat() if profile == "flat" else CostModel.linear(per_token=1.0, fixed=1.0)
     clock = [0.0]
     real_call = BatchForward.__call__
 
@@ -181,7 +180,7 @@ def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec
         return real_call(self, tokens, *args, **kw)
 
     monkeypatch.setattr(BatchForward, "__call__", timed_call)
-    monkeypatch.setattr(batch_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(step_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     m = _model()
     prompts = _prompts((4, 9, 3, 12))
     outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=40, block_length=8), eos_token_id=[],
@@ -222,7 +221,7 @@ def test_a_row_finishing_on_eos_inside_an_accepted_span_leaves_while_others_go_o
     eos = next(t for t in range(V) if any(_eos_inside_span(o, st.accept_lengths, t)
                                           and any(first(o2, t) > first(o, t) for o2, _ in free) for o, st in free))
     refs = _batch1(m, prompts, cfg, eos_token_id=eos)
-    dec = BatchDecoder(m, prompts, cfg, eos_token_id=eos, batch_size=4)
+    dec = Decoder(m, prompts, cfg, eos_token_id=eos, batch_size=4)
     events = list(dec)
     assert dec.outputs == [r[0] for r in refs]
     longest = max(len(o) for o in dec.outputs)
@@ -273,8 +272,8 @@ def test_stale_and_foreign_slots_are_never_read(mode):
     cfg = DecodeConfig(max_new_tokens=30, **MODES[mode])
     prompts = _prompts()
     clean, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=4)
-    dec = BatchDecoder(m, prompts, cfg, eos_token_id=[], batch_size=4)
-    real = dec.bf.__call__
+    dec = Decoder(m, prompts, cfg, eos_token_id=[], batch_size=4)
+    real = dec.stepper.bf.__call__
     calls = []
 
     def poisoned(tokens, offsets, cache, rows, **kw):
@@ -282,8 +281,7 @@ def test_stale_and_foreign_slots_are_never_read(mode):
         calls.append(rows)
         return real(tokens, offsets, cache, rows, **kw)
 
-    dec.bf = type("Poisoned", (), {"__call__": staticmethod(poisoned), "logits": dec.bf.logits,
-                                  "new_cache": dec.bf.new_cache})()
+    dec.stepper.bf = type("Poisoned", (), {"__call__": staticmethod(poisoned), "logits": dec.bf.logits})()
     for _ in dec:
         pass
     assert len(calls) > 12 and dec.outputs == clean
@@ -345,7 +343,7 @@ def test_bad_batches_fail_before_any_model_work(prompts, kw, msg, monkeypatch):
     monkeypatch.setattr(BatchForward, "__call__", boom)
     cfg = kw.pop("cfg", DecodeConfig(mode="ar", max_new_tokens=8))
     with pytest.raises(ValueError, match=msg):
-        BatchDecoder(_model(), prompts, cfg, **kw)
+        Decoder(_model(), prompts, cfg, **kw)
 
 
 # -- the public API: generate / stream with a list of prompts ------------------------------------------------
@@ -394,11 +392,13 @@ def test_batch_seeds_int_means_seed_plus_row_and_a_list_gives_one_per_row(byte_m
 @pytest.mark.parametrize("prompts,kw,msg", [
     ([], {}, "empty batch"),
     (["ab", ""], {}, "empty prompt"),
-    (["ab", []], {}, "empty prompt at index 1"),
+    (["ab", []], {}, "prompt 1: empty prompt"),
     (["ab", "cd"], dict(seed=[1, 2, 3]), "3 seeds for 2 prompts"),
     (["ab", "cd"], dict(max_cache_bytes=1000), "KV cache"),
     (["ab", "cd"], dict(batch_size=0), "batch_size"),
-    (["ab", "cd"], dict(stop="x"), "not supported for a batch"),
+    (["ab", "cd"], dict(stop=[""]), "stop strings must be non-empty"),
+    (["ab", "cd"], dict(generator=torch.Generator()), "generator= is one prompt's"),
+    (["ab", "cd"], dict(mode="ar", profile="x.json"), "plan 'auto' only"),
     (["ab", "cd"], dict(mode="presto", rho="learned"), "learned"),
     (["ab", "cd"], dict(bogus=1), "unknown decoding option"),
 ])
@@ -413,6 +413,24 @@ def test_bad_batch_requests_fail_in_stream_before_any_model_work(byte_model, pro
     monkeypatch.setattr(BatchForward, "__call__", boom)
     with pytest.raises(ValueError, match=msg):
         stream(byte_model, TOK, prompts, max_new_tokens=8, **{"mode": "ar", **kw})
+
+
+def test_stop_strings_end_each_row_of_a_batch_on_its_own(byte_model):
+    """A row that hits a stop string leaves the batch (its text ends before the stop string);
+    the other rows go on to their own end and equal their runs alone."""
+    from test_streaming import TOK
+
+    from selfspec import generate
+
+    prompts = ["def f(x):\n", "import os", "class A:"]
+    free = [generate(byte_model, TOK, p, max_new_tokens=16, mode="ar", eos_token_id=[]) for p in prompts]
+    t = free[0].text
+    stop = next(t[i:i + 2] for i in range(2, len(t) - 2) if t[i:i + 2] not in free[1].text + free[2].text
+                and t[i:i + 2] not in t[:i + 1])
+    res = generate(byte_model, TOK, prompts, max_new_tokens=16, mode="ar", eos_token_id=[], stop=stop, batch_size=2)
+    assert res[0].finish_reason == "stop_string" and res[0].text == free[0].text[: free[0].text.index(stop)]
+    assert [r.text for r in res[1:]] == [g.text for g in free[1:]]
+    assert [r.finish_reason for r in res[1:]] == ["length", "length"]
 
 
 def test_cli_generate_batch_writes_one_json_record_per_prompt(tiny_dir, tmp_path, capsys):
@@ -436,16 +454,16 @@ def test_cli_generate_batch_writes_one_json_record_per_prompt(tiny_dir, tmp_path
     assert "line 2: empty prompt" in capsys.readouterr().err
 
 
-def test_cli_batch_reads_a_batch_profile_for_plan_auto_and_refuses_one_for_a_fixed_mode(tiny_dir, tmp_path, capsys):
+def test_cli_batch_reads_a_cost_model_for_plan_auto_and_refuses_one_for_a_fixed_mode(tiny_dir, tmp_path, capsys):
     import json
 
-    from selfspec.engine.batch_profile import BatchProfile
+    from selfspec.engine.cost import CostModel
     from selfspec.tools.cli import main
 
     pf = tmp_path / "prompts.jsonl"
     pf.write_text("\n".join(json.dumps(p) for p in ["def f(x):\n", "x = 1", "import os"]) + "\n")
     prof = tmp_path / "batch.json"
-    BatchProfile.flat().save(str(prof))
+    CostModel.flat().save(str(prof))
     common = ["--model", str(tiny_dir), "--prompt-file", str(pf), "--batch-size", "2", "--max-new-tokens", "8", "--json"]
     assert main(["generate", *common, "--profile", str(prof)]) == 0
     recs = [json.loads(ln) for ln in capsys.readouterr().out.strip().splitlines()]
@@ -454,4 +472,4 @@ def test_cli_batch_reads_a_batch_profile_for_plan_auto_and_refuses_one_for_a_fix
     assert "--plan auto only" in capsys.readouterr().err
     prof.write_text("{}")
     assert main(["generate", *common, "--profile", str(prof)]) == 2
-    assert "batch cost profile" in capsys.readouterr().err
+    assert "cost model" in capsys.readouterr().err

@@ -1,18 +1,19 @@
-"""One round loop: a generation of one prompt is the batch decoder with one row, and what the
-batch-1 path had (the batch-1 planner, the round hook, the recorder, learned rho) runs per row in
-a batch."""
+"""One decoder for one prompt or many: a scheduler (waiting and live rows, prefill, refill) and a
+step (plan -> draft -> lay out + forward -> verify + commit -> observe) over one round object;
+one planner for any number of rows; the hooks, the recorder and learned rho per row."""
 
 import collections
 
 import pytest
 import torch
 
-from selfspec.engine.batch import BatchDecoder, generate_batch_ids
-from selfspec.engine.batch_planner import BatchPlanner
-from selfspec.engine.decoder import Decoder, generate_ids
+from selfspec.drafting.verify import walk
+from selfspec.engine.cache import BatchKVCache
+from selfspec.engine.cost import CostModel
+from selfspec.engine.decoder import Decoder, generate_batch_ids, generate_ids
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import Planner
-from selfspec.engine.profile import CostProfile
+from selfspec.engine.step import Stepper
 
 from conftest import tiny_model
 
@@ -30,75 +31,107 @@ def _fake_clock(monkeypatch):
     """plan "auto" reads round times: 1 ms per clock reading makes two runs see the same times."""
     import types
 
-    from selfspec.engine import batch as batch_mod
+    from selfspec.engine import step as step_mod
 
     ticks = iter(range(10**9))
-    monkeypatch.setattr(batch_mod, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
+    monkeypatch.setattr(step_mod, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_one_prompt_is_the_batch_round_with_one_row(layout, monkeypatch):
-    """The batch-1 API and a batch of one prompt are the same run: tokens, rounds, layouts and
-    query tokens agree, and the decoder holds one cache row."""
+def test_one_prompt_alone_and_as_a_batch_of_one_are_the_same_run(layout, monkeypatch):
+    """Tokens, accepted lengths, forwards, query tokens and layouts agree, and the decoder holds
+    one cache row."""
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(max_new_tokens=30, **LAYOUTS[layout])
-    kw = dict(profile=CostProfile.flat()) if layout == "auto" else {}
+    kw = dict(profile=CostModel.flat()) if layout == "auto" else {}
     for p in _prompts():
         m.__dict__.pop("_selfspec_planners", None)  # auto: both runs start from the same planner
         _fake_clock(monkeypatch)
         dec = Decoder(m, p, cfg, eos_token_id=[], **kw)
-        out = [t for chunk in dec for t in chunk]
-        assert isinstance(dec.engine, BatchDecoder) and dec.engine.cache.rows == 1
+        out = [t for _, chunk in dec for t in chunk]
+        assert dec.cache.rows == 1
         m.__dict__.pop("_selfspec_planners", None)
         _fake_clock(monkeypatch)
         outs, stats = generate_batch_ids(m, [p], cfg, eos_token_id=[], batch_size=4, **kw)
         assert outs == [out]
-        a, b = dec.stats, stats[0]
+        a, b = dec.stats[0], stats[0]
         assert (a.accept_lengths, a.forwards, a.query_tokens, a.plan_hist) == \
             (b.accept_lengths, b.forwards, b.query_tokens, b.plan_hist)
 
 
-def test_plan_auto_uses_the_batch1_planner_for_one_row_and_the_batch_planner_for_several():
-    m = tiny_model(vocab_size=V)
-    cfg = DecodeConfig(max_new_tokens=8)
-    one = BatchDecoder(m, _prompts()[:2], cfg, batch_size=1, profile=CostProfile.flat())
-    assert isinstance(one.planner, Planner) and one.batch_planner is None
-    from selfspec.engine.batch_profile import BatchProfile
-
-    many = BatchDecoder(m, _prompts()[:2], cfg, batch_size=2, profile=BatchProfile.flat())
-    assert isinstance(many.batch_planner, BatchPlanner) and many.planner is None
-
-
-def test_the_profile_given_picks_the_planner_and_a_mismatch_fails_before_any_work(tmp_path, monkeypatch):
-    from selfspec.engine.batch_profile import BatchProfile
-
-    m = tiny_model(vocab_size=V)
-    prompts = _prompts()[:2]
-    cfg = DecodeConfig(max_new_tokens=12)
-    path = tmp_path / "batch.json"
-    BatchProfile.flat().save(str(path))
-    for prof in (BatchProfile.flat(), str(path)):  # a batch profile for one row: the batch planner plans
-        dec = BatchDecoder(m, prompts, cfg, batch_size=1, profile=prof)
-        assert dec.planner is None and isinstance(dec.batch_planner, BatchPlanner)
-    ar = [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])[0] for p in prompts]
-    assert generate_batch_ids(m, prompts, cfg, batch_size=1, eos_token_id=[], profile=str(path))[0] == ar
-    monkeypatch.setattr(BatchDecoder, "_prefill", lambda *a: pytest.fail("model work before the error"))
-    with pytest.raises(ValueError, match="batch cost profile"):
-        BatchDecoder(m, prompts, cfg, batch_size=2, profile=CostProfile.flat())
-
-
-def test_one_row_plan_auto_reaches_one_pass_trees_and_stays_exact():
-    """A flat profile makes big trees with groups pay: the batch-1 planner picks one-pass
-    layouts, which only it can; the output is still AR's."""
+def test_one_planner_plans_one_row_and_many_and_reaches_one_pass_trees_in_both():
+    """A flat cost model makes big trees with groups pay, for a single prompt and for a batch;
+    the outputs are still AR's."""
     m = tiny_model(vocab_size=V)
     prompts = _prompts()
-    m.__dict__.pop("_selfspec_planners", None)
-    outs, stats = generate_batch_ids(m, prompts, DecodeConfig(max_new_tokens=40, block_length=6, budget=8),
-                                     eos_token_id=[], batch_size=1, profile=CostProfile.flat())
     ar = [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=40), eos_token_id=[])[0] for p in prompts]
-    assert outs == ar
-    hist = sum((s.plan_hist for s in stats), start=collections.Counter())
-    assert any(k.startswith("one-pass") for k in hist), hist
+    for batch_size in (1, 3):
+        m.__dict__.pop("_selfspec_planners", None)
+        dec = Decoder(m, prompts, DecodeConfig(max_new_tokens=40, block_length=6, budget=8), eos_token_id=[],
+                      batch_size=batch_size, profile=CostModel.flat())
+        assert type(dec.planner) is Planner
+        for _ in dec:
+            pass
+        assert dec.outputs == ar
+        hist = sum((s.plan_hist for s in dec.stats), start=collections.Counter())
+        assert any(k.startswith("one-pass") for k in hist), hist
+
+
+def test_a_cost_model_for_another_device_fails_before_any_model_work(tmp_path, monkeypatch):
+    m = tiny_model(vocab_size=V)
+    path = tmp_path / "elsewhere.json"
+    CostModel("cpu: elsewhere", "*", "any", "any", (1,), (1, 2), (0,), (((1.0, 2.0),),)).save(str(path))
+    monkeypatch.setattr(Stepper, "prefill", lambda *a: pytest.fail("model work before the error"))
+    with pytest.raises(ValueError, match="measured for device"):
+        Decoder(m, _prompts()[:2], DecodeConfig(max_new_tokens=12), batch_size=2, profile=str(path))
+
+
+@pytest.mark.parametrize("layout", ["presto two-pass", "presto one-pass", "lookup", "linear one-pass"])
+def test_a_step_commits_exactly_the_path_it_verified(layout, monkeypatch):
+    """Every cache commit keeps the accepted path of that row's round, which the walk over its
+    targets gives; nothing is committed before (or besides) the verification."""
+    m = tiny_model(vocab_size=V)
+    commits, real = [], BatchKVCache.commit
+    monkeypatch.setattr(BatchKVCache, "commit", lambda self, row, acc: commits.append(list(acc)) or real(self, row, acc))
+    dec = Decoder(m, _prompts(), DecodeConfig(max_new_tokens=20, **LAYOUTS[layout]), batch_size=2, eos_token_id=[])
+    seen = []
+    dec.on_round = lambda info: seen.append((info["path"], walk(info["tree"], info["targets"])[0]))
+    for _ in dec:
+        pass
+    assert commits == [path for path, _ in seen] and all(path == walked for path, walked in seen)
+
+
+def test_a_request_added_while_the_batch_runs_joins_at_the_next_turn():
+    """A server adds requests to a running decoder: the new row is prefilled into a free cache
+    row at the next turn and equals its run alone."""
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(max_new_tokens=16, mode="presto", schedule="one-pass", block_length=4, budget=6)
+    a, b = _prompts((5, 30))
+    dec = Decoder(m, [a], cfg, batch_size=2, eos_token_id=[])
+    first = dec.step()  # a's prefill and first round
+    assert [row for row, _ in first] == [0, 0]
+    seq = dec.add(b)
+    turn = dec.step()
+    assert [row for row, _ in turn] == [1, 0, 1]  # b's prefill token, then a round over both rows
+    for _ in dec:
+        pass
+    assert seq.done and dec.outputs[1] == generate_ids(m, b, cfg, eos_token_id=[])[0]
+    assert dec.outputs[0] == generate_ids(m, a, cfg, eos_token_id=[])[0]
+
+
+def test_a_cancelled_row_leaves_at_the_next_turn_and_the_others_go_on():
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(max_new_tokens=20, mode="lookup")
+    prompts = _prompts((4, 9, 6))
+    dec = Decoder(m, prompts, cfg, batch_size=3, eos_token_id=[])
+    dec.step()
+    assert dec.cancel(dec.sequences[1]) and not dec.cancel(dec.sequences[1])
+    rows = [row for row, _ in dec.step()]
+    assert 1 not in rows and len(dec.scheduler.live) == 2
+    for _ in dec:
+        pass
+    ref = [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+    assert dec.outputs[0] == ref[0] and dec.outputs[2] == ref[2] and len(dec.outputs[1]) < 20
 
 
 @pytest.mark.parametrize("layout", ["presto two-pass", "presto one-pass", "lookup"])
@@ -108,14 +141,14 @@ def test_batch_round_hook_reports_each_row_as_its_batch1_run(layout):
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(max_new_tokens=24, **LAYOUTS[layout])
     prompts = _prompts()
-    dec = BatchDecoder(m, prompts, cfg, batch_size=3, eos_token_id=[])
+    dec = Decoder(m, prompts, cfg, batch_size=3, eos_token_id=[])
     seen = collections.defaultdict(list)
     dec.on_round = lambda info: seen[info["row"]].append(info)
     for _ in dec:
         pass
     assert sorted(seen) == list(range(len(prompts)))
     for i, p in enumerate(prompts):
-        one = Decoder(m, p, cfg, eos_token_id=[])
+        one = Decoder(m, [p], cfg, eos_token_id=[])
         ref = []
         one.on_round = ref.append
         for _ in one:
@@ -147,7 +180,7 @@ def test_the_recorder_sees_every_row_that_verified_a_drafted_tree():
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(max_new_tokens=20, **LAYOUTS["presto two-pass"])
     prompts = _prompts()
-    dec = BatchDecoder(m, prompts, cfg, batch_size=2, eos_token_id=[])
+    dec = Decoder(m, prompts, cfg, batch_size=2, eos_token_id=[])
     calls = []
     dec.recorder = lambda tree, lq, tok, targets, entropy, history, rho, logits: calls.append(
         (len(tree), targets.shape[0], entropy is not None, logits.shape))
@@ -155,7 +188,7 @@ def test_the_recorder_sees_every_row_that_verified_a_drafted_tree():
         pass
     expected = 0
     for p in prompts:
-        one = Decoder(m, p, cfg, eos_token_id=[])
+        one = Decoder(m, [p], cfg, eos_token_id=[])
         n = [0]
         one.recorder = lambda *a: n.__setitem__(0, n[0] + 1)
         for _ in one:
@@ -186,24 +219,21 @@ def test_learned_rho_in_a_batch_keeps_every_row_equal_to_batch1(schedule):
     assert [s.accept_lengths for s in ngram] != [s.accept_lengths for s in stats]
 
 
-def test_the_batch_planner_is_told_when_the_batch_drains(monkeypatch):
+def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     """While prompts wait for a cache row the planner counts the batch's tokens; once none waits
-    it gets every row's tokens left (the batch now ends with its slowest row)."""
-    from selfspec.engine.batch_profile import BatchProfile
+    the round is worth the progress of the rows with the most tokens left."""
+    seen, real = [], Planner.choose
 
-    seen, real = [], BatchPlanner.plan
+    def choose(self, rows, cache, draining=False):
+        seen.append((draining, [r.room for r in rows]))
+        return real(self, rows, cache, draining)
 
-    def plan(self, chains, matches, room, *, drain=None):
-        seen.append(drain)
-        return real(self, chains, matches, room, drain=drain)
-
-    monkeypatch.setattr(BatchPlanner, "plan", plan)
+    monkeypatch.setattr(Planner, "choose", choose)
     m = tiny_model(vocab_size=V)
-    prompts = _prompts((3, 17, 9, 6))
-    dec = BatchDecoder(m, prompts, DecodeConfig(max_new_tokens=10), batch_size=2, eos_token_id=[],
-                       profile=BatchProfile.flat())
+    dec = Decoder(m, _prompts((3, 17, 9, 6)), DecodeConfig(max_new_tokens=10), batch_size=2, eos_token_id=[],
+                  profile=CostModel.flat())
     for _ in dec:
         pass
-    first_drain = next(i for i, d in enumerate(seen) if d is not None)
-    assert first_drain > 0 and all(d is not None for d in seen[first_drain:])
-    assert all(len(d) <= 2 and all(1 <= x <= 9 for x in d) for d in seen[first_drain:])
+    first = next(i for i, (d, _) in enumerate(seen) if d)
+    assert first > 0 and all(d for d, _ in seen[first:])
+    assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])

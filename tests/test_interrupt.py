@@ -121,14 +121,14 @@ def test_an_interrupted_generation_reports_interrupted_and_keeps_the_committed_i
 def sigint_at_forward(monkeypatch):
     """Make the CLI's model send a real SIGINT to this process at its n-th output-head call."""
     import selfspec.checkpoint.model
-    from selfspec.engine.forward import engine
+    from selfspec.engine.forward import FastForward
 
     real_load = selfspec.checkpoint.model.load
 
     def install(n):
         def load(*a, **k):
             model, tok = real_load(*a, **k)
-            ff = engine(model)
+            ff = FastForward.of(model)
             head, calls = ff.logits, [0]
 
             def logits(hidden):

@@ -9,7 +9,7 @@ import pytest
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "selfspec")
 
 # lowest first; a module may import from its own layer or any layer before it
-LAYERS = ["drafting", "checkpoint", "engine", "api", "tools", "training", "engines"]
+LAYERS = ["drafting", "checkpoint", "engine", "api", "serving", "tools", "training"]
 
 
 def layer_of(module: str) -> str:
@@ -115,3 +115,53 @@ def test_the_layer_check_reads_nested_imports(tmp_path):
     p = tmp_path / "m.py"
     p.write_text("def f():\n    from selfspec.tools.bench import x\n")
     assert imports("selfspec.drafting.m", str(p), {"selfspec.tools.bench"}) == {"selfspec.tools.bench"}
+
+
+# -- one layer body ----------------------------------------------------------------------------------
+LAYER_BODY = os.path.join("engine", "forward.py")
+BODY_OPS = {"rms_norm", "rsqrt", "roll", "silu"}  # the decoder layer's norms, RoPE and MLP activation
+
+
+def body_ops(path: str) -> set[str]:
+    """The layer-body operations `path` calls anywhere (by name or attribute)."""
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in BODY_OPS:
+                found.add(name)
+    return found
+
+
+def test_the_decoder_layer_body_is_written_once():
+    """Norms, RoPE and the MLP activation of a decoder layer appear only in the runtime's layer
+    body; the draft-LoRA trainer and every other module run that one."""
+    others = {m: ops for m, p in modules().items() if not p.endswith(LAYER_BODY) and (ops := body_ops(p))}
+    assert not others, f"layer-body operations outside {LAYER_BODY}: {others}"
+
+
+def test_the_layer_body_check_finds_a_second_body(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import torch.nn.functional as F\ndef run(x, w):\n    return F.silu(F.rms_norm(x, (4,), w))\n")
+    assert body_ops(str(p)) == {"silu", "rms_norm"}
+
+
+# -- short functions ---------------------------------------------------------------------------------
+def long_functions(folder: str, limit: int = 60) -> list[str]:
+    out = []
+    for root, _, files in os.walk(os.path.join(PKG, folder)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        n = node.end_lineno - node.lineno + 1
+                        if n > limit:
+                            out.append(f"{os.path.relpath(path, PKG)}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+@pytest.mark.parametrize("folder", ["engine", "drafting"])
+def test_no_engine_or_drafting_function_runs_over_60_lines(folder):
+    assert not long_functions(folder)

@@ -2,8 +2,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec.engine import cache as kv
-from selfspec.engine.masks import additive, draft_block, joint_training_allowed, rows_layout, tree_and_groups, tree_block
+import reference_cache as kv
+from selfspec.engine.masks import additive, joint_training_allowed, rows_layout, tree_and_groups, tree_block
 from selfspec.drafting.tree import Tree, path_to
 
 from conftest import tiny_model
@@ -59,12 +59,6 @@ def test_combined_mask_matches_causal_paths_and_standalone_groups(case):
             seq = torch.tensor([prefix + path + [MASK] * G])
             ref = MODEL(seq, attention_mask=additive(allowed)[None, None]).logits[0, L:]
             assert torch.allclose(logits[lay.group_rows(j)], ref, atol=1e-4), j
-
-
-def test_draft_block_is_bidirectional_and_sees_the_prefix():
-    mask, pos = draft_block(5, 4)
-    assert mask.shape == (1, 1, 4, 9) and bool((mask == 0).all())
-    assert pos.tolist() == [[5, 6, 7, 8]]
 
 
 def test_joint_training_mask_worked_example():

@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 from transformers import AutoModel, Ministral3Config, Ministral3ForCausalLM
 
 import selfspec  # noqa: F401  (registers the Auto classes)
-from selfspec.engine import cache as kv
+import reference_cache as kv
 from selfspec.engine.masks import additive
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 

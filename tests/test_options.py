@@ -86,8 +86,8 @@ def test_an_unknown_option_is_still_named_as_unknown():
 
 
 STREAM_BAD_TYPES = [
-    ("seed", 1.5, "seed must be an int or None, got 1.5 (float)"),
-    ("seed", "0", "seed must be an int or None, got '0' (str)"),
+    ("seed", 1.5, "seed must be an int, a list of int or None, got 1.5 (float)"),
+    ("seed", "0", "seed must be an int, a list of int or None, got '0' (str)"),
     ("stop", 3, "stop must be a str, a list of str or None, got 3 (int)"),
     ("stop", ["\n", 3], "stop must be a str, a list of str or None, got ['\\n', 3] (list)"),
     ("trace", "yes", "trace must be a bool (True or False), got 'yes' (str)"),

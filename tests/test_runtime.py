@@ -163,9 +163,9 @@ def test_a_consumer_that_stops_early_leaves_the_runtime_reusable():
     cfg = DecodeConfig(mode="presto", schedule="one-pass", block_length=8, max_new_tokens=30)
     dec = Decoder(m, p, cfg, eos_token_id=[])
     it = iter(dec)
-    first = next(it)
+    _, first = next(it)
     it.close()
-    assert first and dec.stats.new_tokens == len(first)  # the stats hold what was emitted, no more
+    assert first and dec.stats[0].new_tokens == len(first)  # the stats hold what was emitted, no more
     assert generate_ids(m, p, cfg, eos_token_id=[])[0] == _ar(m, p, 30)
 
 

@@ -73,11 +73,11 @@ def critical(df: int, z: float = 3.09) -> float:
 
 
 def _sample(model, cfg):
-    from selfspec.engine.profile import CostProfile
+    from selfspec.engine.cost import CostModel
 
     gen = torch.Generator().manual_seed(1234)
     outs, first_round = [], []
-    extra = dict(profile=CostProfile.flat()) if cfg.mode == "auto" else {}
+    extra = dict(profile=CostModel.flat()) if cfg.mode == "auto" else {}
     for _ in range(N):
         out, st = generate_ids(model, PROMPT, cfg, eos_token_id=[], generator=gen, **extra)
         outs.append(out)

@@ -2,8 +2,10 @@ import pytest
 import torch
 from transformers import TextIteratorStreamer
 
+from types import SimpleNamespace
+
 from selfspec.engine.decoder import Stats
-from selfspec.streaming import Generation, IncrementalDetokenizer, generate, stream
+from selfspec.streaming import Generation, IncrementalDetokenizer, RowResult, generate, stream
 
 from conftest import tiny_model
 
@@ -24,17 +26,28 @@ class ByteTokenizer:
 
 
 class FakeDecoder:
-    """Yields fixed chunks of token ids, like runtime.Decoder does round by round."""
+    """Yields fixed chunks of token ids for row 0, as `engine.decoder.Decoder` does turn by turn."""
 
     def __init__(self, chunks, eos=()):
-        self.chunks, self.eos, self.prompt, self.stats = chunks, set(eos), [5], Stats()
-        self.closed = False
+        self.chunks, self.eos, self.stats = chunks, set(eos), [Stats()]
+        self.params, self.sequences = [SimpleNamespace(max_new_tokens=10**6)], [None]
+        self.closed = self.cancelled = False
 
     def __iter__(self):
         try:
-            yield from self.chunks
+            for chunk in self.chunks:
+                if self.cancelled:
+                    return
+                yield 0, chunk
         finally:
             self.closed = True
+
+    def cancel(self, seq):
+        self.cancelled = True
+
+
+def _gen(dec, stop=()):
+    return Generation(dec, TOK, [RowResult([5], stats=dec.stats[0])], list(stop))
 
 
 TOK = ByteTokenizer()
@@ -64,7 +77,7 @@ def test_deltas_concatenate_to_the_full_decode():
 
 
 def test_stop_string_split_across_two_rounds_is_held_back_and_cut():
-    gen = Generation(FakeDecoder(_chunks("x = 1\n", "#", "# end", "more")), TOK, stop=["\n##"])
+    gen = _gen(FakeDecoder(_chunks("x = 1\n", "#", "# end", "more")), stop=["\n##"])
     deltas = list(gen)
     assert "".join(deltas) == gen.text == "x = 1"
     assert gen.finish_reason == "stop_string"
@@ -72,18 +85,18 @@ def test_stop_string_split_across_two_rounds_is_held_back_and_cut():
 
 
 def test_text_resembling_a_stop_prefix_is_released_when_it_is_not_one():
-    gen = Generation(FakeDecoder(_chunks("a\n", "#b", "c")), TOK, stop=["\n##"])
+    gen = _gen(FakeDecoder(_chunks("a\n", "#b", "c")), stop=["\n##"])
     assert "".join(gen) == "a\n#bc" and gen.finish_reason == "length"
 
 
 def test_eos_finish_reason_and_special_tokens_are_not_text():
-    gen = Generation(FakeDecoder([TOK.encode("hi") + [2]], eos=[2]), TOK)
+    gen = _gen(FakeDecoder([TOK.encode("hi") + [2]], eos=[2]))
     assert "".join(gen) == "hi" and gen.finish_reason == "eos"
 
 
 def test_closing_the_stream_early_closes_the_decoder():
     dec = FakeDecoder(_chunks("ab", "cd", "ef"))
-    it = iter(Generation(dec, TOK))
+    it = iter(_gen(dec))
     assert next(it) == "ab"
     it.close()
     assert dec.closed

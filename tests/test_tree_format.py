@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec.engines.tree_format import EagleTree, from_eagle, greedy_accept, to_eagle
+from selfspec.serving.tree_format import EagleTree, from_eagle, greedy_accept, to_eagle
 from selfspec.drafting.tree import Tree, ancestors, chain
 from selfspec.drafting.verify import walk
 

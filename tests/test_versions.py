@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import selfspec.checkpoint.model as model_module
-from selfspec.engine import cache as kv
+import reference_cache as kv
 from selfspec.checkpoint import versions
 from transformers import Ministral3Model
 

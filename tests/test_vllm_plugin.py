@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from selfspec.engines import vllm as plugin
+from selfspec.serving import vllm as plugin
 from selfspec.checkpoint.model import default_model_dir, expected_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,13 +68,13 @@ def test_vllm_outside_the_tested_range_is_refused_naming_the_range(v, ok):
 
 def test_the_plugin_is_declared_as_a_vllm_general_plugin_with_an_extra():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert meta["entry-points"]["vllm.general_plugins"]["selfspec"] == "selfspec.engines.vllm:register"
+    assert meta["entry-points"]["vllm.general_plugins"]["selfspec"] == "selfspec.serving.vllm:register"
     assert any(req.startswith("vllm") for req in meta["optional-dependencies"]["vllm"])
     assert plugin.VLLM_RANGE in " ".join(meta["optional-dependencies"]["vllm"])
 
 
 def test_the_pure_module_does_not_import_vllm():
-    src = (ROOT / "selfspec/engines/vllm.py").read_text()
+    src = (ROOT / "selfspec/serving/vllm.py").read_text()
     top = src.split("def register")[0]
     assert not re.search(r"^\s*(import vllm|from vllm)", top, re.M)
 

@@ -13,7 +13,7 @@ short); a feature-level rho (the learned predictor) reads the whole `tree.Expans
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -52,10 +52,6 @@ def path_context(committed: list[int], path: list[int], n: int = 2) -> list[int]
     """
     tail = (list(committed) + list(path))[-n:] if n else []
     return [-1] * (n - len(tail)) + tail
-
-
-class Rho(Protocol):
-    def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int) -> torch.Tensor: ...
 
 
 class NgramRho:

@@ -158,46 +158,18 @@ def build_tree(root: int, top_lq: torch.Tensor, top_tok: torch.Tensor, *, budget
     if budget < 1 or depth_cap < 1:
         return root_only(root)
     k = top_tok.shape[1]
-    width = k + (lookup.width if lookup is not None else 0)  # candidate columns per frontier node
-    h2 = history[0] if history is not None else -1
-    # How the extra score is read, chosen once per tree. A per-tree table (every (w2, w1, t) of the
-    # top-K grid) is gathered by the frontier's top-K columns (i2, i1); once context candidates
-    # exist a path can leave that grid, so the token-level rho scores (w2, w1, t) directly; a
-    # score with neither is called per step with the whole `Expansion`.
-    table = by_tokens = by_expansion = None
-    if extra_score is not None and lookup is not None:
-        by_tokens = extra_score.tokens
-    elif hasattr(extra_score, "table"):
-        table = extra_score.table(top_lq[:depth_cap], top_tok[:depth_cap], root, h2,
-                                  None if entropy is None else entropy[:depth_cap])
-    elif extra_score is not None:
-        by_expansion, ranks = extra_score, torch.arange(k, dtype=torch.float32)
-    # the frontier: one entry per node retained at the current depth
-    f_idx, f_score = torch.tensor([0]), torch.zeros(1)
-    f_w2, f_w1 = torch.tensor([h2]), torch.tensor([root])  # the last two tokens of each path
-    f_i2 = f_i1 = torch.zeros(1, dtype=torch.long)  # their top-K columns (table rows)
-    f_lq, f_rank = torch.zeros(1), torch.full((1,), -1.0)  # each node's own log q and rank (Expansion)
-    f_ctx = [tuple(lookup.context)] if lookup is not None else None  # committed tail + path
-    tok_l, par_l, dep_l, score_l = [torch.tensor([root])], [torch.tensor([-1])], [torch.tensor([0])], [torch.tensor([0.0])]
+    score = _Scorer(extra_score, lookup, top_lq[:depth_cap], top_tok[:depth_cap], root,
+                    history[0] if history is not None else -1, None if entropy is None else entropy[:depth_cap])
+    front = _Frontier.at_root(root, score.h2, lookup)
+    nodes = [(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0]), torch.tensor([0.0]))]
     count, kth_best = 1, None
     for d in range(1, depth_cap + 1):
-        p = f_idx.shape[0]
+        p = front.idx.shape[0]
         child_tok, lq = top_tok[d - 1].expand(p, k), top_lq[d - 1].expand(p, k)
         if lookup is not None:
-            child_tok, lq = _with_context(lookup, d, child_tok, lq, f_score, f_ctx)
-        if table is not None:
-            s = lq + table[d - 1][f_i2, f_i1]
-        elif by_tokens is not None:
-            s = lq + by_tokens(f_w2[:, None].expand(p, width), f_w1[:, None].expand(p, width),
-                               child_tok.clamp(min=0), d)
-        elif by_expansion is not None:
-            s = lq + by_expansion(Expansion(
-                d, f_w2[:, None].expand(p, k), f_w1[:, None].expand(p, k), child_tok, lq,
-                ranks.expand(p, k), f_lq[:, None].expand(p, k),
-                f_rank[:, None].expand(p, k), None if entropy is None else float(entropy[d - 1])))
-        else:
-            s = lq
-        child = (f_score[:, None] + s).reshape(-1)
+            child_tok, lq = _with_context(lookup, d, child_tok, lq, front.score, front.ctx)
+        extra = score(d, front, child_tok, lq)
+        child = (front.score[:, None] + (lq if extra is None else lq + extra)).reshape(-1)
         if kth_best is not None and float(child.max()) <= kth_best:
             break  # nothing deeper can enter the global top set
         vals, keep = torch.topk(child, min(budget, child.shape[0]))  # sorted: -inf ones come last
@@ -205,30 +177,90 @@ def build_tree(root: int, top_lq: torch.Tensor, top_tok: torch.Tensor, *, budget
             keep, vals = keep[vals > NEG], vals[vals > NEG]
             if keep.numel() == 0:
                 break
-        parent_slot, col = keep // width, keep % width
+        parent_slot, col = keep // child_tok.shape[1], keep % child_tok.shape[1]
         kept_tok = child_tok.reshape(-1)[keep]
-        tok_l.append(kept_tok)
-        par_l.append(f_idx[parent_slot])
-        dep_l.append(torch.full((keep.shape[0],), d))
-        score_l.append(vals)
-        # what scoring the next depth needs about these nodes (only what this tree's score reads)
-        if by_tokens is not None or by_expansion is not None:
-            f_w2, f_w1 = f_w1[parent_slot], kept_tok
-        if by_expansion is not None:
-            f_lq, f_rank = lq.reshape(-1)[keep], col.float()
-        if table is not None:
-            f_i2, f_i1 = f_i1[parent_slot], col
-        if lookup is not None:
-            n_ctx = len(lookup.context)
-            f_ctx = [(f_ctx[j] + (t,))[-n_ctx:] for j, t in zip(parent_slot.tolist(), kept_tok.tolist())]
-        f_idx, f_score = torch.arange(count, count + keep.shape[0]), vals
+        nodes.append((kept_tok, front.idx[parent_slot], torch.full((keep.shape[0],), d), vals))
+        front = front.advance(score, lookup, count, parent_slot, col, kept_tok, lq.reshape(-1)[keep], vals)
         count += keep.shape[0]
         if count - 1 >= budget:
-            kth_best = float(torch.topk(torch.cat(score_l[1:]), budget).values[-1])
-    tokens, parents, depths, scores = map(torch.cat, (tok_l, par_l, dep_l, score_l))
+            kth_best = float(torch.topk(torch.cat([n[3] for n in nodes[1:]]), budget).values[-1])
+    tokens, parents, depths, scores = (torch.cat(part) for part in zip(*nodes))
     # nodes were appended depth by depth, so index order is depth order: `top_nodes`' stable
     # sort keeps the global top-`budget` with the tie rule, prefix-closed
     return top_nodes(Tree(tokens, parents, depths, scores), budget)
+
+
+class _Scorer:
+    """How a tree's extra score (lambda * log rho) is read, chosen once per tree: a per-tree table
+    (every (w2, w1, t) of the top-K grid) gathered by the frontier's top-K columns; once context
+    candidates exist a path can leave that grid, so a token-level rho scores (w2, w1, t)
+    directly; a score with neither is called per step with the whole `Expansion`."""
+
+    def __init__(self, extra_score, lookup, top_lq, top_tok, root: int, h2: int, entropy):
+        self.h2, self.entropy = h2, entropy
+        self.table = self.by_tokens = self.by_expansion = None
+        if extra_score is not None and lookup is not None:
+            self.by_tokens = extra_score.tokens
+        elif hasattr(extra_score, "table"):
+            self.table = extra_score.table(top_lq, top_tok, root, h2, entropy)
+        elif extra_score is not None:
+            self.by_expansion, self.ranks = extra_score, torch.arange(top_tok.shape[1], dtype=torch.float32)
+
+    @property
+    def reads_tokens(self) -> bool:
+        return self.by_tokens is not None or self.by_expansion is not None
+
+    def __call__(self, d: int, f: "_Frontier", child_tok: torch.Tensor, lq: torch.Tensor):
+        p, width = child_tok.shape
+        if self.table is not None:
+            return self.table[d - 1][f.i2, f.i1]
+        if self.by_tokens is not None:
+            return self.by_tokens(f.w2[:, None].expand(p, width), f.w1[:, None].expand(p, width),
+                                  child_tok.clamp(min=0), d)
+        if self.by_expansion is not None:
+            return self.by_expansion(Expansion(
+                d, f.w2[:, None].expand(p, width), f.w1[:, None].expand(p, width), child_tok, lq,
+                self.ranks.expand(p, width), f.lq[:, None].expand(p, width), f.rank[:, None].expand(p, width),
+                None if self.entropy is None else float(self.entropy[d - 1])))
+        return None
+
+
+@dataclass
+class _Frontier:
+    """The nodes retained at the current depth: their indices and path scores, and what scoring
+    the next depth reads about them (the last two tokens of each path, their top-K columns, each
+    node's own log q and rank, the context after each path)."""
+
+    idx: torch.Tensor
+    score: torch.Tensor
+    w2: torch.Tensor
+    w1: torch.Tensor
+    i2: torch.Tensor
+    i1: torch.Tensor
+    lq: torch.Tensor
+    rank: torch.Tensor
+    ctx: list | None
+
+    @classmethod
+    def at_root(cls, root: int, h2: int, lookup) -> "_Frontier":
+        z = torch.zeros(1, dtype=torch.long)
+        return cls(torch.tensor([0]), torch.zeros(1), torch.tensor([h2]), torch.tensor([root]), z, z, torch.zeros(1),
+                   torch.full((1,), -1.0), [tuple(lookup.context)] if lookup is not None else None)
+
+    def advance(self, score: _Scorer, lookup, start: int, parent_slot, col, kept_tok, kept_lq, vals) -> "_Frontier":
+        """The frontier of the kept children (only what this tree's score reads is updated)."""
+        f = _Frontier(torch.arange(start, start + kept_tok.shape[0]), vals, self.w2, self.w1, self.i2, self.i1,
+                      self.lq, self.rank, self.ctx)
+        if score.reads_tokens:
+            f.w2, f.w1 = self.w1[parent_slot], kept_tok
+        if score.by_expansion is not None:
+            f.lq, f.rank = kept_lq, col.float()
+        if score.table is not None:
+            f.i2, f.i1 = self.i1[parent_slot], col
+        if lookup is not None:
+            n_ctx = len(lookup.context)
+            f.ctx = [(self.ctx[j] + (t,))[-n_ctx:] for j, t in zip(parent_slot.tolist(), kept_tok.tolist())]
+        return f
 
 
 def _with_context(lookup: ContextCandidates, d: int, child_tok: torch.Tensor, lq: torch.Tensor,

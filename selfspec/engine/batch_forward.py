@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.forward import FastForward, Rope, engine
+from selfspec.engine.forward import FastForward, Rope
 
 NEG = float("-inf")
 
@@ -82,7 +82,7 @@ class BatchForward:
 
     @classmethod
     def of(cls, model) -> "BatchForward":
-        return cls(engine(model))
+        return cls(FastForward.of(model))
 
     def new_cache(self, rows: int, capacity: int) -> BatchKVCache:
         ff = self.ff

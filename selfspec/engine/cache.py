@@ -5,81 +5,16 @@ writes K/V for everything it ran; afterwards the runtime either leaves them (a r
 or keeps an ordered list of offsets (the accepted tree path). Each layer is edited on its own
 device, so a model split over several devices needs nothing special.
 
-`BatchKVCache` is the runtime's cache (one row per live sequence; a batch-1 generation has one):
-preallocated for the request, written in place, committed by gathering the accepted rows into
-place (no per-forward concatenation, no per-round allocation that grows with the context). The
-`DynamicCache` helpers serve the transformers reference forward
-(`NemotronLabsDiffusionModel.forward`), which tests compare against.
+`BatchKVCache` is the runtime's cache (one row per live sequence; a generation of one prompt has
+one): preallocated for the request (and grown when a server's new request needs more slots),
+written in place, committed by gathering the accepted rows into place (no per-forward
+concatenation, no per-round allocation that grows with the context). Cache lengths change only
+through its methods.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
-from transformers.cache_utils import DynamicCache
-
-
-def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
-
-
-def length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
-def _layers(cache: DynamicCache):
-    return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
-
-
-def crop(cache: DynamicCache, n: int) -> None:
-    """Keep the first `n` positions of every layer."""
-    for layer in _layers(cache):
-        if layer.keys.shape[-2] > n:
-            layer.keys = layer.keys[..., :n, :]
-            layer.values = layer.values[..., :n, :]
-
-
-def keep(cache: DynamicCache, positions: torch.Tensor | list[int]) -> None:
-    """Keep exactly `positions` (ordered) of every layer, in that order.
-
-    Example: a cache of length 7 after keep([0, 1, 2, 4, 6]) has length 5 and holds what were
-    positions 0, 1, 2, 4, 6 (the prefix plus an accepted tree path).
-    """
-    idx = torch.as_tensor(positions, dtype=torch.long)
-    for layer in _layers(cache):
-        i = idx.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, i)
-        layer.values = layer.values.index_select(-2, i)
-
-
-def commit(cache: DynamicCache, prefix_len: int, accepted: torch.Tensor | list[int]) -> None:
-    """After a forward over new tokens: keep the prefix plus `accepted` offsets into the new part.
-
-    Equivalent to keep(prefix + accepted) but copies only the accepted rows, never the prefix;
-    a contiguous run starting at 0 is a plain crop.
-    """
-    acc = [int(a) for a in accepted]
-    end = prefix_len + len(acc)
-    if acc != list(range(len(acc))):
-        # only the new tail moves: gather the accepted rows into place, then crop
-        idx = torch.tensor(acc, dtype=torch.long) + prefix_len
-        with torch.inference_mode():  # runtime caches hold inference tensors
-            for layer in _layers(cache):
-                i = idx.to(layer.keys.device)
-                layer.keys[..., prefix_len:end, :] = layer.keys.index_select(-2, i)
-                layer.values[..., prefix_len:end, :] = layer.values.index_select(-2, i)
-    crop(cache, prefix_len + len(acc))
-
-
-@contextmanager
-def read_only(cache: DynamicCache):
-    """Run forwards that read the cache but leave no K/V behind."""
-    n = length(cache)
-    try:
-        yield cache
-    finally:
-        crop(cache, n)
 
 
 class BatchKVCache:
@@ -178,6 +113,30 @@ class BatchKVCache:
             else:
                 i += 1
         return rows
+
+    @torch.inference_mode()
+    def reserve(self, capacity: int = 0, rows: int = 0) -> None:
+        """At least `rows` rows of `capacity` slots: a larger allocation (doubling what grows), the
+        rows copied over."""
+        if capacity <= self.capacity and rows <= self.rows:
+            return
+        cap = max(capacity, 2 * self.capacity) if capacity > self.capacity else self.capacity
+        n = max(rows, 2 * self.rows) if rows > self.rows else self.rows
+        self.shape = (n, self.shape[1], cap, self.shape[3])
+        for bufs in (self.k, self.v):
+            for i, old in enumerate(bufs):
+                new = torch.zeros(self.shape, device=old.device, dtype=old.dtype)
+                new[: old.shape[0], :, : old.shape[2]] = old
+                bufs[i] = new
+        self.lengths += [0] * (n - len(self.lengths))
+
+    def reset(self, row: int) -> None:
+        """Row `row` holds nothing (a sequence is about to be prefilled into it)."""
+        self.lengths[row] = 0
+
+    def set_length(self, row: int, n: int) -> None:
+        """Row `row` holds `n` committed tokens (after a prefill wrote them)."""
+        self.lengths[row] = n
 
     @staticmethod
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:

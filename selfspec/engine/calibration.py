@@ -1,4 +1,5 @@
-"""How likely a drafted node is accepted: online calibration for the planner (`planner.py`).
+"""How likely a drafted node is accepted: online calibration for the planner (`planner.py`), and
+the forecast of what a row can draft (`Forecast`: P(accepted) per node, the yields of its top-N).
 
 A tree node's own score (log q + lambda * log rho) is not a probability of acceptance, and a
 context-lookup chain has no score at all; both are mapped to acceptance probabilities from
@@ -6,6 +7,8 @@ what the verifier actually did in this and earlier generations with the same set
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -114,3 +117,58 @@ def acceptance(prob: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     for v in range(1, n):
         p[v] = p[par[v]] * cond[v] * scale[par[v]]
     return p
+
+
+@dataclass
+class Forecast:
+    """What one row can draft this round: P(accepted) per node (None: nothing to draft)."""
+
+    accept: torch.Tensor | list | None = None  # per node of the largest tree (index order); a list: a chain
+    parents: torch.Tensor | None = None
+    depths: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # path scores: the top-N subtree is the N best (`tree.top_nodes`)
+    kind: str = "none"  # "tree": from marginals; "lookup": a context chain; "none"
+    _lists: tuple | None = None
+
+    def lists(self) -> tuple[list[float], list[int], list[int], list[int]]:
+        """(accept, depths, parents, order) as Python lists; `order` lists the non-root nodes in
+        the order `tree.top_nodes` takes them (score descending, shallower first)."""
+        if self._lists is None and isinstance(self.accept, list):  # a chain given as plain floats
+            n = len(self.accept)
+            self._lists = (self.accept, list(range(n)), list(range(-1, n - 1)), list(range(1, n)))
+        if self._lists is None:
+            acc, dep, par = self.accept.tolist(), self.depths.tolist(), self.parents.tolist()
+            sc = None if self.scores is None else self.scores.tolist()
+            order = list(range(1, len(acc))) if sc is None else sorted(range(1, len(acc)), key=lambda v: (-sc[v], v))
+            self._lists = (acc, dep, par, order)
+        return self._lists
+
+    def yields(self, max_depth: int = 10**9) -> list[float]:
+        """Expected committed tokens of the top-N subtree (depth <= max_depth), N = 0, 1, ..."""
+        if self.accept is None:
+            return [1.0]
+        acc, dep, _, order = self.lists()  # plain floats: a few dozen nodes, cheaper than tensor ops
+        out = [1.0]
+        for v in order:
+            if dep[v] <= max_depth:
+                out.append(out[-1] + acc[v])
+        return out
+
+    def coverage(self, n: int) -> list[float]:
+        """Share of the top-n subtree's endpoint mass held by its m likeliest endpoints, m = 1.."""
+        acc, _, par, order = self.lists()
+        sub = [0] + order[:n]
+        child = dict.fromkeys(sub, 0.0)
+        for v in sub[1:]:
+            child[par[v]] += acc[v]
+        mass = sorted((max(0.0, acc[v] - child[v]) for v in sub), reverse=True)
+        total, out, run = max(sum(mass), 1e-12), [], 0.0
+        for x in mass:
+            run += x
+            out.append(run / total)
+        return out
+
+
+def at(ys: list[float], n: int) -> float:
+    """ys[n], or its last entry when the draft has fewer than n nodes."""
+    return ys[min(n, len(ys) - 1)]

@@ -1,23 +1,42 @@
-"""One prompt's generation: the batch decoder (`batch.BatchDecoder`) with one row.
+"""The decoder: rounds over a batch of sequences with ragged acceptance. One prompt is one row.
 
-There is one round loop: plan, draft, lay out + forward, verify + commit, observe, over a list of
-sequences (see `batch`'s docstring). A generation of one prompt runs it with one row, so every
-layout, the batch-1 planner (`plan="auto"`: AR, lookup chains, PRESTO trees two-pass or
-one-pass, probes), the predictor's recorder, learned rho and the round hook are the batch's own.
+`Decoder` is nano-vllm's engine in miniature: a `scheduler.Scheduler` owns the waiting and live
+sequences (`sequence.Sequence`, one per prompt), a `step.Stepper` runs one round over the live
+rows (plan -> draft -> lay out + forward -> verify + commit -> observe), and `step()` is one turn:
+finished rows leave, waiting prompts are prefilled into the free cache rows (together, in one
+forward), then one round runs. Iterating a decoder runs turns until every prompt is done and
+yields `(row, chunk)` as rows commit; `add()` queues another prompt at any time (a server adds
+requests while the batch runs, and they join at the next turn).
+
+Rows keep their own cache length, generator, sampling parameters, lookup index and rho, so a
+greedy row equals its run alone and a sampled row is an exact sample, reproducible per seed.
 """
 
 from __future__ import annotations
 
 import torch
 
-from selfspec.engine.batch import BatchDecoder
+from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.cost import cost_model
+from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.request import check_request
+from selfspec.engine.planner import keep_planner, planner_for
+from selfspec.engine.request import check_batch, eos_ids, row_capacity
+from selfspec.engine.rounds import recorder_observer, stats_observer
+from selfspec.engine.scheduler import Scheduler
+from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
 from selfspec.engine.stats import Stats
+from selfspec.engine.step import Stepper
 
 
 class Decoder:
-    """Runs one generation as an iterator of committed token chunks; `stats` fills as it goes.
+    """Iterates `(row, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]` hold
+    prompt i's ids and measurements (input order).
+
+    `prompts`: token-id lists (a single list of ints is one prompt). `batch_size`: cache rows (how
+    many prompts run at once; default all). `seeds` or `generators`: one per prompt. `profile`:
+    plan "auto"'s cost model (`cost.CostModel` or a file; default: this device's, measured once).
+    `params`: one `SamplingParams` per prompt (default: the config's).
 
     Hooks (None, or set before iterating):
 
@@ -27,12 +46,12 @@ class Decoder:
     rho and the target logits [n, V].
 
     `on_round(info: dict)`, the round hook: the contract any engine must keep (`selfspec.trace`
-    builds on it). Called once per verification round, after the walk and after the round's
-    tokens were emitted (eos / max_new_tokens truncation applied), with one plain dict holding
-    exactly these keys:
+    builds on it). Called once per row and verification round, after the walk and after the
+    round's tokens were emitted (eos / max_new_tokens truncation applied), with one plain dict
+    holding exactly these keys:
 
-        round              int, 0-based index of the verification round
-        row                int, the prompt's index in its batch (0 here)
+        round              int, 0-based index of the row's verification round
+        row                int, the prompt's index in the input (0 for a single prompt)
         c                  int, KV-cache length (accepted prefix) before the round
         tree               drafting.tree.Tree that was verified (node 0 = root, `scores` = path
                            scores from construction, or None)
@@ -51,49 +70,172 @@ class Decoder:
         oracle_candidates  LongTensor [D, K]: the top-K candidate tokens per depth for oracle tau
     """
 
-    def __init__(self, model, prompt_ids, cfg: DecodeConfig, *, eos_token_id=None,
-                 generator: torch.Generator | None = None, profile=None):
-        check_request(model, prompt_ids, cfg)
-        # one request has no batch cache ceiling: its cache is what the request needs
-        self.engine = BatchDecoder(model, [prompt_ids], cfg, eos_token_id=eos_token_id, generators=[generator],
-                                   max_cache_bytes=1 << 62, profile=profile)
-        self.cfg, self.eos = cfg, self.engine.eos
-        self.prompt = self.engine.prompts[0]
-        self.stats: Stats = self.engine.stats[0]
-        self.emitted: list[int] = self.engine.outputs[0]
+    def __init__(self, model, prompts, cfg: DecodeConfig, *, batch_size: int | None = None, eos_token_id=None,
+                 generators: list[torch.Generator | None] | None = None, seeds: list[int] | None = None,
+                 params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None):
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]
+        if generators is not None and seeds is not None:
+            raise ValueError("give per-row generators or per-row seeds, not both")
+        check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
+        self.model, self.cfg = model, cfg
+        self.prompts = [[int(t) for t in p] for p in prompts]
+        self.params = list(params) if params is not None else [SamplingParams.of(cfg)] * len(self.prompts)
+        if len(self.params) != len(self.prompts):
+            raise ValueError(f"{len(self.params)} sampling parameters for {len(self.prompts)} prompts")
+        self.batch_size = batch_size or len(self.prompts)  # rows at most (a server adds prompts later)
+        self.eos = eos_ids(model, eos_token_id)
+        self.gens = self._generators(model, generators, seeds, len(self.prompts))
+        self.outputs: list[list[int]] = [[] for _ in self.prompts]
+        self.stats: list[Stats] = [Stats() for _ in self.prompts]
+        self.on_round = None
+        planner = fixed = None
+        if cfg.mode == "auto":
+            planner = planner_for(model, cfg, cost_model(model, profile, rows=min(self.batch_size, len(self.prompts))))
+        else:
+            fixed = fixed_option(cfg)
+        self.bf = BatchForward.of(model)
+        lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
+        self.stepper = Stepper(self.bf, cfg, mask_id=int(model.config.mask_token_id), eos=self.eos, lora=lora,
+                               planner=planner, fixed=fixed, fixed_label=config_label(cfg),
+                               prefill_group=planner is not None or fixed.groups > 0)
+        self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
+        self.scheduler = Scheduler(self.batch_size)
+        self.sequences: list[Sequence] = []
+        self._observers: dict[int, list] = {}
+        self._capacity = row_capacity(self.prompts, cfg)
+
+    @staticmethod
+    def _generators(model, generators, seeds, n: int) -> list:
+        if seeds is None:
+            return list(generators) if generators is not None else [None] * n
+        dev = model.get_input_embeddings().weight.device
+        return [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
 
     @property
     def planner(self):
-        """plan "auto": the batch-1 planner of this generation (None for a fixed mode)."""
-        return self.engine.planner
+        """plan "auto": this decoder's planner (None for a fixed mode)."""
+        return self.stepper.planner
 
     @property
     def recorder(self):
-        return self.engine.recorder
+        return self.stepper.recorder
 
     @recorder.setter
     def recorder(self, fn) -> None:
-        self.engine.recorder = fn
+        self.stepper.recorder = fn
 
     @property
-    def on_round(self):
-        return self.engine.on_round
+    def cache(self):
+        return self.stepper.cache
 
-    @on_round.setter
-    def on_round(self, fn) -> None:
-        self.engine.on_round = fn
+    # -- the loop ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
+        if self.stepper.cache is None:
+            self.stepper.cache = self.bf.new_cache(min(self.batch_size, len(self.prompts)), self._capacity)
+            for i in range(len(self.prompts)):
+                self._queue(i)
+
+    def add(self, prompt_ids: list[int], params: SamplingParams | None = None,
+            generator: torch.Generator | None = None) -> Sequence:
+        """Queue one more prompt (checked like the others); it joins at the next turn with a free
+        row. Returns its sequence (`.emitted`, `.stats`, `.done`); its row index is `.index`."""
+        from selfspec.engine.request import check_request
+
+        params = params or SamplingParams.of(self.cfg)
+        check_request(self.model, prompt_ids, self.cfg, params)
+        self.start()
+        self.prompts.append([int(t) for t in prompt_ids])
+        self.params.append(params)
+        self.outputs.append([])
+        self.stats.append(Stats())
+        self.gens.append(generator)
+        waiting = len(self.scheduler.live) + len(self.scheduler.waiting) + 1
+        self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), min(self.batch_size, waiting))
+        return self._queue(len(self.prompts) - 1)
+
+    def _queue(self, i: int) -> Sequence:
+        s = new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.params[i], self.stats[i],
+                         self.outputs[i], lookup=self.uses_lookup)
+        self.sequences.append(s)
+        self.scheduler.add(s)
+        return s
+
+    def cancel(self, seq: Sequence) -> bool:
+        """Stop a sequence at the next turn (its row is freed); False if it had ended already."""
+        return self.scheduler.cancel(seq)
+
+    def step(self) -> list[tuple[int, list[int]]]:
+        """One turn (`turn`), run to its end. Returns the `(row, chunk)` commits, in order."""
+        return list(self.turn())
+
+    def turn(self):
+        """One turn: finished rows leave, waiting prompts are prefilled into free rows (their first
+        tokens are yielded right away: time to first token is one prefill), then one round runs
+        over the live rows. Yields `(row, chunk)` as rows commit."""
+        self.start()
+        sched, cache = self.scheduler, self.stepper.cache
+        sched.retire(cache)  # cancelled since the last turn
+        entering, slot = sched.admit()
+        if entering:
+            if self.planner is not None and self.batch_size == 1:
+                self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
+            chunks = self.stepper.prefill(entering, slot)
+            sched.place(entering, cache)
+            for s, chunk in zip(entering, chunks):
+                self._observers[s.index] = self._observers_of(s)
+                yield s.index, chunk
+        if sched.live:
+            rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers)
+            sched.retire(cache)
+            for r in rnd.rows:
+                yield r.seq.index, r.committed
+
+    @property
+    def busy(self) -> bool:
+        """Prompts wait or run."""
+        return self.stepper.cache is None or self.scheduler.busy
 
     def __iter__(self):
-        rows = iter(self.engine)
+        self.start()
         try:
-            for _, chunk in rows:
-                yield chunk
-        finally:  # a consumer that stops early (a stop string) still gets the stats so far
-            rows.close()
+            while self.scheduler.busy:
+                yield from self.turn()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """What the unfinished sequences measured so far; the planner's learning kept for the next
+        generation with these settings."""
+        for s in self.sequences:
+            s.finish()
+        if self.planner is not None:
+            keep_planner(self.planner)
+
+    def _observers_of(self, s: Sequence) -> list:
+        """Who reads a row's finished round, in order: stats, the recorder, the round hook."""
+        obs = [stats_observer(s.stats)]
+        if self.stepper.recorder is not None:
+            obs.append(recorder_observer(self.stepper.recorder, self.cfg.tree_top_k, s.rho))
+        if self.on_round is not None:
+            lam = self.cfg.lam if self.cfg.mode in ("presto", "auto") else 0.0
+            hook, top_k = self.on_round, self.cfg.tree_top_k
+            obs.append(lambda r, rnd: hook(r.info(rnd.layout, lam, top_k)))
+        return obs
 
 
-def generate_ids(model, prompt_ids, cfg: DecodeConfig, **kw) -> tuple[list[int], Stats]:
-    """All generated ids (prompt excluded) and the stats of the run."""
-    dec = Decoder(model, prompt_ids, cfg, **kw)
-    out = [t for chunk in dec for t in chunk]
-    return out, dec.stats
+def generate_ids(model, prompt_ids, cfg: DecodeConfig, *, generator=None, **kw) -> tuple[list[int], Stats]:
+    """One prompt's generated ids (prompt excluded) and stats."""
+    dec = Decoder(model, [prompt_ids], cfg, generators=None if generator is None else [generator], **kw)
+    for _ in dec:
+        pass
+    return dec.outputs[0], dec.stats[0]
+
+
+def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[list[list[int]], list[Stats]]:
+    """Every prompt's generated ids (prompt excluded) and stats, in input order."""
+    dec = Decoder(model, prompts_ids, cfg, **kw)
+    for _ in dec:
+        pass
+    return dec.outputs, dec.stats

@@ -69,29 +69,37 @@ class FastForward:
         self.orig_max = int(rope["original_max_position_embeddings"])
         self.inv_freq = enc.rotary_emb.inv_freq.float()
         self.att_factor = float(enc.rotary_emb.attention_scaling)
-        self.embed = enc.embed_tokens.weight
+        self.embed = enc.embed_tokens.weight.detach()
         # Fusing q/k/v and gate/up into one matmul each halves the per-layer kernel launches that
         # dominate small-batch decoding, at the price of a copy of those weights: done only while
         # that copy is small (the shipped model; not an 8B on a GPU).
         n_params = sum(p.numel() for p in model.parameters())
         self.fused = n_params <= FUSE_MAX_PARAMS
         self.layers = []
-        for layer in enc.layers:
+        for layer in enc.layers:  # detached: the base weights are read-only here (a trainer's LoRA gets the grads)
             at, mlp = layer.self_attn, layer.mlp
-            qkv = (at.q_proj.weight, at.k_proj.weight, at.v_proj.weight)
-            gu = (mlp.gate_proj.weight, mlp.up_proj.weight)
+            qkv = (at.q_proj.weight.detach(), at.k_proj.weight.detach(), at.v_proj.weight.detach())
+            gu = (mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach())
             if self.fused:
                 qkv, gu = (torch.cat(qkv, 0),), (torch.cat(gu, 0),)
-            self.layers.append(LayerWeights(layer.input_layernorm.weight, qkv, at.o_proj.weight,
-                                            layer.post_attention_layernorm.weight, gu, mlp.down_proj.weight))
-        self.norm = enc.norm.weight
-        self.head = model.diffusion_head.weight
+            self.layers.append(LayerWeights(layer.input_layernorm.weight.detach(), qkv, at.o_proj.weight.detach(),
+                                            layer.post_attention_layernorm.weight.detach(), gu,
+                                            mlp.down_proj.weight.detach()))
+        self.norm = enc.norm.weight.detach()
+        self.head = model.diffusion_head.weight.detach()
         self.dtype = self.embed.dtype
+        self.weights = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype,
+                                                                                                   str(self.dtype))
         self.devices = [w.wo.device for w in self.layers]
         # RoPE tables are shared read-only by every generation on this model; growing them is the
         # one write, done under a lock into new tensors that are swapped in whole
         self._lock = threading.Lock()
         self._tab = None  # (n, {device: Rope}), replaced as one object
+
+    @classmethod
+    def of(cls, model) -> "FastForward":
+        """The model's shared compact forward (`compact_forward`)."""
+        return compact_forward(model)
 
     @staticmethod
     def supports(model) -> bool:
@@ -117,6 +125,10 @@ class FastForward:
         sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
         scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(self.dtype)[:, None]
         return Rope(cos * scale, sin * scale, cos, sin)
+
+    def rope_tables(self, positions: torch.Tensor, device=None) -> Rope:
+        """The tables' rows for `positions` ([q]), each [1, 1, q, D], on `device` (default: the first layer's)."""
+        return self._rope(positions, device or self.devices[0])
 
     def _rope(self, positions: torch.Tensor, device) -> Rope:
         """The tables' rows for `positions`, each [1, 1, q, D], on `device`."""
@@ -210,17 +222,17 @@ def weights_key(model) -> tuple:
     return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in model.parameters())
 
 
-def engine(model) -> FastForward:
+def compact_forward(model) -> FastForward:
     """The model's compact forward: made once, remade when the weights change (in place, or by
     `model.to(dtype / device)`). Generations in several threads share it: it holds only
     read-only state (weights, RoPE tables); each request's scratch lives in its `cache.BatchKVCache`."""
     key = weights_key(model)
-    ff = getattr(model, "_selfspec_forward", None)
+    ff = model.__dict__.get("_selfspec_forward")
     if ff is not None and ff[1] == key:
         return ff[0]
     with _ENGINE_LOCK:
-        ff = getattr(model, "_selfspec_forward", None)
+        ff = model.__dict__.get("_selfspec_forward")
         if ff is None or ff[1] != key:
             ff = (FastForward(model), key)
-            model._selfspec_forward = ff
+            model.__dict__["_selfspec_forward"] = ff
     return ff[0]

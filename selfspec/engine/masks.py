@@ -112,12 +112,6 @@ def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor
     return Layout(mask[None, None], (prefix_len + offsets)[None], parents.shape[0], owners, G)
 
 
-def draft_block(prefix_len: int, block_len: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two-pass draft: [seed, M x (B-1)] at prefix_len.., fully bidirectional, prefix visible."""
-    mask = torch.zeros(1, 1, block_len, prefix_len + block_len, dtype=dtype)
-    return mask, torch.arange(prefix_len, prefix_len + block_len)[None]
-
-
 def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
     """A row's [n, n] additive block padded to [q, q]: padding queries see only themselves, and
     real queries never see padding. Example: n=1, q=3 -> [[0, -inf, -inf], [-inf, 0, -inf], ...]."""
@@ -140,10 +134,11 @@ class RowsLayout:
     nodes: int  # N: the widest tree; every row's mask groups start there
 
 
-def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: int) -> RowsLayout:
+def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: int, width: int = 0) -> RowsLayout:
     """Every row's tree nodes padded to the widest tree (N), then its mask groups (G slots on each
-    owner node, `tree_block`) padded to the most groups (M): q = N + M * G columns. A padding
-    column holds `mask_id` at its own column's offset, sees only itself and is seen by no real query.
+    owner node, `tree_block`) padded to the most groups (M): q = N + M * G columns, or `width` when
+    that is more (a device that runs the wider forward cheaper). A padding column holds `mask_id`
+    at its own column's offset, sees only itself and is seen by no real query.
 
     Example: chains of 3 and 1 nodes, no groups: q = 3; row 1 is [root, pad, pad] with offsets
     [0, 1, 2] and block rows [0, -inf, -inf], [-inf, 0, -inf], [-inf, -inf, 0].
@@ -152,7 +147,7 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
     ns = [len(t) for t in trees]
     ms = [0 if o is None else int(o.shape[0]) for o in owners]
     N, G = max(ns), group
-    q = N + max(ms) * G
+    q = max(N + max(ms) * G, width)
     tokens = torch.full((R, q), mask_id, dtype=torch.long)
     offsets = torch.arange(q).repeat(R, 1)
     blocks = None if q == 1 else torch.empty(R, q, q)

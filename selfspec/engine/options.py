@@ -27,7 +27,7 @@ RHOS = ("none", "ngram", "learned")
 class DecodeConfig:
     """How to decode. Validated at construction; HF names where HF has one."""
 
-    # plan "auto" (default): the layout of every round is chosen from the device's cost profile
+    # plan "auto" (default): the layout of every round is chosen from the device's cost model
     # (selfspec.engine.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass)
     mode: str | None = None
     plan: str | None = None
@@ -45,7 +45,8 @@ class DecodeConfig:
     rho: str = "ngram"
     draft_lora: bool = True  # use the checkpoint's linear_spec_lora adapter (if any) on draft rows
     # context lookup: mode "lookup" drafts a chain copied from the context (prompt lookup);
-    # `lookup` adds each path's context continuations to PRESTO's candidates (None: on for auto)
+    # `lookup` adds each path's context continuations to PRESTO's candidates (None: on for plan
+    # "auto" unless rho is "learned", off for a fixed mode); plan "auto" also drafts lookup chains
     lookup: bool | None = None
     lookup_min_ngram: int = 1
     lookup_max_ngram: int = 3
@@ -73,33 +74,13 @@ class DecodeConfig:
         if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
             raise ValueError(f"need 1 <= lookup_min_ngram <= lookup_max_ngram; got lookup_min_ngram="
                              f"{self.lookup_min_ngram}, lookup_max_ngram={self.lookup_max_ngram}")
-        if self.lookup_tokens < 1:
-            raise ValueError(f"lookup_tokens must be >= 1, got {self.lookup_tokens}")
         if self.lookup and self.rho == "learned" and self.mode in ("presto", "auto"):
             raise ValueError("lookup candidates are scored with a token-level rho; use rho 'ngram' or 'none' with lookup, "
                              "or lookup=False with rho 'learned'")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
-        if self.block_length < 2:
-            raise ValueError(f"block_length must be >= 2, got {self.block_length}")
-        if self.group_size is not None and self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if self.group_nodes is not None and self.group_nodes < 1:
-            raise ValueError(f"group_nodes must be >= 1, got {self.group_nodes}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if self.tree_top_k < 1:
-            raise ValueError(f"tree_top_k (tree candidates per depth) must be >= 1, got {self.tree_top_k}")
-        if self.lam < 0:
-            raise ValueError(f"lam (PRESTO lambda) must be >= 0, got {self.lam}")
+        at_least(self, block_length=2, group_size=1, group_nodes=1, budget=1, tree_top_k=1, lookup_tokens=1, lam=0)
+        check_sampling(self)
         if self.rho not in RHOS:
             raise ValueError(f"unknown rho {self.rho!r}; expected one of {RHOS}")
 
@@ -119,9 +100,29 @@ class DecodeConfig:
     def group(self) -> int:
         return self.group_size if self.group_size is not None else self.block_length
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+
+NAMES = {"tree_top_k": "tree_top_k (tree candidates per depth)", "lam": "lam (PRESTO lambda)"}
+
+
+def at_least(obj, **lows) -> None:
+    """Each named field of `obj` (unless None) at least its bound: one ValueError naming the first one below."""
+    for name, low in lows.items():
+        v = getattr(obj, name)
+        if v is not None and v < low:
+            raise ValueError(f"{NAMES.get(name, name)} must be >= {low}, got {v}")
+
+
+def check_sampling(p) -> None:
+    """The sampling fields of a `DecodeConfig` or a `sequence.SamplingParams`, typed and in range."""
+    for name, kind in (("max_new_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float)):
+        v = check_type(name, getattr(p, name), kind)
+        if v is not getattr(p, name):
+            object.__setattr__(p, name, v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v}")
+    at_least(p, max_new_tokens=1, temperature=0, top_k=0)
+    if not 0 < p.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p.top_p}")
 
 
 # -- types at the boundary ------------------------------------------------------------------------

@@ -1,314 +1,357 @@
-"""`plan="auto"`: before each round, choose the layout with the highest predicted tokens per second.
+"""`plan="auto"`: before each round, the layout (`layouts.Option`) with the most predicted tokens
+per second for the batch as it is, one row or many.
 
-A round is: an optional draft pass (two-pass), then one forward over a tree of N draft nodes
-(the top N of the PRESTO tree by path score; N = 0 is AR) plus m mask groups of G slots on the
-m likeliest endpoints (one-pass: the next round's marginals come from the endpoint's group).
-Its cost is read from the device's measured cost profile (`profile.CostProfile`, f(q, c)) plus
-the per-round overhead measured during this generation; its yield is the expected number of
-committed tokens, 1 + sum over nodes of P(node accepted), where a node's probability of being
-accepted once its parent is comes from its own score, calibrated online against this
-generation's observed acceptance (`Calibrator`).
+Every row of a round runs the same option in one forward of rows x width query tokens. Its cost
+is the device's cost model f(rows, width, cache) (`cost.CostModel`; at the cheapest width the
+round can be padded to), times a measured scale per kind of round, plus a measured overhead per
+row per kind; a two-pass round adds its draft pass f(rows, block_length, cache). Its yield is the
+rows' expected committed tokens: a row's is 1 + the sum over its draft nodes of P(node
+accepted), forecast here from what the row can draft now: the PRESTO tree of its marginals (each
+node's score read through a `Calibrator` learnt from the verifier), or its context-lookup chain
+(by position and match length, `PositionCalibrator`); two-pass rounds use the yields two-pass
+rounds had. When no request waits for a cache row the batch ends with its slowest row, so a round
+is then worth the progress of the rows with the most tokens left (the least of theirs).
 
-Choosing the best rate is a ratio problem; it is solved the Dinkelbach way: with `rate` the
-current tokens/s estimate, pick the option maximising  E - rate * C + D * [leaves marginals],
-where D is the value of starting the next round with marginals (one round ahead, weighted by
-the endpoint mass the groups cover). With `rate` equal to the best achievable one this is
-exactly "maximise E / C". Rounds without marginals are AR or two-pass; every few of them (8,
-doubling to 128 while speculation keeps losing) a probe puts one mask group on the root so that
-a context that has become predictable is noticed.
+The choice is a ratio problem, solved the Dinkelbach way: with `rate` the current tokens/s
+estimate, pick the option maximising  E - rate * C + D * [leaves marginals],  where D is the value
+of starting the next round with marginals (one round ahead, weighted by the endpoint mass the
+groups cover). With `rate` equal to the best achievable one this is exactly "maximise E / C".
+Speculative yields count `MARGIN` less than AR's certain tokens, so noise falls back to AR.
+Rounds without marginals are AR, lookup or two-pass; every `PROBE_MIN` of them (doubling to
+`PROBE_MAX` while speculation keeps losing) a probe puts one mask group on each row's root, so a
+context that has become predictable is noticed; after 8 AR choices in a row the planner rests
+(AR without drafting or forecasting) for 4, 8, ... 32 rounds.
 
-Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest
-tree with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups on every
-node cost ~15 AR steps and lose to AR unless the tree is very likely to be accepted.
+Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest tree
+with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups on every node cost
+~15 AR steps and lose to AR unless the tree is very likely to be accepted.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
 
 import torch
 
-from selfspec.engine.calibration import Calibrator, PositionCalibrator, acceptance, local_scores
+from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, at, local_scores
 from selfspec.engine.layouts import AR, Option
+from selfspec.engine.request import scratch
+from selfspec.engine.sequence import draft_tree, lookup_chain
 
-
-MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's one certain token
+MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
-
-
-@dataclass
-class Forecast:
-    """What the planner knows about the marginals at hand (None fields: no marginals)."""
-
-    accept: torch.Tensor | list | None = None  # P(accepted) per node of the largest tree (index order); a list: a chain
-    parents: torch.Tensor | None = None
-    depths: torch.Tensor | None = None
-    scores: torch.Tensor | None = None  # path scores: the top-N subtree is the N best (`tree.top_nodes`)
-    kind: str = "tree"  # "tree": from marginals; "lookup": a context chain (no marginals at hand)
-    _lists: tuple | None = None
-
-    def lists(self) -> tuple[list[float], list[int], list[int], list[int]]:
-        """(accept, depths, parents, order) as Python lists; `order` lists the non-root nodes in
-        the order `tree.top_nodes` takes them (score descending, shallower first)."""
-        if self._lists is None and isinstance(self.accept, list):  # a chain given as plain floats
-            n = len(self.accept)
-            self._lists = (self.accept, list(range(n)), list(range(-1, n - 1)), list(range(1, n)))
-        if self._lists is None:
-            acc, dep, par = self.accept.tolist(), self.depths.tolist(), self.parents.tolist()
-            n = len(acc)
-            if self.scores is None:
-                order = list(range(1, n))
-            else:
-                sc = self.scores.tolist()
-                order = sorted(range(1, n), key=lambda v: (-sc[v], v))
-            self._lists = (acc, dep, par, order)
-        return self._lists
-
-    def coverage(self, n: int) -> list[float]:
-        """Share of the top-n subtree's endpoint mass held by its m likeliest endpoints, m = 1.."""
-        acc, _, par, order = self.lists()
-        sub = [0] + order[:n]
-        child = dict.fromkeys(sub, 0.0)
-        for v in sub[1:]:
-            child[par[v]] += acc[v]
-        mass = sorted((max(0.0, acc[v] - child[v]) for v in sub), reverse=True)
-        total, out, run = max(sum(mass), 1e-12), [], 0.0
-        for x in mass:
-            run += x
-            out.append(run / total)
-        return out
+EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 
 
 class Planner:
-    """Chooses each round's `Option` from a cost profile and calibrated acceptance.
+    """Chooses each round's `Option` (`plan`) and learns from the finished round (`observe`).
 
-    `cost(q, c)` is the predicted forward seconds; `budgets` the tree sizes considered;
-    `group_sizes` the mask-group lengths; `block_length` the two-pass draft block.
-    """
+    `cost(rows, width, cache)` is a `cost.CostModel`; `cfg` the generation's `DecodeConfig` (how
+    rows draft: budget, top-k, lookup); `budgets` the tree sizes considered (default 1, 2, 4, ...
+    up to cfg.budget); `group_sizes` the mask-group lengths (default 4, 8 and cfg.group, at most
+    cfg.group)."""
 
-    def __init__(self, cost, *, budgets: list[int], group_sizes: list[int], block_length: int,
-                 allow_two_pass: bool = True):
-        self.cost = cost
-        self.budgets = sorted(set([0] + [b for b in budgets if b > 0]))
-        self.group_sizes = sorted(set(g for g in group_sizes if g >= 2))
-        self.block_length = block_length
-        self.allow_two_pass = allow_two_pass
-        self._memo: dict[tuple[int, int], float] = {}
+    def __init__(self, cost, cfg, *, budgets: list[int] | None = None, group_sizes: list[int] | None = None):
+        self.cost, self.cfg = cost, cfg
+        self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
+        g = cfg.group
+        self.group_sizes = sorted({x for x in (group_sizes or (min(4, g), min(8, g), g)) if x >= 2})
+        self.block_length = cfg.block_length
+        self.max_width = scratch(cfg)  # a round is never padded beyond what its cache rows hold
+        self._memo: dict[tuple, float] = {}
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
-        self.overhead: dict[str, float] = {}  # per-round seconds outside forwards, by family
+        self.overhead: dict[str, float] = {}  # seconds per row-round outside the model, by kind of round
         self._recent: dict[str, list[float]] = {}
-        self.rate: float | None = None  # predicted tokens/s of the chosen layouts, smoothed (Dinkelbach's parameter)
-        self.scale: float | None = None  # measured / profiled forward time, smoothed
-        self.two_pass_yield: dict[int, float] = {}  # expected tokens of two-pass trees, smoothed
-        self.last_yields: dict[int, float] = {0: 1.0}  # of the latest forecast, for rounds without one
+        self.scale: dict[str, float] = {}  # measured / predicted model time, by kind of round
+        self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
+        self.two_pass_yield: dict[int, float] = {}  # expected tokens per row of two-pass trees, smoothed
+        self.last_yields: list[float] = [1.0]  # of the latest tree forecast, for rounds without one
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
+        self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
         state, so generations in several threads never update one planner at once."""
         new = copy.copy(self)
-        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "two_pass_yield", "last_yields",
-                     "_memo"):
+        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "scale", "two_pass_yield", "_memo",
+                     "rates"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         return new
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings; the rate estimate and probe clock restart."""
-        self.rate, self.since_probe = None, 0
-        self.last_yields = {0: 1.0}
+        self.rates, self.since_probe, self.last_yields = {}, 0, [1.0]
+
+    # -- plan ------------------------------------------------------------------------------------------
+    def plan(self, rnd) -> Option:
+        """The option for this round (`rounds.Round`). Each row's forecast is what its draft step
+        then reads (`RowRound.big`: the largest tree; `.drafted`: the lookup chain). While resting
+        after a run of AR choices, with no marginals at hand, AR without forecasting anything."""
+        if self.dormant > 0 and all(r.marg is None for r in rnd.rows):
+            self.dormant -= 1
+            self.predicted = None
+            return AR
+        for r in rnd.rows:
+            r.forecast = self.forecast(r)
+        option = self.choose(rnd.rows, rnd.cache_len, rnd.draining)
+        self.note_choice(option)
+        return option
+
+    def forecast(self, r) -> Forecast:
+        """The row's largest draft (kept on the row) and P(accepted) of each of its nodes."""
+        if r.room <= 1:
+            return Forecast()
+        if r.marg is None:
+            if r.seq.lookup is None:
+                return Forecast()
+            r.drafted = lookup_chain(r.seq, self.cfg, r.room)
+            r.match = r.seq.match
+            if not r.drafted:
+                return Forecast()
+            acc, run = [1.0], 1.0
+            for p in self.lookup_calibrator.prob(len(r.drafted), r.match):
+                run *= p
+                acc.append(run)
+            return Forecast(acc, kind="lookup")
+        r.big = draft_tree(r.seq, self.cfg, r.marg, self.cfg.budget, r.room, linear=False)
+        return self.forecast_tree(r.big)
+
+    def forecast_tree(self, tree) -> Forecast:
+        """P(accepted) of every node of a tree, from its scores through the calibration."""
+        prob = self.calibrator.prob(local_scores(tree.scores, tree.parents))
+        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores, "tree")
 
     def note_choice(self, option: Option) -> None:
-        """After 8 AR choices in a row the planner rests for 4, 8, ... 32 rounds (the runtime runs
-        AR without asking it); any other choice halves the next rest. Speculation that keeps losing
-        then costs ~nothing, one lucky round does not undo that, and the rest carries over into
-        the next generation with the same settings."""
-        if option.nodes or option.groups or option.draft_pass:
+        """After 8 AR choices in a row the planner rests for 4, 8, ... 32 rounds; any other choice
+        halves the next rest. Speculation that keeps losing then costs ~nothing, one lucky round
+        does not undo that, and the rest carries over to the next generation with the same settings."""
+        if option.speculative:
             self.ar_streak, self.rest = 0, max(4, self.rest // 2)
             return
         self.ar_streak += 1
         if self.ar_streak >= 8:
             self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, 32), 0
 
-    # -- the decoder's two calls --------------------------------------------------------------------
-    def plan(self, forecast, c: int, room: int, has_marginals: bool) -> tuple[Option, object]:
-        """The next round's `Option` and what `forecast()` drafted for it (the largest tree, a
-        lookup chain as a list, or None). While resting after a run of AR choices (and without
-        marginals at hand) it answers AR without drafting or forecasting anything."""
-        if self.dormant > 0 and not has_marginals:
-            self.dormant -= 1
-            return AR, None
-        f, drafted = forecast()
-        option, _ = self.choose(f, c, room)
-        self.note_choice(option)
-        return option, drafted
+    # -- choose ------------------------------------------------------------------------------------------
+    def choose(self, rows, cache: int, draining: bool = False) -> Option:
+        """The option for these rows (`RowRound`s with their `forecast`s) over `cache` cached tokens."""
+        return _Choice(self, rows, cache, draining).best()
 
-    def observe(self, r) -> None:
-        """After a round (`rounds.Round`): the calibrators learn which drafted nodes the verifier
-        accepted (lookup chains by position and match length), two-pass yields are noted, and the
-        round's time is compared with the profile's prediction."""
-        tree, option, n = r.tree, r.option, r.n
-        if option.draft_pass and n > 1:
-            self.observe_two_pass(self.forecast_tree(tree))
-        if n > 1 and option.source == "lookup":
-            self.lookup_calibrator.update(n - 1, len(r.path) - 1, r.match)
-        elif n > 1:
-            on_path = torch.zeros(n, dtype=torch.bool)
-            on_path[r.path] = True
-            self.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]], on_path[1:])
-        if option is not AR:
-            self.observe_time(option, r.seconds, r.forward_seconds, r.c)
+    def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
+        """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
+        the cheapest width from o's up to twice it (and `max_width`) among the measured ones (a
+        device may run a wider forward faster), times the kind's scale, plus its overhead."""
+        width, s = o.width, self._f(rows, o.width, cache)
+        for w in self.cost.widths:
+            if o.width < w <= min(2 * o.width, self.max_width) and self._f(rows, w, cache) < s:
+                width, s = w, self._f(rows, w, cache)
+        if o.draft_pass:
+            s += self._f(rows, self.block_length, cache)
+        fam = o.family
+        scale = self.scale.get(fam, self.scale.get("ar", 1.0))
+        return width, s * scale + self.overhead.get(fam, 0.0) * rows
 
-    def forecast_tree(self, tree) -> Forecast:
-        """P(accepted) of every node of a tree, from its scores through the calibration."""
-        prob = self.calibrator.prob(local_scores(tree.scores, tree.parents))
-        return Forecast(acceptance(prob, tree.parents), tree.parents, tree.depths, tree.scores)
-
-    # -- bookkeeping from executed rounds -----------------------------------------------------------
-    def observe_time(self, option: Option, seconds: float, forward_seconds: float, c: int = 0) -> None:
-        """After a round: its overhead, and how the profile's forward time compares with reality."""
-        predicted = self._f(option.query_tokens, c) + (self._f(self.block_length, c) if option.draft_pass else 0)
-        if predicted > 0 and forward_seconds > 0:
-            r = forward_seconds / predicted
-            self.scale = r if self.scale is None else 0.9 * self.scale + 0.1 * r
-        fam = _family(option)
-        recent = self._recent.setdefault(fam, [])
-        recent.append(max(0.0, seconds - forward_seconds))
-        del recent[:-9]
-        self.overhead[fam] = sorted(recent)[len(recent) // 2]  # a median: first-call costs do not linger
-        # a family not run lately drifts back towards AR's overhead: one slow round (a busy
-        # machine, a first call) must not rule it out for the rest of the generation
-        base = self.overhead.get("ar")
-        if base is not None:
-            for f, v in self.overhead.items():
-                if f != fam and f != "ar" and v > base:
-                    self.overhead[f] = v - 0.05 * (v - base)
-
-    def observe_two_pass(self, forecast: Forecast) -> None:
-        for n, e in self._yields(forecast, 10**9).items():
-            old = self.two_pass_yield.get(n)
-            self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
-
-    # -- prediction ----------------------------------------------------------------------------------
-    def _f(self, q: int, c: int) -> float:
-        """The profile's f(q, c), memoised per 32 cached tokens (the planner asks every round)."""
-        key = (q, c >> 5)
+    def _f(self, rows: int, width: int, cache: int) -> float:
+        """The cost model's f(rows, width, cache), memoised per 32 cached tokens (asked every round)."""
+        key = (rows, width, cache >> 5)
         v = self._memo.get(key)
         if v is None:
             if len(self._memo) > 4096:
                 self._memo.clear()
-            v = self._memo[key] = self.cost(q, c)
+            v = self._memo[key] = self.cost(rows, width, cache)
         return v
 
-    def _c(self, option: Option, c: int) -> float:
-        s = self._f(option.query_tokens, c)
+    # -- observe -----------------------------------------------------------------------------------------
+    def observe(self, rnd) -> None:
+        """After a round: the calibrators learn which drafted nodes the verifier accepted (trees by
+        node score; lookup chains by position and match length; evidence fades once per round,
+        not once per row), two-pass yields are noted, and the round's times are compared with the
+        cost model's prediction."""
+        option, faded, first, yields = rnd.option, set(), True, []
+        for r in rnd.rows:
+            n = r.nodes
+            if n == 0:
+                continue
+            if option.draft == "lookup":
+                self.lookup_calibrator.update(n, len(r.path) - 1, r.match, fade=r.match not in faded)
+                faded.add(r.match)
+                continue
+            if option.draft_pass:
+                yields.append(self.forecast_tree(r.tree).yields())
+            on_path = torch.zeros(n + 1, dtype=torch.bool)
+            on_path[r.path] = True
+            tree = r.tree
+            self.calibrator.update(local_scores(tree.scores, tree.parents), on_path[tree.parents[1:]], on_path[1:],
+                                   fade=first)
+            first = False
+        if yields:
+            self._observe_two_pass(yields)
+        self._observe_time(rnd)
+
+    def _observe_two_pass(self, yields: list[list[float]]) -> None:
+        for n in self.budgets[1:]:
+            reached = [y[n] for y in yields if len(y) > n]  # trees with n nodes at least
+            if reached:
+                e = sum(reached) / len(reached)
+                old = self.two_pass_yield.get(n)
+                self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
+
+    def _observe_time(self, rnd) -> None:
+        """The round's model time against the prediction (a scale per kind of round: a cost
+        model taken under other load can be off in its 1 -> 2 token step, which only rounds of
+        both kinds show) and its overhead per row (a median of the last 9, so first-call costs
+        do not linger)."""
+        option, R, fam = rnd.option, len(rnd.rows), rnd.option.family
+        predicted = self._f(R, rnd.width, rnd.cache_len)
         if option.draft_pass:
-            s += self._f(self.block_length, c)
-        return s * (self.scale or 1.0) + self.overhead.get(_family(option), 0.0)
+            predicted += self._f(R, self.block_length, rnd.cache_len)
+        if rnd.model_seconds > 0:
+            ratio = rnd.model_seconds / predicted
+            old = self.scale.get(fam)
+            self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
+        recent = self._recent.setdefault(fam, [])
+        recent.append(max(0.0, rnd.seconds - rnd.model_seconds) / R)
+        del recent[:-9]
+        self.overhead[fam] = sorted(recent)[len(recent) // 2]
+        # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
+        # a first call) must not rule it out for the rest of the generation
+        base = self.overhead.get("ar")
+        if base is not None:
+            for f, v in self.overhead.items():
+                if f not in (fam, "ar") and v > base:
+                    self.overhead[f] = v - 0.05 * (v - base)
 
-    @staticmethod
-    def _yields(f: Forecast, max_depth: int) -> dict[int, float]:
-        """Expected committed tokens of the top-N subtree (depth <= max_depth) for every N."""
-        if f.accept is None:
-            return {0: 1.0}
-        acc, dep, _, order = f.lists()  # plain floats: a few dozen nodes, cheaper than tensor ops
-        out, total = {0: 1.0}, 1.0
-        for v in order:
-            if dep[v] <= max_depth:
-                total += acc[v]
-                out[len(out)] = total
-        return out
 
-    def choose(self, f: Forecast, c: int, room: int) -> tuple[Option, dict]:
-        """The option for this round and the predicted value of every candidate."""
-        ar = Option(0)
-        f1 = self._c(ar, c)
-        rate = max(self.rate or 0.0, 1.0 / f1)  # never below AR's rate
-        cap = lambda e: min(e, float(room)) * (1 - MARGIN)  # noqa: E731
-        if f.accept is not None and f.kind == "tree":
-            self.last_yields = self._yields(f, 10**9)
-        y_all = self.last_yields
-        # rounds that leave no marginals: AR, or a two-pass round (draft pass + tree)
-        best, best_v = ar, 1.0 - rate * f1
-        table = {ar.label: best_v}
-        if self.allow_two_pass and room > 1 and (self.two_pass_yield or len(y_all) > 1):
-            for n in self.budgets[1:]:
-                e = self.two_pass_yield.get(n, y_all.get(min(n, max(y_all)), 1.0))
-                o = Option(n, draft_pass=True)
-                table[o.label] = v = cap(e) - rate * self._c(o, c)
-                if v > best_v + 1e-12:
-                    best, best_v = o, v
-        y_look = None
-        if f.kind == "lookup" and f.accept is not None:  # copy the context: verify-only chains
-            y = y_look = self._yields(f, 10**9)
-            for n in range(1, len(f.lists()[0])):
-                o = Option(n, source="lookup")
-                table[o.label] = v = cap(y[n]) - rate * self._c(o, c)
-                if v > best_v + 1e-12:
-                    best, best_v = o, v
-        v_none = best_v
-        if f.accept is None or f.kind == "lookup":
-            # no marginals: AR-like rounds, and now and then a probe (a group on the root) that
-            # buys marginals, so that a context that turns predictable is noticed
-            self.since_probe += 1
-            if room > 1 and self.since_probe >= self.probe_every and best.nodes == 0 and self.group_sizes:
-                self.since_probe = 0
-                return Option(0, 1, self.group_sizes[0]), table
-            return self._chosen(best, table, c, room, y_look if best.source == "lookup" else y_all)
-        # value of holding marginals of depth G-1 next round: one step ahead, over not holding them
+class _Choice:
+    """One round's choice (`Planner.choose`): every candidate option valued for these rows."""
+
+    def __init__(self, pl: Planner, rows, cache: int, draining: bool):
+        self.pl, self.rows, self.cache, self.draining = pl, rows, cache, draining
+        self.R = len(rows)
+        self.rooms = [r.room for r in rows]
+        self.fc = [r.forecast if r.forecast is not None else Forecast() for r in rows]
+        top = max(self.rooms)
+        # draining: the round is worth the progress of the rows with the most tokens left
+        self.last = [i for i, room in enumerate(self.rooms) if room == top] if draining else None
+        self.tree_rows = [i for i, f in enumerate(self.fc) if f.kind == "tree"]
+        self.ys = [f.yields() for f in self.fc]
+        if self.tree_rows:
+            ys = [self.ys[i] for i in self.tree_rows]
+            longest = max(len(y) for y in ys)
+            pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
+        ar_seconds = pl.seconds(AR, self.R, cache)[1]
+        self.ar_value = 1.0 if draining else float(self.R)
+        self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)
+        self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
+        self.best_e, self.best_seconds = self.ar_value, ar_seconds
+
+    def total(self, per_row: list[float]) -> float:
+        """Committed tokens of the round from each row's expectation (capped at its room)."""
+        capped = [min(e, room) for e, room in zip(per_row, self.rooms)]
+        if self.last is not None:
+            return min(capped[i] for i in self.last)
+        return sum(capped)
+
+    def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
+        width, seconds = self.pl.seconds(o, self.R, self.cache)
+        if width > o.width:
+            o = Option(o.draft, o.nodes, o.groups, o.group_size, o.draft_pass, width)
+        e = self.total(per_row)
+        value = e * (1 - MARGIN) - self.rate * seconds + bonus
+        if value > self.best_value + 1e-12:
+            self.best_option, self.best_value, self.best_e, self.best_seconds = o, value, e, seconds
+        return value
+
+    def best(self) -> Option:
+        pl = self.pl
+        self._two_pass()
+        self._lookup()
+        if not self.tree_rows:  # no marginals: AR-like rounds, and now and then a probe
+            pl.since_probe += 1
+            if max(self.rooms) > 1 and pl.since_probe >= pl.probe_every and not self.best_option.speculative \
+                    and pl.group_sizes:
+                pl.since_probe = 0
+                probe = Option(groups=1, group_size=pl.group_sizes[0])
+                pl.predicted = (self.total([1.0] * self.R), pl.seconds(probe, self.R, self.cache)[1])
+                return probe
+            return self._chosen()
+        self._trees()
+        if self.best_option.speculative:
+            pl.probe_every = PROBE_MIN
+        else:
+            pl.probe_every = min(pl.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
+        return self._chosen()
+
+    def _two_pass(self) -> None:
+        """Rounds that leave no marginals: a draft pass and a verification of each row's top-N tree."""
+        pl = self.pl
+        if max(self.rooms) <= 1 or not (pl.two_pass_yield or len(pl.last_yields) > 1):
+            return
+        for n in pl.budgets[1:]:
+            e = pl.two_pass_yield.get(n, at(pl.last_yields, n))
+            self.offer(Option("tree", n, draft_pass=True), [e if room > 1 else 1.0 for room in self.rooms])
+
+    def _lookup(self) -> None:
+        """Rows with a context chain verify its first k tokens (the others AR)."""
+        chains = [i for i, f in enumerate(self.fc) if f.kind == "lookup"]
+        if not chains:
+            return
+        longest = max(len(self.ys[i]) for i in chains) - 1
+        for k in range(1, longest + 1):
+            per_row = [at(self.ys[i], k) if self.fc[i].kind == "lookup" else 1.0 for i in range(self.R)]
+            self.offer(Option("lookup", k), per_row)
+
+    def _trees(self) -> None:
+        """Verify-only trees of the top-N nodes, and the same with m groups of G slots (one-pass),
+        whose marginals are worth `delta[G]` next round, weighted by the endpoint mass they cover."""
+        pl, v_none = self.pl, self.best_value
         delta = {}
-        for g in self.group_sizes:
-            y = self._yields(f, g - 1)
-            w = max(cap(y[min(n, max(y))]) - rate * self._c(Option(n, 1, g), c) for n in self.budgets)
+        for g in pl.group_sizes:
+            ys = [f.yields(g - 1) if f.kind == "tree" else [1.0] for f in self.fc]
+            w = max(self._value_at(Option("tree", n, 1, g) if n else Option(groups=1, group_size=g),
+                                   [at(y, n) for y in ys]) for n in pl.budgets)
             delta[g] = max(0.0, w - v_none)
-        for n in self.budgets:
-            if n > len(f.lists()[0]) - 1:
+        largest = max(len(self.ys[i]) for i in self.tree_rows) - 1
+        for n in pl.budgets:
+            if n > largest:
                 break
-            e = cap(y_all[n])
-            options = [Option(n)]
-            cover = f.coverage(n)
+            per_row = [at(y, n) for y in self.ys]
+            covers = [self.fc[i].coverage(n) for i in self.tree_rows]
+            options = [Option("tree", n) if n else AR]
             m = 1
             while m <= n + 1:
-                options += [Option(n, m, g) for g in reversed(self.group_sizes)]  # ties: deeper groups
+                options += [Option("tree" if n else "none", n, m, g) for g in reversed(pl.group_sizes)]  # ties: deeper
                 m = n + 1 if m < n + 1 and 2 * m > n + 1 else 2 * m
             for o in options:
-                v = e - rate * self._c(o, c)
+                bonus = 0.0
                 if o.groups:
-                    v += delta[o.group_size] * cover[min(o.groups, len(cover)) - 1]
-                table[o.label] = v
-                if v > best_v + 1e-12:
-                    best, best_v = o, v
-        if best.nodes == 0 and not best.groups:
-            self.probe_every = min(self.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
-        else:
-            self.probe_every = PROBE_MIN
-        return self._chosen(best, table, c, room, y_all)
+                    bonus = delta[o.group_size] * sum(c[min(o.groups, len(c)) - 1] for c in covers) / len(covers)
+                self.offer(o, per_row, bonus)
 
-    def _chosen(self, best: Option, table: dict, c: int, room: int, yields: dict) -> tuple[Option, dict]:
-        """Move `rate` towards the predicted rate of the layout chosen (the Dinkelbach update)."""
-        if best.draft_pass:
-            e = self.two_pass_yield.get(best.nodes, yields.get(min(best.nodes, max(yields)), 1.0))
-        else:
-            e = yields.get(min(best.nodes, max(yields)), 1.0)
-        r = min(e, float(room)) / self._c(best, c)
-        self.rate = r if self.rate is None else 0.8 * self.rate + 0.2 * r
-        return best, table
+    def _value_at(self, o: Option, per_row: list[float]) -> float:
+        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.seconds(o, self.R, self.cache)[1]
+
+    def _chosen(self) -> Option:
+        """Move `rate` towards the predicted rate of the option chosen (the Dinkelbach update)."""
+        pl, o = self.pl, self.best_option
+        pl.predicted = (self.best_e, self.best_seconds)
+        r = self.best_e / self.best_seconds
+        old = pl.rates.get(self.draining)
+        pl.rates[self.draining] = r if old is None else 0.8 * old + 0.2 * r
+        return o
 
 
 _STORE_LOCK = threading.Lock()
 
 
-def planner_for(model, cfg, profile=None) -> Planner:
+def planner_for(model, cfg, cost) -> Planner:
     """A planner for one generation with these settings, forked from the model's stored one so
     that what earlier generations learnt (acceptance calibration, overheads) starts this one
     (fading); `keep_planner` stores it back when the generation ends."""
-    from selfspec.engine.profile import cost_model
-
-    cost = cost_model(model, profile)
     key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
            cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
     with _STORE_LOCK:
@@ -317,9 +360,7 @@ def planner_for(model, cfg, profile=None) -> Planner:
         if stored is None:
             if len(store) > 32:
                 store.clear()
-            stored = store[key] = Planner(cost, budgets=log2_budgets(cfg.budget),
-                                          group_sizes=sorted({min(4, cfg.group), min(8, cfg.group), cfg.group}),
-                                          block_length=cfg.block_length)
+            stored = store[key] = Planner(cost, cfg)
         planner = stored.fork()
     planner.begin()
     planner.home = (store, key)
@@ -333,10 +374,6 @@ def keep_planner(planner: Planner) -> None:
     if home is not None:
         with _STORE_LOCK:
             home[0][home[1]] = planner
-
-
-def _family(o: Option) -> str:
-    return o.label.split("/")[0]
 
 
 def log2_budgets(limit: int) -> list[int]:

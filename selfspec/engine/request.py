@@ -3,20 +3,29 @@ and its cache room."""
 
 from __future__ import annotations
 
+import numbers
+
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
 
 
-def check_request(model, prompt_ids, cfg: DecodeConfig) -> None:
-    """Every request error, raised before any model work."""
+def check_request(model, prompt_ids, cfg: DecodeConfig, params=None) -> None:
+    """Every request error, raised before any model work. `params`: the prompt's own
+    `sequence.SamplingParams` (default: the config's)."""
     if len(prompt_ids) == 0:
         raise ValueError("empty prompt: at least one token is needed")
+    V = model.config.vocab_size
+    bad = next((t for t in prompt_ids if not isinstance(t, numbers.Integral) or isinstance(t, bool) or not 0 <= t < V),
+               None)
+    if bad is not None:
+        raise ValueError(f"token id {bad!r} is not in the model's vocabulary (0 .. {V - 1})")
     limit = model.config.max_position_embeddings
-    need = len(prompt_ids) + cfg.max_new_tokens + lookahead(cfg)
+    new = (params or cfg).max_new_tokens
+    need = len(prompt_ids) + new + lookahead(cfg)
     if need > limit:
         raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + draft lookahead "
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({new}) + draft lookahead "
             f"needs {need} positions; the model has max_position_embeddings={limit}"
         )
     if cfg.rho == "learned" and cfg.mode in ("presto", "auto") and getattr(model, "presto_predictor", None) is None:
@@ -36,18 +45,16 @@ def lookahead(cfg: DecodeConfig) -> int:
     return max(cfg.block_length, cfg.group, cfg.lookup_tokens if cfg.lookup else 0)
 
 
-def scratch(cfg: DecodeConfig, *, batch: bool = False) -> int:
+def scratch(cfg: DecodeConfig) -> int:
     """Cache slots a round may write beyond the committed text (every query token of a round).
 
     AR writes one; lookup its chain and root; two-pass its draft block or its tree; one-pass and
-    the batch-1 planner (which may choose one-pass) a tree with a group on every node; the batch
-    planner (`batch=True`: plan "auto" over several rows) AR, lookup chains or two-pass linear drafts."""
+    plan "auto" (which may choose one-pass, and pads a round only up to this) a tree with a group
+    on every node."""
     if cfg.mode == "ar":
         return 1
     if cfg.mode == "lookup":
         return cfg.lookup_tokens + 1
-    if cfg.mode == "auto" and batch:
-        return max(cfg.block_length, cfg.lookup_tokens + 1)
     nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
     if cfg.mode != "auto" and cfg.schedule == "two-pass":
         return max(cfg.block_length, nodes + 1, cfg.lookup_tokens + 1 if cfg.lookup else 0)
@@ -65,12 +72,13 @@ MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
 
 def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
                 max_cache_bytes: int | None = None) -> None:
-    """Every batch request error, raised before any model work."""
+    """Every request error of a batch (one prompt is a batch of one), raised before any model work."""
     if not isinstance(prompts_ids, (list, tuple)) or len(prompts_ids) == 0:
         raise ValueError("empty batch: at least one prompt is needed")
     for i, p in enumerate(prompts_ids):
         if len(p) == 0:
-            raise ValueError(f"empty prompt at index {i}: at least one token is needed")
+            raise ValueError("empty prompt: at least one token is needed" if len(prompts_ids) == 1
+                             else f"empty prompt at index {i}: at least one token is needed")
         check_request(model, p, cfg)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -78,14 +86,13 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
         raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
     rows = min(batch_size or len(prompts_ids), len(prompts_ids))
     bf = BatchForward.of(model)
-    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg, rows))
+    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
     limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
     if need > limit:
         raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
                          f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
 
 
-def row_capacity(prompts_ids, cfg: DecodeConfig, rows: int) -> int:
-    """Cache slots per row: the longest prompt, its new tokens and a round's scratch (a batch of
-    one row plans with the batch-1 planner, several with the batch planner)."""
-    return max(len(p) for p in prompts_ids) + cfg.max_new_tokens + scratch(cfg, batch=rows > 1) + 1
+def row_capacity(prompts_ids, cfg: DecodeConfig, params=None) -> int:
+    """Cache slots per row: the longest prompt, its new tokens and a round's scratch."""
+    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + scratch(cfg) + 1

@@ -6,9 +6,11 @@ token), the root and marginals the next round starts from, its stats and pending
 candidates. The decoder (`batch.BatchDecoder`) runs rounds over a list of them; a generation of
 one prompt is the same code with one.
 
+Each sequence samples with its own `SamplingParams` (a server's requests differ in
+max_new_tokens, temperature, top-k and top-p while sharing one batch).
+
 The drafting helpers turn a sequence plus marginals into the tree a round verifies
-(`draft_tree`), read its context for a copied chain (`lookup_chain`), or forecast the largest
-tree the batch-1 planner may choose from (`forecast`).
+(`draft_tree`) or read its context for a copied chain (`lookup_chain`).
 """
 
 from __future__ import annotations
@@ -22,18 +24,35 @@ from selfspec.drafting.lookup import ContextIndex
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
 from selfspec.drafting.verify import oracle_length, truncate
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import Forecast
+from selfspec.engine.options import DecodeConfig, check_sampling
 from selfspec.engine.stats import Stats
 
 
-@dataclass
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence samples (HF names and meanings); checked at construction."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        check_sampling(self)
+
+    @classmethod
+    def of(cls, cfg: DecodeConfig) -> "SamplingParams":
+        return cls(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+
+
+@dataclass(eq=False)
 class Sequence:
     """One prompt's generation. `emitted` and `stats` are the objects the caller reads."""
 
     index: int  # the prompt's place in the input
     prompt: list[int]
     gen: torch.Generator | None
+    params: SamplingParams = field(default_factory=SamplingParams)
     stats: Stats = field(default_factory=Stats)
     emitted: list[int] = field(default_factory=list)
     lookup: ContextIndex | None = None  # prompt lookup over prompt + emitted
@@ -43,6 +62,7 @@ class Sequence:
     marg: Marginals | None = None  # marginals the previous round left (one-pass), or None
     match: int = 1  # n-gram length behind the latest lookup proposal
     done: bool = False
+    cancelled: bool = False
     t0: float = field(default_factory=time.perf_counter)
     pending_oracle: list = field(default_factory=list)  # (emitted before the round, candidates [D, K])
 
@@ -51,9 +71,15 @@ class Sequence:
         e = self.emitted
         return e[-n:] if len(e) >= n else self.prompt[len(self.prompt) - (n - len(e)):] + e
 
-    def emit(self, tokens: list[int], eos: set[int], max_new_tokens: int) -> list[int]:
+    @property
+    def room(self) -> int:
+        """Tokens the sequence may still emit."""
+        return self.params.max_new_tokens - len(self.emitted)
+
+    def emit(self, tokens: list[int], eos: set[int]) -> list[int]:
         """Truncate at eos (inclusive) and at max_new_tokens; feeds rho and the lookup index and
         marks the sequence done. Returns the chunk that was emitted."""
+        max_new_tokens = self.params.max_new_tokens
         out, hit = truncate(tokens, eos, max_new_tokens - len(self.emitted))
         self.done = self.done or hit or len(self.emitted) + len(out) >= max_new_tokens
         self.emitted.extend(out)
@@ -76,11 +102,11 @@ class Sequence:
         self.pending_oracle.clear()
 
 
-def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, stats: Stats, out: list[int], *,
-                 lookup: bool) -> Sequence:
+def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, params: SamplingParams, stats: Stats,
+                 out: list[int], *, lookup: bool) -> Sequence:
     """A sequence with the per-request scorers its mode reads: PRESTO trees (presto, auto) get the
     n-gram rho (or the learned predictor over it), `lookup` asks for a prompt-lookup index."""
-    seq = Sequence(index, prompt, gen, stats, out)
+    seq = Sequence(index, prompt, gen, params, stats, out)
     trees = cfg.mode in ("presto", "auto")
     if trees and cfg.rho in ("ngram", "learned"):
         seq.rho = NgramRho(model.config.vocab_size, prompt)
@@ -124,22 +150,3 @@ def lookup_chain(seq: Sequence, cfg: DecodeConfig, room: int) -> list[int]:
     seq.match = seq.lookup.match_length(tail)
     return seq.lookup.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else []
 
-
-def forecast(seq: Sequence, cfg: DecodeConfig, planner, marg: Marginals | None, room: int):
-    """The largest tree the batch-1 planner may pick from (or the lookup chain, as a list), with
-    calibrated acceptance per node: `(planner.Forecast, drafted)`."""
-    if room <= 1:
-        return Forecast(), None
-    if marg is None:
-        if seq.lookup is None:
-            return Forecast(), None
-        drafted = lookup_chain(seq, cfg, room)
-        if not drafted:
-            return Forecast(), None
-        acc, run = [1.0], 1.0
-        for p in planner.lookup_calibrator.prob(len(drafted), seq.match):
-            run *= p
-            acc.append(run)
-        return Forecast(acc, kind="lookup"), drafted
-    tree = draft_tree(seq, cfg, marg, cfg.budget, room, linear=False)
-    return planner.forecast_tree(tree), tree

@@ -44,3 +44,14 @@ def decode_kwargs(a) -> dict:
                 schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
                 budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+
+
+def check_profile_arg(a, cfg) -> None:
+    """--profile: a readable cost model, and only with --plan auto (checked before the model loads)."""
+    if a.profile is None:
+        return
+    from selfspec.engine.cost import CostModel
+
+    if cfg.mode != "auto":
+        raise ValueError("--profile is read by --plan auto only; this generation runs a fixed mode")
+    CostModel.load(a.profile)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from selfspec.tools.args import decode_kwargs
+from selfspec.tools.args import check_profile_arg, decode_kwargs
 
 
 def read_jsonl_prompts(name: str) -> list:
@@ -50,21 +50,16 @@ def cmd_generate_batch(a) -> int:
         raise ValueError("--batch-size needs --prompt-file (JSON lines, one prompt per line)")
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
-    if a.stop:
-        raise ValueError("--stop is not supported with --batch-size yet")
-    if a.profile is not None:  # plan "auto" for a batch reads the batch cost profile f(B, q)
-        from selfspec.engine.batch_profile import BatchProfile
-
-        if cfg.mode != "auto":
-            raise ValueError("--profile is read by --plan auto only; this batch runs a fixed mode")
-        BatchProfile.load(a.profile)
+    if a.stop and not all(a.stop):
+        raise ValueError("stop strings must be non-empty")
+    check_profile_arg(a, cfg)
     prompts = read_jsonl_prompts(a.prompt_file)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
     results = generate(model, tok, prompts, seed=a.seed, batch_size=a.batch_size, profile=a.profile,
-                       **decode_kwargs(a))
+                       stop=a.stop or None, **decode_kwargs(a))
     for i, r in enumerate(results):
         if a.json:
             print(json.dumps({"index": i, "text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,

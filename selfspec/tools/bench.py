@@ -203,7 +203,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     eos = eos_ids(model)
     for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
         if kind == "cfg":
-            for _ in Decoder(model, encoded[0], replace(r, max_new_tokens=warmup_tokens), profile=profile):
+            for _ in Decoder(model, [encoded[0]], replace(r, max_new_tokens=warmup_tokens),
+                             profile=profile if r.mode == "auto" else None):
                 pass
         else:
             r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
@@ -214,9 +215,10 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         for i, (kind, r) in enumerate(runners):
             if kind == "cfg":
                 gen = torch.Generator(device=model.get_input_embeddings().weight.device).manual_seed(seed)
-                dec = Decoder(model, ids, r, generator=gen, profile=profile)
-                out = [t for chunk in dec for t in chunk]
-                st = dec.stats
+                dec = Decoder(model, [ids], r, generators=[gen], profile=profile if r.mode == "auto" else None)
+                for _ in dec:
+                    pass
+                out, st = dec.outputs[0], dec.stats[0]
                 rec = {"id": p["id"], "token_ids": out, **{k: getattr(st, k) for k in (
                     "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                     "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
@@ -320,10 +322,9 @@ def cmd_bench(a) -> int:
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets))
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:
-        from selfspec.engine.batch_profile import BatchProfile
-        from selfspec.engine.profile import CostProfile
+        from selfspec.engine.cost import CostModel
 
-        (BatchProfile if batch else CostProfile).load(a.profile)  # a bad file fails before the model loads
+        CostModel.load(a.profile)  # a bad file fails before the model loads
     out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))
     try:
         os.makedirs(out, exist_ok=True)

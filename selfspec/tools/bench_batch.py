@@ -53,7 +53,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
 
     from tqdm import tqdm
 
-    from selfspec.engine.batch import BatchDecoder
+    from selfspec.engine.decoder import Decoder
     from selfspec.engine.request import eos_ids
     from selfspec.tools.peers import causal_lm
 
@@ -66,13 +66,13 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     bar = tqdm(total=n_runs, desc="bench (batches)", file=sys.stderr, disable=not progress)
     rows, ar_ref = [], {}
     warm = DecodeConfig(mode="ar", max_new_tokens=4)
-    for _ in BatchDecoder(model, prompts_ids[:2], warm):  # warm-up: tables, allocator
+    for _ in Decoder(model, prompts_ids[:2], warm):  # warm-up: tables, allocator
         pass
     for t in temperatures:
         for B in batch_sizes:
             for mode in modes:
                 cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
-                dec = BatchDecoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(ids))],
+                dec = Decoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(ids))],
                                    profile=profile if mode == "auto" else None)
                 t0 = time.perf_counter()
                 for _ in dec:

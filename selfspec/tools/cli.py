@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from selfspec.tools.args import Parser, add_common_args, decode_kwargs
+from selfspec.tools.args import Parser, add_common_args, check_profile_arg, decode_kwargs
 
 
 def _read_prompt(a):
@@ -53,10 +53,7 @@ def cmd_generate(a) -> int:
     from selfspec.streaming import stream
 
     cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
-    if a.profile is not None:
-        from selfspec.engine.profile import CostProfile
-
-        CostProfile.load(a.profile)
+    check_profile_arg(a, cfg)
     prompt = _read_prompt(a)
     if a.stop and not all(a.stop):
         raise ValueError("stop strings must be non-empty")

@@ -65,17 +65,22 @@ def add_trace_parser(sub, add_common_args) -> None:
 
 def cmd_profile(a) -> int:
     from selfspec.checkpoint.model import load
-    from selfspec.engine.profile import default_path, measure
+    from selfspec.engine.cost import ROWS, default_path, measure
 
+    if a.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
     model, _ = load(a.model, dtype=a.dtype, device=a.device)
     t0 = time.time()
-    prof = measure(model)
+    rows = tuple(r for r in ROWS if r < a.batch_size) + (next((r for r in ROWS if r >= a.batch_size), ROWS[-1]),)
+    prof = measure(model, rows=rows)
     path = a.out or default_path(model)
     prof.save(path)
-    f1 = prof(1, prof.c[0])
-    print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "seconds": round(time.time() - t0, 1),
-                      "f1_ms": round(1e3 * f1, 3),
-                      "relative": {str(q): round(prof(q, prof.c[0]) / f1, 2) for q in prof.q}}))
+    c0 = prof.cache[0]
+    f1 = prof(1, 1, c0)
+    print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "weights": prof.weights,
+                      "seconds": round(time.time() - t0, 1), "f1_ms": round(1e3 * f1, 3),
+                      "relative": {str(r): {str(w): round(prof(r, w, c0) / f1, 2) for w in prof.widths if r * w <= 256}
+                                   for r in prof.rows}}))
     return 0
 
 
@@ -84,5 +89,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="measure the rows axis up to this many rows (default 1: single prompts)")
     p.add_argument("--out", default=None, help="write here instead of the cache folder")
     p.set_defaults(func=cmd_profile)

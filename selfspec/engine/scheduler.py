@@ -1,0 +1,67 @@
+"""Which sequences run (nano-vllm's `Scheduler`): a queue of waiting ones and the live ones, live
+sequence i in cache row i.
+
+Free cache rows take waiting sequences (`admit`; the decoder prefills them together into rows
+`len(live)..`), and after every round the finished or cancelled ones leave (`retire`): the last
+live rows move into the freed cache rows (`cache.BatchKVCache.compact`), so the live sequences
+always hold rows 0..R-1 and a round's forward runs over one contiguous block of rows. The
+scheduler never runs the model: prefill and rounds are the decoder's steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Scheduler:
+    """Waiting and live sequences for a cache of `max_rows` rows."""
+
+    def __init__(self, max_rows: int):
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.max_rows = max_rows
+        self.waiting: deque = deque()
+        self.live: list = []  # live[i] holds cache row i
+
+    def add(self, seq) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def draining(self) -> bool:
+        """No sequence waits for a row: the batch now ends with its slowest row."""
+        return not self.waiting
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.live)
+
+    def admit(self) -> tuple[list, int]:
+        """The waiting sequences that fit into the free rows, in order, and the first row they
+        take (they hold rows slot, slot + 1, ... until `place` runs)."""
+        slot = len(self.live)
+        entering = [self.waiting.popleft() for _ in range(min(self.max_rows - slot, len(self.waiting)))]
+        return entering, slot
+
+    def place(self, entering: list, cache) -> None:
+        """The entering sequences (prefilled into rows len(live)..) join the live ones, except those
+        that finished at their first token (their rows are reused)."""
+        self.live = cache.compact(self.live + [None if s.done else s for s in entering])
+
+    def retire(self, cache) -> list:
+        """Finished and cancelled sequences leave; their rows are filled by moving the last live
+        rows in. Returns the sequences that left."""
+        gone = [s for s in self.live if s.done]
+        if gone:
+            self.live = cache.compact([None if s.done else s for s in self.live])
+        return gone
+
+    def cancel(self, seq) -> bool:
+        """Stop `seq` at the next round: a waiting one leaves the queue now, a live one is marked
+        done (its row is freed by the next `retire`). Returns whether it was still running."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq not in self.live or seq.done:
+            return False
+        seq.done = seq.cancelled = True
+        seq.finish()
+        return True

@@ -1,0 +1,136 @@
+"""The cost model: one file format, measured on the device (its rows axis as far as a run needs
+it), cached per device / model / dtype / weight format under one lock, read back with checks;
+the older profile formats are read when given."""
+
+import json
+import os
+import threading
+import warnings
+
+import pytest
+
+from selfspec.engine import cost
+from selfspec.engine.cost import FORMAT, CostModel, cost_model, default_path, device_key, measure, model_key
+
+from conftest import tiny_model
+
+
+def _model(rows=(1, 4), widths=(1, 9), cache=(0, 100)):
+    """seconds = rows * width * (1 + cache / 100) / 1000."""
+    sec = tuple(tuple(tuple(r * w * (1 + c / 100) / 1e3 for w in widths) for r in rows) for c in cache)
+    return CostModel("d", "m", "float32", "fp32", rows, widths, cache, sec)
+
+
+def test_interpolation_between_and_beyond_grid_points():
+    p = _model()
+    assert p(1, 5, 0) == pytest.approx(5e-3) and p(1, 1, 50) == pytest.approx(1.5e-3)
+    assert p(2, 1, 0) == pytest.approx(2e-3)  # between rows 1 and 4
+    assert p(1, 17, 0) == pytest.approx(17e-3)  # extrapolated from the last two widths
+    assert CostModel.flat(2e-3)(16, 500, 10_000) == pytest.approx(2e-3)
+    lin = CostModel.linear(per_token=1e-3, fixed=1e-2)
+    assert lin(8, 4, 0) == pytest.approx(1e-2 + 32e-3)
+
+
+def test_a_measured_model_round_trips_through_its_file_and_extrapolates_what_it_did_not_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "TOKEN_CAP", 8)
+    m = tiny_model()
+    prof = measure(m, rows=(1, 4), widths=(1, 2, 4, 8), cache=(16,), sweeps=1, budget_s=0.5, progress=False)
+    assert prof.rows == (1, 4) and prof.weights == "fp32" and prof.cache == (16,)
+    line = prof.seconds[0][1]  # rows 4: widths 4 and 8 (16 and 32 tokens) were not run
+    assert line[3] >= line[1] and all(s > 0 for s in line)
+    path = tmp_path / "p.json"
+    prof.save(str(path))
+    back = CostModel.load(str(path), want=dict(device=prof.device, model=prof.model, dtype=prof.dtype))
+    assert back.seconds == prof.seconds and json.loads(path.read_text())["format"] == FORMAT
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "not found"),
+    ("{not json", "cannot be read"),
+    (json.dumps({"format": "other"}), "format"),
+    (json.dumps({"format": FORMAT, "device": "d", "model": "m", "dtype": "float32"}), "missing or malformed"),
+    (json.dumps({"format": FORMAT, "device": "d", "model": "m", "dtype": "float32", "weights": "fp32", "rows": [1],
+                 "widths": [4, 1], "cache": [0], "seconds": [[[1, 2]]]}), "not a valid cost model"),
+    (json.dumps({"format": FORMAT, "device": "d", "model": "m", "dtype": "float32", "weights": "fp32", "rows": [1],
+                 "widths": [1, 2], "cache": [0], "seconds": [[[1, float("nan")]]]}), "not a valid cost model"),
+])
+def test_a_bad_cost_model_file_is_one_clear_error_naming_it(tmp_path, content, match):
+    path = tmp_path / "prof.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises((ValueError, FileNotFoundError), match=match) as e:
+        CostModel.load(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_the_older_one_row_and_batch_profile_files_are_read_as_they_are(tmp_path):
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"format": "selfspec-profile/1", "device": "synthetic", "model": "*", "dtype": "any",
+                               "q": [1, 16], "c": [0, 1024], "seconds": [[1.0, 2.0], [1.5, 3.0]]}))
+    p = CostModel.load(str(one))
+    assert p.rows == (1,) and p(1, 16, 1024) == pytest.approx(3.0) and p(1, 1, 512) == pytest.approx(1.25)
+    batch = tmp_path / "batch.json"
+    batch.write_text(json.dumps({"format": "selfspec-batch-profile/1", "device": "synthetic", "model": "*",
+                                 "dtype": "float32", "c": 256, "b": [1, 8], "q": [1, 4],
+                                 "seconds": [[1.0, 2.0], [3.0, 6.0]]}))
+    b = CostModel.load(str(batch))
+    assert b.cache == (256,) and b.weights == "fp32" and b(8, 4, 0) == pytest.approx(6.0)
+
+
+def test_a_cost_model_for_another_device_is_refused_when_given_but_remeasured_when_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    m = tiny_model()
+    other = CostModel("cpu: elsewhere", model_key(m), "float32", "fp32", (1,), (1, 2), (0,), (((1.0, 2.0),),))
+    path = tmp_path / "given.json"
+    other.save(str(path))
+    with pytest.raises(ValueError, match="measured for device"):
+        cost_model(m, str(path))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))
+    cached = default_path(m)
+    os.makedirs(os.path.dirname(cached))
+    other.save(cached)  # a stale automatic one: measured again, not an error
+    prof = cost_model(m, progress=False)
+    assert prof.device == device_key(m.get_input_embeddings().weight.device)
+    assert CostModel.load(cached).device == prof.device  # and the cache now holds the new one
+
+
+def test_the_rows_axis_is_measured_as_far_as_a_run_needs_and_kept_in_one_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    m = tiny_model()
+    assert cost_model(m, progress=False).rows == (1,)
+    assert cost_model(m, rows=3, progress=False).rows == (1, 2, 4)
+    m.__dict__.pop("_selfspec_cost")
+    assert CostModel.load(default_path(m)).rows == (1, 2, 4) == cost_model(m, rows=4, progress=False).rows
+
+
+def test_threads_that_start_at_once_measure_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    calls, real = [], cost.measure
+    monkeypatch.setattr(cost, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = tiny_model()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(cost_model(m, progress=False))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and all(g is got[0] for g in got)
+
+
+def test_an_unwritable_cache_folder_leaves_the_model_in_memory_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("SELFSPEC_CACHE", str(blocker / "sub"))
+    m = tiny_model()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        prof = cost_model(m, progress=False)
+    assert prof.seconds and len([x for x in w if "could not be cached" in str(x.message)]) == 1
+    assert cost_model(m) is prof  # reused in memory, no second measurement or warning
