@@ -36,8 +36,12 @@ class RowResult:
     trace: object | None = None  # a selfspec.trace.Trace when trace=True
 
 
-class _RowText:
-    """One row's text: incremental detokenisation, stop strings held back until decided."""
+class RowText:
+    """One row's text: incremental detokenisation, stop strings held back until decided.
+
+    `push(chunk)` returns the text the chunk adds and sets `res.finish_reason` when the row ends
+    ("eos", "length", "stop_string"); `finish()` releases what is held back once the decoder is
+    done with the row (a cancelled row, say). Used by `BatchGeneration` and the server."""
 
     def __init__(self, res: RowResult, tokenizer, stops: list[str], eos: set[int], max_new_tokens: int):
         self.res, self.tok, self.stops, self.eos, self.max_new = res, tokenizer, stops, eos, max_new_tokens
@@ -120,7 +124,7 @@ class BatchGeneration:
     def rows(self):
         """`(row, delta)` for every row's text as it commits; a row that hits a stop string leaves."""
         dec = self.decoder
-        texts = [_RowText(r, self.tokenizer, self.stop, dec.eos, p.max_new_tokens)
+        texts = [RowText(r, self.tokenizer, self.stop, dec.eos, p.max_new_tokens)
                  for r, p in zip(self.results, dec.params)]
         steps = iter(dec)
         try:

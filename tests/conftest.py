@@ -5,6 +5,8 @@ import pytest
 import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never touch a hub
+# models load in fp32 unless a test names a format (the default, "auto", measures the formats once)
+os.environ["SELFSPEC_WEIGHTS"] = "fp32"
 # cost profiles measured by tests go to a throwaway folder, never the user's cache
 os.environ.setdefault("SELFSPEC_CACHE", tempfile.mkdtemp(prefix="selfspec-test-cache-"))
 # the default model is SmolLM2 (converted on first use); tests that do not name a model get the 9M one

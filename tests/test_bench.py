@@ -1,4 +1,5 @@
 import json
+import sys
 import os
 
 import pytest
@@ -111,6 +112,7 @@ def test_the_default_bench_is_the_short_grid_and_full_is_every_mode(tiny_dir, pr
 
 def test_the_llama_cpp_peer_without_its_package_is_one_clear_error(tiny_dir, prompts, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # absent even where it is installed
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--peers", "llama.cpp",
                "--gguf", str(prompts), "--out", str(tmp_path / "o")])
     assert rc == 2 and "llama-cpp-python" in capsys.readouterr().err

@@ -120,10 +120,10 @@ def test_an_interrupted_generation_reports_interrupted_and_keeps_the_committed_i
 @pytest.fixture
 def sigint_at_forward(monkeypatch):
     """Make the CLI's model send a real SIGINT to this process at its n-th output-head call."""
-    import selfspec.checkpoint.model
+    import selfspec.loading
     from selfspec.engine.forward import FastForward
 
-    real_load = selfspec.checkpoint.model.load
+    real_load = selfspec.loading.load
 
     def install(n):
         def load(*a, **k):
@@ -140,7 +140,7 @@ def sigint_at_forward(monkeypatch):
             ff.logits = logits
             return model, tok
 
-        monkeypatch.setattr(selfspec.checkpoint.model, "load", load)
+        monkeypatch.setattr(selfspec.loading, "load", load)
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     return install

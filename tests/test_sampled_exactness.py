@@ -79,6 +79,9 @@ def _sample(model, cfg):
     outs, first_round = [], []
     extra = dict(profile=CostModel.flat()) if cfg.mode == "auto" else {}
     for _ in range(N):
+        # every run plans afresh: a planner kept from earlier runs has learnt that this CPU's wide
+        # rounds cost more than the flat profile says, and turns to AR
+        model.__dict__.pop("_selfspec_planners", None)
         out, st = generate_ids(model, PROMPT, cfg, eos_token_id=[], generator=gen, **extra)
         outs.append(out)
         first_round.append(st.accept_lengths[0])

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from selfspec.engine.attention import exact_attention
 from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.forward import FastForward, Rope
+from selfspec.engine.forward import FastForward
 
 NEG = float("-inf")
 
@@ -84,13 +85,18 @@ class BatchForward:
     def of(cls, model) -> "BatchForward":
         return cls(FastForward.of(model))
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """Exact attention keeps K and V on float64 grids (`attention.on_grid`)."""
+        return torch.float64 if self.ff.exact else self.ff.dtype
+
     def new_cache(self, rows: int, capacity: int) -> BatchKVCache:
         ff = self.ff
-        return BatchKVCache(ff.devices, ff.n_kv, ff.head_dim, rows, capacity, ff.dtype)
+        return BatchKVCache(ff.devices, ff.n_kv, ff.head_dim, rows, capacity, self.cache_dtype)
 
     def cache_bytes(self, rows: int, capacity: int) -> int:
         ff = self.ff
-        return BatchKVCache.nbytes(len(ff.layers), ff.n_kv, ff.head_dim, rows, capacity, ff.dtype)
+        return BatchKVCache.nbytes(len(ff.layers), ff.n_kv, ff.head_dim, rows, capacity, self.cache_dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ff.logits(hidden)
@@ -114,7 +120,7 @@ class BatchForward:
         positions = lengths[:, None] + offsets
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
         # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all
-        use_causal = causal and R == 1 and starts[0] == 0
+        use_causal = causal and R == 1 and starts[0] == 0 and not ff.exact
         no_mask = R == 1 and not causal and block is None
         if block is None:
             block = torch.zeros(q, q)
@@ -123,20 +129,24 @@ class BatchForward:
             block = block.expand(R, q, q)
         h = F.embedding(tokens.to(ff.embed.device), ff.embed)
         masks = {}
+        mask_dtype = torch.float64 if ff.exact else ff.dtype
 
-        def rope(dev):
-            return Rope(*(t.reshape(R, q, ff.head_dim)[:, None] for t in ff._rope(positions.reshape(-1), dev)))
-
-        def attend(i, dev, qs, ks, vs):
+        def mask_on(dev):
             if dev not in masks:
                 if use_causal or no_mask:
                     masks[dev] = None
                 elif R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
-                    masks[dev] = _mask_buffer(cache, dev, ff.dtype).view(starts[0], block[0].to(dev, ff.dtype))
+                    masks[dev] = _mask_buffer(cache, dev, mask_dtype).view(starts[0], block[0].to(dev, mask_dtype))
                 else:
-                    masks[dev] = batch_mask(lengths, block, ff.dtype).to(dev)
+                    masks[dev] = batch_mask(lengths, block, mask_dtype).to(dev)
+            return masks[dev]
+
+        def attend(i, dev, qs, ks, vs):
+            if ff.exact:  # q, k and v come on the grid already (the RoPE tables carry its scale)
+                kc, vc = cache.write(i, rows, starts, ks, vs)
+                return exact_attention(qs, kc, vc, mask_on(dev), ff.grids[i], ff.dtype)
             kc, vc = cache.write(i, rows, starts, ks, vs)
-            return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=masks[dev], is_causal=use_causal,
+            return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=mask_on(dev), is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 
-        return ff.layers_forward(tokens, h, rope, attend, lora, lora_rows)
+        return ff.layers_forward(tokens, h, positions, attend, lora, lora_rows)

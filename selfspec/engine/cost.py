@@ -45,7 +45,7 @@ import torch
 
 FORMAT = "selfspec-cost/2"
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64, 128, 256, 576)
+WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 CACHE = (64, 1024)
 TOKEN_CAP = 256  # rows x width measured per point beyond one row (wider points are extrapolated)
 WILDCARDS = ("*", "any", "synthetic")

@@ -91,7 +91,8 @@ class Decoder:
         self.on_round = None
         planner = fixed = None
         if cfg.mode == "auto":
-            planner = planner_for(model, cfg, cost_model(model, profile, rows=min(self.batch_size, len(self.prompts))))
+            rows = min(self.batch_size, len(self.prompts)) if self.prompts else self.batch_size
+            planner = planner_for(model, cfg, cost_model(model, profile, rows=rows))
         else:
             fixed = fixed_option(cfg)
         self.bf = BatchForward.of(model)
@@ -103,7 +104,7 @@ class Decoder:
         self.scheduler = Scheduler(self.batch_size)
         self.sequences: list[Sequence] = []
         self._observers: dict[int, list] = {}
-        self._capacity = row_capacity(self.prompts, cfg)
+        self._capacity = row_capacity(self.prompts, cfg) if self.prompts else 1
 
     @staticmethod
     def _generators(model, generators, seeds, n: int) -> list:
@@ -133,7 +134,7 @@ class Decoder:
     def start(self) -> None:
         """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
         if self.stepper.cache is None:
-            self.stepper.cache = self.bf.new_cache(min(self.batch_size, len(self.prompts)), self._capacity)
+            self.stepper.cache = self.bf.new_cache(max(1, min(self.batch_size, len(self.prompts))), self._capacity)
             for i in range(len(self.prompts)):
                 self._queue(i)
 
@@ -165,6 +166,16 @@ class Decoder:
     def cancel(self, seq: Sequence) -> bool:
         """Stop a sequence at the next turn (its row is freed); False if it had ended already."""
         return self.scheduler.cancel(seq)
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop a finished sequence's prompt, tokens and stats from the decoder (a long-running
+        server reads them from the sequence and then lets them go)."""
+        if not seq.done:
+            raise ValueError("forget() takes a finished or cancelled sequence")
+        i = seq.index
+        self.prompts[i] = self.outputs[i] = self.stats[i] = self.gens[i] = None
+        self._observers.pop(i, None)
+        self.sequences[i] = None
 
     def step(self) -> list[tuple[int, list[int]]]:
         """One turn (`turn`), run to its end. Returns the `(row, chunk)` commits, in order."""
@@ -209,7 +220,8 @@ class Decoder:
         """What the unfinished sequences measured so far; the planner's learning kept for the next
         generation with these settings."""
         for s in self.sequences:
-            s.finish()
+            if s is not None:
+                s.finish()
         if self.planner is not None:
             keep_planner(self.planner)
 

@@ -16,11 +16,16 @@ adds its deltas on draft rows (q/k/v before RoPE, o, gate/up, down) and its mask
 """
 from __future__ import annotations
 
+import math
 import threading
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from selfspec.checkpoint.quant import matmul
+from selfspec.engine.attention import grid_for
 
 
 # Fused q/k/v and gate/up copies save kernel calls, which matters for tiny models only, and
@@ -70,27 +75,38 @@ class FastForward:
         self.inv_freq = enc.rotary_emb.inv_freq.float()
         self.att_factor = float(enc.rotary_emb.attention_scaling)
         self.embed = enc.embed_tokens.weight.detach()
-        # Fusing q/k/v and gate/up into one matmul each halves the per-layer kernel launches that
-        # dominate small-batch decoding, at the price of a copy of those weights: done only while
-        # that copy is small (the shipped model; not an 8B on a GPU).
+        self.dtype = self.embed.dtype
+        fmt = _format_of(model)  # int8 / int4 weights quantized at load (`formats.set_weights`), or None
+        self.weights = fmt.name if fmt is not None else _FP_NAMES.get(self.dtype, str(self.dtype))
+        devices = {p.device.type for p in model.parameters()}
+        # a row's logits bitwise the same at any width and in any batch: bf16 weight kernels (width-
+        # invariant on a CPU), an fp32 residual stream and exact attention sums (`attention.py`)
+        self.exact = self.dtype == torch.bfloat16 and devices == {"cpu"}
+        self.act = torch.float32 if self.exact else self.dtype  # residual stream, norms, RoPE, MLP gate
+        packed = fmt.weights if fmt is not None else {}
+        # Fusing q/k/v and gate/up into one matmul each halves the per-layer kernel calls that
+        # dominate small-batch decoding, at the price of a copy of those weights: done while that
+        # copy is small (not an 8B on a GPU), and always for packed weights (packed fused at load)
         n_params = sum(p.numel() for p in model.parameters())
-        self.fused = n_params <= FUSE_MAX_PARAMS
+        self.fused = n_params <= FUSE_MAX_PARAMS or fmt is not None or self.exact
         self.layers = []
-        for layer in enc.layers:  # detached: the base weights are read-only here (a trainer's LoRA gets the grads)
-            at, mlp = layer.self_attn, layer.mlp
-            qkv = (at.q_proj.weight.detach(), at.k_proj.weight.detach(), at.v_proj.weight.detach())
+        for i, layer in enumerate(enc.layers):  # detached: read-only here (a trainer's LoRA gets the grads)
+            at, mlp, pre = layer.self_attn, layer.mlp, f"encoder.layers.{i}."
+            qkv = tuple(getattr(at, n).weight.detach() for n in ("q_proj", "k_proj", "v_proj"))
             gu = (mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach())
             if self.fused:
-                qkv, gu = (torch.cat(qkv, 0),), (torch.cat(gu, 0),)
-            self.layers.append(LayerWeights(layer.input_layernorm.weight.detach(), qkv, at.o_proj.weight.detach(),
+                qkv = (packed[pre + "qkv"] if pre + "qkv" in packed else torch.cat(qkv, 0),)
+                gu = (packed[pre + "gate_up"] if pre + "gate_up" in packed else torch.cat(gu, 0),)
+            self.layers.append(LayerWeights(layer.input_layernorm.weight.detach().float() if self.exact else
+                                            layer.input_layernorm.weight.detach(), qkv,
+                                            packed.get(pre + "self_attn.o_proj.weight", at.o_proj.weight.detach()),
+                                            layer.post_attention_layernorm.weight.detach().float() if self.exact else
                                             layer.post_attention_layernorm.weight.detach(), gu,
-                                            mlp.down_proj.weight.detach()))
-        self.norm = enc.norm.weight.detach()
-        self.head = model.diffusion_head.weight.detach()
-        self.dtype = self.embed.dtype
-        self.weights = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype,
-                                                                                                   str(self.dtype))
-        self.devices = [w.wo.device for w in self.layers]
+                                            packed.get(pre + "mlp.down_proj.weight", mlp.down_proj.weight.detach())))
+        self.norm = enc.norm.weight.detach().to(self.act)
+        self.head = packed.get("diffusion_head.weight", model.diffusion_head.weight.detach())
+        self.devices = [layer.ln1.device for layer in self.layers]
+        self.grids = _grids(self, model) if self.exact else None
         # RoPE tables are shared read-only by every generation on this model; growing them is the
         # one write, done under a lock into new tensors that are swapped in whole
         self._lock = threading.Lock()
@@ -119,19 +135,19 @@ class FastForward:
         pos = torch.arange(n, dtype=torch.float32)
         freqs = pos[:, None] * self.inv_freq[None, :].cpu()
         emb = torch.cat([freqs, freqs], -1)
-        cos = (emb.cos() * self.att_factor).to(self.dtype)
-        sin = (emb.sin() * self.att_factor).to(self.dtype)
+        dtype = torch.float64 if self.exact else self.dtype
+        cos = (emb.cos() * self.att_factor).to(dtype)
+        sin = (emb.sin() * self.att_factor).to(dtype)
         h = sin.shape[-1] // 2
         sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
-        scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(self.dtype)[:, None]
+        scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(dtype)[:, None]
+        if self.exact:  # q and k land on the grid of 2^-qk (`attention.Grid`): the tables carry it
+            g = 2.0 ** self.grids[0].qk
+            cos, sin, scale = cos * g, sin * g, scale
         return Rope(cos * scale, sin * scale, cos, sin)
 
-    def rope_tables(self, positions: torch.Tensor, device=None) -> Rope:
-        """The tables' rows for `positions` ([q]), each [1, 1, q, D], on `device` (default: the first layer's)."""
-        return self._rope(positions, device or self.devices[0])
-
     def _rope(self, positions: torch.Tensor, device) -> Rope:
-        """The tables' rows for `positions`, each [1, 1, q, D], on `device`."""
+        """The tables' rows for `positions` (flat), each [n, D], on `device`."""
         need = int(positions.max()) + 1
         tab = self._tab
         if tab is None or tab[0] < need or device not in tab[1]:
@@ -143,65 +159,99 @@ class FastForward:
                 if device not in tab[1]:
                     tab = (tab[0], {**tab[1], device: Rope(*(t.to(device) for t in tab[1]["base"]))})
                 self._tab = tab
-        p = positions.to(device)
-        return Rope(*(t[p][None, None] for t in tab[1][device]))
+        p = positions.reshape(-1).to(device)
+        return Rope(*(t[p] for t in tab[1][device]))
+
+    def tables(self, positions: torch.Tensor, device) -> tuple:
+        """RoPE for query columns at `positions` [R, q]. Plain: a `Rope` broadcastable to
+        [R, heads, q, D]. Exact formats: (cos, sin) [R, q, heads + 2 * kv_heads, D] in float64 over
+        the fused q / k / v output, q and k rotated onto the attention grid, v scaled onto its own
+        grid (cos 2^v, sin 0), so one rotation puts all three on their grids (`_rotate`)."""
+        R, q = positions.shape
+        t = self._rope(positions, device)
+        if not self.exact:
+            return Rope(*(x.view(R, q, self.head_dim)[:, None] for x in t))
+        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
+        v = torch.full((R * q, nkv, D), 2.0 ** self.grids[0].v, dtype=torch.float64, device=device)
+        cos = torch.cat([t.q_cos[:, None].expand(-1, nh, D), t.k_cos[:, None].expand(-1, nkv, D), v], 1)
+        sin = torch.cat([t.q_sin[:, None].expand(-1, nh, D), t.k_sin[:, None].expand(-1, nkv, D), v * 0], 1)
+        return cos.view(R, q, nh + 2 * nkv, D), sin.view(R, q, nh + 2 * nkv, D)
 
     # -- the forward ---------------------------------------------------------------------------
-    def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, rope, attend, lora=None,
+    def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, attend, lora=None,
                        lora_rows: slice | None = None) -> torch.Tensor:
-        """The decoder layers and final norm over embeddings h [R, q, H] of `tokens` ([q] or [R, q]):
-        the one layer body of the batch-1 and the batched forward. `rope(dev)` gives the `Rope`
-        tables broadcastable to [R, heads, q, D]; `attend(i, dev, q, k, v)` writes layer i's K/V
-        and returns attention [R, heads, q, D]. The draft LoRA (`lora`) adds its deltas and mask
-        embedding on query columns `lora_rows` of every row."""
+        """The decoder layers and final norm over embeddings h [R, q, H] of `tokens` ([q] or [R, q])
+        at `positions` ([R, q] or [q]): the one layer body of the runtime's forward and of the
+        draft-LoRA trainer. `attend(i, dev, q, k, v)` writes layer i's K/V and returns attention
+        [R, heads, q, D] (q and k after RoPE; in the exact formats q, k and v on the attention grid,
+        `attention.py`). The draft LoRA (`lora`) adds its deltas and mask embedding on query
+        columns `lora_rows` of every row.
+
+        The residual stream, norms and MLP gate run in `self.act` (fp32 in the exact formats); the
+        weight matmuls take `self.dtype` (bf16 there: what the int8 / int4 kernels run)."""
         R, q = int(h.shape[0]), int(h.shape[1])
+        positions = positions.reshape(-1, q).expand(R, q)
         on = lora is not None and lora_rows is not None
         if on:
             h = lora.embed(tokens, h, lora_rows)
-        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
-        ropes = {}
+        h = h.to(self.act)
+        mm, tables = self.dtype, {}
         for i, w in enumerate(self.layers):
             dev = self.devices[i]
             if h.device != dev:
                 h = h.to(dev)
-            if dev not in ropes:
-                ropes[dev] = rope(dev)
-            r = ropes[dev]
-            x = _rms(h, w.ln1, self.eps)
-            if len(w.qkv) == 1:
-                qs, ks, vs = F.linear(x, w.qkv[0]).split((nh * D, nkv * D, nkv * D), -1)
-            else:
-                qs, ks, vs = (F.linear(x, p) for p in w.qkv)
-            if on:
-                qs, ks, vs = lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x, (qs, ks, vs), lora_rows)
-            qs = qs.view(R, q, nh, D).transpose(1, 2)
-            ks = ks.view(R, q, nkv, D).transpose(1, 2)
-            vs = vs.view(R, q, nkv, D).transpose(1, 2)
-            qs = qs * r.q_cos + qs.roll(D // 2, -1) * r.q_sin
-            ks = ks * r.k_cos + ks.roll(D // 2, -1) * r.k_sin
-            a = attend(i, dev, qs, ks, vs).transpose(1, 2).reshape(R, q, nh * D)
-            o = F.linear(a, w.wo)
+            if dev not in tables:
+                tables[dev] = self.tables(positions, dev)
+            x = _rms(h, w.ln1, self.eps).to(mm)
+            qkv = (matmul(x, w.qkv[0]),) if len(w.qkv) == 1 else tuple(matmul(x, p) for p in w.qkv)
+            if on:  # the runtime's LoRA adds in place into the fused output; a trainer's returns new tensors
+                deltas = lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x, self._split(qkv), lora_rows)
+                qkv = qkv if self.exact else tuple(deltas)
+            qs, ks, vs = self._rotate(qkv, tables[dev], R, q)
+            a = attend(i, dev, qs, ks, vs).transpose(1, 2).reshape(R, q, -1)
+            o = matmul(a.to(mm), w.wo)
             if on:
                 o = lora.add_delta(i, a, o, lora_rows)
             h = h + o
-            x = _rms(h, w.ln2, self.eps)
+            x = _rms(h, w.ln2, self.eps).to(mm)
             if len(w.gate_up) == 1:
-                g, u = F.linear(x, w.gate_up[0]).chunk(2, -1)
+                g, u = matmul(x, w.gate_up[0]).chunk(2, -1)
             else:
-                g, u = F.linear(x, w.gate_up[0]), F.linear(x, w.gate_up[1])
+                g, u = matmul(x, w.gate_up[0]), matmul(x, w.gate_up[1])
             if on:
                 g, u = lora.add_deltas(i, ("gate_proj", "up_proj"), x, (g, u), lora_rows)
             m = F.silu(g) * u
-            d = F.linear(m, w.down)
+            d = matmul(m.to(mm), w.down)
             if on:
                 d = lora.add_deltas(i, ("down_proj",), m, (d,), lora_rows)[0]
             h = h + d
         return _rms(h, self.norm.to(h.device), self.eps)
 
+    def _split(self, qkv: tuple) -> tuple:
+        if len(qkv) == 3:
+            return qkv
+        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
+        return qkv[0].split((nh * D, nkv * D, nkv * D), -1)
+
+    def _rotate(self, qkv: tuple, r, R: int, q: int) -> tuple:
+        """q, k, v [R, heads, q, D] from the projections: RoPE on q and k; in the exact formats all
+        three in float64 onto the attention grid in one rotation (`tables`) and rounded there."""
+        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
+        if self.exact:
+            x = qkv[0].double().view(R, q, nh + 2 * nkv, D)
+            x = torch.addcmul(x * r[0], x.roll(D // 2, -1), r[1]).round_()
+            qs, ks, vs = x.split((nh, nkv, nkv), 2)
+            return qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2)
+        qs, ks, vs = (t.view(R, q, -1, D).transpose(1, 2) for t in self._split(qkv))
+        qs = qs * r.q_cos + qs.roll(D // 2, -1) * r.q_sin
+        ks = ks * r.k_cos + ks.roll(D // 2, -1) * r.k_sin
+        return qs, ks, vs
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head on the rows that are read (hidden [n, H] -> [n, V])."""
-        return F.linear(hidden.to(self.head.device), self.head)
+        dev = self.head.device if isinstance(self.head, torch.Tensor) else self.devices[-1]
+        return matmul(hidden.to(dev, self.dtype), self.head)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -212,6 +262,36 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * xf.to(x.dtype)
 
 
+_FP_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _format_of(model):
+    """The model's quantized weights, if they were made from its current weights (a `model.to`
+    or an edit since makes them stale: the model's own weights are used then)."""
+    fmt = model.__dict__.get("selfspec_weights")
+    return fmt if fmt is not None and fmt.key == weights_key(model) else None
+
+
+def _grids(ff: FastForward, model) -> list:
+    """Per layer, the exact-attention grid (`attention.grid_for`) from bounds on |q|, |k|, |v|:
+    a projection's output is at most its largest row norm times the RMSNorm output's norm (at
+    most the largest norm weight times sqrt(hidden)); RoPE keeps pair norms (times its attention
+    factor, and q times the largest Llama-4 query scale); 25% margin for bf16 rounding."""
+    cfg = model.config
+    q_scale = 1 + ff.beta * math.log(1 + cfg.max_position_embeddings // ff.orig_max)
+    rope = math.sqrt(2) * ff.att_factor
+    out = []
+    for layer in model.encoder.layers:
+        x = float(layer.input_layernorm.weight.detach().float().abs().max()) * math.sqrt(cfg.hidden_size) * 1.25
+        at = layer.self_attn
+        rows = [float(getattr(at, n).weight.detach().float().norm(dim=1).max()) * x for n in ("q_proj", "k_proj",
+                                                                                                "v_proj")]
+        out.append(grid_for(ff.head_dim, rows[0] * rope * q_scale, rows[1] * rope, rows[2],
+                            cfg.max_position_embeddings))
+    qk, v = min(g.qk for g in out), min(g.v for g in out)  # one grid for every layer: the RoPE tables carry it
+    return [replace(g, qk=qk, v=v, scale=ff.head_dim ** -0.5 / 4.0 ** qk) for g in out]
+
+
 _ENGINE_LOCK = threading.Lock()
 
 
@@ -219,7 +299,7 @@ def weights_key(model) -> tuple:
     """Identity of the weights a `FastForward` copies or fuses: storage, dtype, device and in-place
     version of every parameter. `model.to(...)`, `.half()`, loading new weights or editing one in
     place all change it."""
-    return tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in model.parameters())
+    return tuple((p.data_ptr(), p.dtype, p.device, 0 if p.is_inference() else p._version) for p in model.parameters())
 
 
 def compact_forward(model) -> FastForward:

@@ -72,8 +72,9 @@ MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
 
 def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
                 max_cache_bytes: int | None = None) -> None:
-    """Every request error of a batch (one prompt is a batch of one), raised before any model work."""
-    if not isinstance(prompts_ids, (list, tuple)) or len(prompts_ids) == 0:
+    """Every request error of a batch (one prompt is a batch of one; a server's decoder starts with
+    none and a `batch_size`), raised before any model work."""
+    if not isinstance(prompts_ids, (list, tuple)) or (len(prompts_ids) == 0 and batch_size is None):
         raise ValueError("empty batch: at least one prompt is needed")
     for i, p in enumerate(prompts_ids):
         if len(p) == 0:
@@ -84,6 +85,8 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if generators is not None and len(generators) != len(prompts_ids):
         raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
+    if not prompts_ids:
+        return
     rows = min(batch_size or len(prompts_ids), len(prompts_ids))
     bf = BatchForward.of(model)
     need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))

@@ -28,7 +28,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    add_weights_args(p)
     p.add_argument("--lookup", default=None, choices=["on", "off"],
                    help="add each path's context continuations to PRESTO's candidates (default: on for --plan auto)")
     p.add_argument("--lookup-min-ngram", type=int, default=1, help="context lookup: shortest n-gram matched")
@@ -36,6 +36,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-tokens", type=int, default=10, help="--mode lookup: tokens copied per round")
     p.add_argument("--profile", default=None,
                    help="cost-profile JSON for --plan auto (default: measured once per device/model/dtype and cached)")
+
+
+def add_weights_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
+                   help="weight format (default auto on a CPU: the fastest exact format that passes the quality "
+                        "check here, measured once; $SELFSPEC_WEIGHTS sets the default)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 for a plain load (default: the "
+                   "weight format's; bf16 on CUDA)")
 
 
 def decode_kwargs(a) -> dict:

@@ -176,8 +176,10 @@ def plot(rows: list[dict], out: str) -> list[str]:
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
-              profile=None, gguf: str | None = None) -> list[dict]:
+              profile=None, gguf: str | None = None, baselines: dict | None = None) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
+    `baselines` ({weight format: model}) add a greedy AR row in each of those formats
+    (the transformers peers then run on the fp32 one when given: the checkpoint's own weights).
 
     Runs are interleaved by prompt (every row on prompt 1, then every row on prompt 2, ...), so
     a machine that slows down or speeds up during the run shifts all rows alike.
@@ -187,24 +189,27 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
 
     from selfspec.tools.peers import HFPeer, LlamaCppPeer
     from selfspec.engine.decoder import Decoder
+    from selfspec.engine.forward import FastForward
     from selfspec.engine.request import eos_ids
     from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     temps = sorted({c.temperature for c in configs})
     base = configs[0]
-    runners = [("cfg", c) for c in configs]
+    runners = [("cfg", (model, c, None)) for c in configs]
+    for fmt, m in (baselines or {}).items():
+        runners.append(("cfg", (m, DecodeConfig(**{**base.__dict__, "mode": "ar", "plan": None, "temperature": 0.0}), fmt)))
     for name in peers:
         if name == "llama.cpp":
             hp = LlamaCppPeer(gguf)
         else:
-            hp = HFPeer(model, prompt_lookup=10 if name == "hf-lookup" else 0)
+            hp = HFPeer((baselines or {}).get("fp32", model), prompt_lookup=10 if name == "hf-lookup" else 0)
         runners += [("peer", (hp, t)) for t in temps]
     eos = eos_ids(model)
     for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
         if kind == "cfg":
-            for _ in Decoder(model, [encoded[0]], replace(r, max_new_tokens=warmup_tokens),
-                             profile=profile if r.mode == "auto" else None):
+            for _ in Decoder(r[0], [encoded[0]], replace(r[1], max_new_tokens=warmup_tokens),
+                             profile=profile if r[1].mode == "auto" else None):
                 pass
         else:
             r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
@@ -214,8 +219,9 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     for p, ids in zip(prompts, encoded):
         for i, (kind, r) in enumerate(runners):
             if kind == "cfg":
-                gen = torch.Generator(device=model.get_input_embeddings().weight.device).manual_seed(seed)
-                dec = Decoder(model, [ids], r, generators=[gen], profile=profile if r.mode == "auto" else None)
+                m, cfg, _ = r
+                gen = torch.Generator(device=m.get_input_embeddings().weight.device).manual_seed(seed)
+                dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.mode == "auto" else None)
                 for _ in dec:
                     pass
                 out, st = dec.outputs[0], dec.stats[0]
@@ -232,7 +238,10 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     rows = []
     for (kind, r), recs in zip(runners, records):
         if kind == "cfg":
-            meta = {"label": label(r), "mode": "hybrid" if r.mode == "presto" and r.lookup else r.mode,
+            m, r, fmt = r
+            mode = "hybrid" if r.mode == "presto" and r.lookup else r.mode
+            meta = {"label": label(r) + (f" [{fmt}]" if fmt else ""), "mode": f"{mode} [{fmt}]" if fmt else mode,
+                    "weights": fmt or FastForward.of(m).weights,
                     "schedule": None if r.mode in ("ar", "auto", "lookup") else r.schedule,
                     "budget": r.budget if r.mode == "presto" else None, "temperature": r.temperature, "config": r.__dict__}
         else:
@@ -276,7 +285,8 @@ def cmd_bench(a) -> int:
     import torch
     import transformers
 
-    from selfspec.checkpoint.model import default_model_dir, load
+    from selfspec.checkpoint.model import default_model_dir
+    from selfspec.loading import load
 
     batch = bool(a.batch_sizes)
     if batch and (a.full or any(b < 1 for b in a.batch_sizes)):
@@ -301,7 +311,7 @@ def cmd_bench(a) -> int:
     prompts = prompts[: a.limit] if a.limit else prompts
     gguf = a.gguf
     if a.peers is None:  # default: transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
-        a.peers = ["hf"] if batch else ["hf", "hf-lookup"] + (
+        a.peers = ["hf"] if batch else ["hf"] + (["hf-lookup"] if a.full else []) + (
             ["llama.cpp"] if llama_cpp_available() and _default_gguf(a) else [])
     for name in a.peers:
         if name not in (("hf",) if batch else PEERS):
@@ -334,20 +344,25 @@ def cmd_bench(a) -> int:
         os.remove(probe)
     except OSError as e:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
-    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
     if batch:
         from selfspec.tools.bench_batch import cmd_batch_bench
 
         return cmd_batch_bench(a, model, tok, prompts, out, prompts_path)
     t0 = time.time()
-    rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf)
+    from selfspec.engine.forward import FastForward
+
+    weights = FastForward.of(model).weights
+    baselines = {f: load(a.model, weights=f, device=a.device)[0] for f in (a.compare_weights or []) if f != weights}
+    rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
+                     baselines=baselines)
     table = markdown_table(rows)
     print(table)
     pngs = plot(rows, out)
     result = {
         "command": "python -m selfspec " + " ".join(a.argv),
         "settings": {k: v for k, v in vars(a).items() if k not in ("func", "argv")},
-        "model": os.path.abspath(model_dir), "dtype": str(model.dtype), "device": str(model.device),
+        "model": os.path.abspath(model_dir), "dtype": str(model.dtype), "weights": weights, "device": str(model.device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
         "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts), "wall_seconds": round(time.time() - t0, 1),
@@ -377,9 +392,12 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="rows: ar, auto, lookup, linear, presto, hybrid (PRESTO with context candidates); "
                         "default ar auto lookup (--full: all)")
     b.add_argument("--peers", nargs="*", default=None,
-                   help="transformers generate on the same weights: hf (greedy/sampled), hf-lookup (prompt lookup); "
-                        "llama.cpp on the original GGUF (needs llama-cpp-python; default: on when installed)")
+                   help="transformers generate on the checkpoint's weights: hf (greedy/sampled), hf-lookup (prompt "
+                        "lookup; default with --full); llama.cpp on the original GGUF (needs llama-cpp-python; "
+                        "default: on when installed)")
     b.add_argument("--gguf", default=None, help="the GGUF the llama.cpp peer runs (default model: found by itself)")
+    b.add_argument("--compare-weights", nargs="*", default=["fp32"],
+                   help="weight formats that also run AR in the same run (default fp32; none: --compare-weights)")
     b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
                    help="one row set per temperature (--temperature T runs only T)")
     b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])

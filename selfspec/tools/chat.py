@@ -65,7 +65,7 @@ def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = N
 
 
 def cmd_chat(a) -> int:
-    from selfspec.checkpoint.model import load
+    from selfspec.loading import load
     from selfspec.engine.options import DecodeConfig
     from selfspec.tools.args import decode_kwargs
 
@@ -74,7 +74,7 @@ def cmd_chat(a) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
     return run_chat(model, tok, system=a.system, show_stats=a.stats, seed=a.seed, profile=a.profile, **kw)
 
 

@@ -49,7 +49,7 @@ def cmd_generate(a) -> int:
 
         return cmd_generate_batch(a)
     from selfspec.engine.options import DecodeConfig
-    from selfspec.checkpoint.model import load
+    from selfspec.loading import load
     from selfspec.streaming import stream
 
     cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
@@ -60,7 +60,7 @@ def cmd_generate(a) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
-    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **decode_kwargs(a))
     try:
         for delta in gen:
@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     from selfspec.tools.chat import add_chat_parser
 
     add_chat_parser(sub, add_common_args)
+
     c = sub.add_parser("convert", help="convert a Llama GGUF file or transformers Llama folder into an NLD checkpoint")
     c.add_argument("src", help="a .gguf file (llama architecture) or a transformers Llama directory")
     c.add_argument("out", help="output checkpoint folder (must not exist, or be empty)")

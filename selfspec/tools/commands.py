@@ -8,11 +8,11 @@ import os
 import sys
 import time
 
-from selfspec.tools.args import decode_kwargs
+from selfspec.tools.args import add_weights_args, decode_kwargs
 
 
 def cmd_trace(a) -> int:
-    from selfspec.checkpoint.model import load
+    from selfspec.loading import load
     from selfspec.engine.options import DecodeConfig
     from selfspec.streaming import generate
 
@@ -33,7 +33,7 @@ def cmd_trace(a) -> int:
         prompt = a.prompt
     if not prompt:
         raise SystemExit("error: empty prompt")
-    model, tok = load(a.model, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = generate(model, tok, prompt, seed=a.seed, stop=a.stop or None, trace=True, profile=a.profile,
                    **decode_kwargs(a))
     size = gen.trace.save(a.out, open_rounds=a.open_rounds, max_trees=a.max_trees)
@@ -64,12 +64,12 @@ def add_trace_parser(sub, add_common_args) -> None:
 
 
 def cmd_profile(a) -> int:
-    from selfspec.checkpoint.model import load
+    from selfspec.loading import load
     from selfspec.engine.cost import ROWS, default_path, measure
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
-    model, _ = load(a.model, dtype=a.dtype, device=a.device)
+    model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device)
     t0 = time.time()
     rows = tuple(r for r in ROWS if r < a.batch_size) + (next((r for r in ROWS if r >= a.batch_size), ROWS[-1]),)
     prof = measure(model, rows=rows)
@@ -88,7 +88,7 @@ def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure this device's forward-cost curve (used by --plan auto)")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
+    add_weights_args(p)
     p.add_argument("--batch-size", type=int, default=1,
                    help="measure the rows axis up to this many rows (default 1: single prompts)")
     p.add_argument("--out", default=None, help="write here instead of the cache folder")

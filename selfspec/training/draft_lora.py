@@ -94,7 +94,6 @@ def run(fz: Frozen, h, positions, *, params=None, ctx=None, mask=None, causal=Fa
     `ctx`: per-layer (k, v) seen before the new rows (mask [q, c + q] float); `params` adds the LoRA
     (and the mask embedding, on mask `tokens`) on every row."""
     ff, kvs = fz.ff, []
-    rope = ff.rope_tables(positions)
 
     def attend(i, dev, qs, ks, vs):
         if keep_kv:
@@ -106,7 +105,7 @@ def run(fz: Frozen, h, positions, *, params=None, ctx=None, mask=None, causal=Fa
 
     lora = None if params is None else TrainLoRA(params, fz.mask_id)
     toks = torch.zeros(h.shape[1], dtype=torch.long) if tokens is None else tokens
-    out = ff.layers_forward(toks, h, lambda dev: rope, attend, lora, slice(0, None) if lora else None)[0]
+    out = ff.layers_forward(toks, h, positions, attend, lora, slice(0, None) if lora else None)[0]
     return (out, kvs) if keep_kv else out
 
 

@@ -1,0 +1,110 @@
+"""Weight formats: int8 and int4 weight-only quantization for torch's own CPU kernels.
+
+    q = quantize(w, "int4")      # w: a Linear's weight [out, in], fp32
+    y = q(x_bf16)                # torch._weight_int4pack_mm_for_cpu: bf16 in, bf16 out
+    q.dequantize()               # the weight the kernel multiplies with, fp32
+
+* int8: symmetric per output channel, scale = max |w_row| / 127, w ~= q * scale
+  (`torch._weight_int8pack_mm`).
+* int4: asymmetric per group of `group` inputs along each row: scale = (max - min) / 15 and
+  q = round((w - min) / scale) in 0..15, so w ~= (q - 8) * scale + zero with zero = min + 8 * scale
+  (`torch._weight_int4pack_mm_for_cpu`, which takes the scales and zeros in bf16). A weight that is
+  already on such a grid (the default model comes from a Q4_1 GGUF: blocks of 32 with a scale and
+  a minimum) is reproduced up to the bf16 rounding of its scales and zeros.
+
+Both kernels run their fast paths with bf16 activations only, and a row's output does not depend
+on how many other rows share the call (bitwise; `tests/test_quant.py`). Weights are quantized at
+load from the checkpoint's own weights: nothing new is stored, any NLD checkpoint works, and no
+file depends on the packed layout of one torch version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FORMATS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUP = 32
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """int8 [out, in] and one bf16 scale per output row."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.q, self.scales)
+        return y.reshape(*lead, y.shape[-1])
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scales.float()[:, None]
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """int4 packed for the CPU kernel, bf16 (scale, zero) per group of `group` inputs per row."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor  # [in / group, out, 2]
+    group: int
+    shape: tuple[int, int]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.packed, self.group, self.scales_zeros)
+        return y.reshape(*lead, y.shape[-1])
+
+    def dequantize(self) -> torch.Tensor:
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)
+        return self(eye).float().T.contiguous()
+
+
+def quantize_int8(w: torch.Tensor) -> Int8Weight:
+    w = w.detach().float()
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # rounded first: q uses the kernel's scale
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), scale)
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> Int4Weight:
+    w = w.detach().float()
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12).to(torch.bfloat16).float()  # rounded first, as the kernel reads them
+    zero = (lo + 8 * scale).to(torch.bfloat16).float()
+    q = torch.round((g - zero[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.int32).view(n, k)
+    sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return Int4Weight(torch._convert_weight_to_int4pack_for_cpu(q, 1), sz, group, (n, k))
+
+
+def int4_fits(w: torch.Tensor, group: int = INT4_GROUP) -> bool:
+    """The int4 kernel's shape rule: whole groups along the input, rows in blocks of 16."""
+    return w.dim() == 2 and w.shape[1] % group == 0 and w.shape[0] % 16 == 0
+
+
+def quantize(w: torch.Tensor, fmt: str):
+    """A Linear weight [out, in] in format `fmt`: a tensor (fp32, bf16) or a quantized weight.
+    A shape the int4 kernel cannot take falls back to int8 (a tiny model's odd projection)."""
+    if fmt == "fp32":
+        return w.detach().float()
+    if fmt == "bf16":
+        return w.detach().to(torch.bfloat16)
+    if fmt == "int8":
+        return quantize_int8(w)
+    if fmt == "int4":
+        return quantize_int4(w) if int4_fits(w) else quantize_int8(w)
+    raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
+
+
+def matmul(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T for a plain weight tensor or a quantized one."""
+    return torch.nn.functional.linear(x, w) if isinstance(w, torch.Tensor) else w(x)

@@ -1,0 +1,89 @@
+"""Attention whose result for a query row does not depend on anything but that row's visible keys.
+
+A speculative round verifies a tree: the node at depth d attends to the prefix and its path,
+whose keys sit at other cache slots, next to other queries and other rows than when AR computes
+the same position one token at a time. A floating-point reduction over keys (softmax sum, P @ V)
+rounds differently for every such layout, so a row's logits would move in their last bits with
+the width of the round, and greedy output would equal AR only where no near-tie meets that
+noise. Here every sum over keys is exact, so its order, its length and the zeros of masked keys
+cannot matter:
+
+* q and k are rounded to a grid of 2^-a (`Grid.qk`; the runtime's RoPE tables carry the scale)
+  and multiplied in float64: every product and partial sum of a score is an integer below 2^53,
+  so the score is exact;
+* P = round(exp(score * scale - max + p ln 2)) is an integer up to 2^p, a function of the row's
+  own scores only (the max over its visible keys is exact; elementwise ops are deterministic);
+* V lies on a grid of 2^-b (`Grid.v`): P @ V and the sum of P are integers below 2^53: exact;
+* out = (P @ V) / (sum P * 2^b), one correctly rounded division.
+
+The bounds that keep every partial sum below 2^53 come from the weights (`grid_for`): |q|, |k|
+and |v| of a layer are at most a row norm of its projection times the largest RMSNorm weight
+times sqrt(hidden). Elementwise ops (exp, round, the division) are deterministic per element, and
+the projections before and after are bf16 / int8 / int4 kernels that are bitwise invariant in the
+number of rows (tested per op and for the whole forward: `tests/test_invariance.py`).
+
+Cost: the two matmuls run in float64 on small tensors, about what bf16 SDPA costs at one query
+row on a CPU, more for wide rounds (`benchmarks/formats.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+EXACT = 52  # bits an exact float64 partial sum may use (of 53)
+P_BITS = 20  # P = round(exp(s - max) * 2^20): weights below 2^-21 of the largest key's are dropped
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Grid exponents of one layer: q and k on multiples of 2^-qk, v on multiples of 2^-v."""
+
+    qk: int
+    v: int
+    scale: float  # softmax scale (head_dim ** -0.5) over the grid's 2^-2qk
+
+    @property
+    def shift(self) -> float:
+        return P_BITS * math.log(2.0)
+
+
+def grid_for(head_dim: int, q_bound: float, k_bound: float, v_bound: float, max_keys: int) -> Grid:
+    """Exponents that keep every partial sum exact: a score sums head_dim products of two grid
+    integers; P @ V sums max_keys products of P (< 2^P_BITS + 1) and a v integer.
+
+    Example: head_dim 64, |q|, |k| <= 100, |v| <= 30, 8192 keys -> qk = 16, v = 13."""
+    bits = lambda x: max(0, math.ceil(math.log2(max(x, 1e-30))))  # noqa: E731
+    qk = (EXACT - bits(head_dim) - bits(q_bound) - bits(k_bound)) // 2
+    v = EXACT - (P_BITS + 1) - bits(max_keys) - bits(v_bound)
+    if qk < 4 or v < 4:
+        raise ValueError(f"an exact attention grid needs smaller activations (|q| <= {q_bound:.3g}, |k| <= "
+                         f"{k_bound:.3g}, |v| <= {v_bound:.3g} over {max_keys} keys leave 2^-{qk} / 2^-{v})")
+    return Grid(qk, v, head_dim ** -0.5 / 4.0 ** qk)
+
+
+def on_grid(x: torch.Tensor, exponent: int) -> torch.Tensor:
+    """x as float64 integers: round(x * 2^exponent)."""
+    return torch.round(x.double() * 2.0 ** exponent)
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, grid: Grid,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """q [R, H, w, D], k [R, KV, S, D] on the grid of 2^-qk and v [R, KV, S, D] on the grid of
+    2^-v, all float64 integers (`on_grid`; the runtime's RoPE lands q and k there), mask
+    [R, 1, w, S] (or [w, S] for one row) additive float64 or None -> [R, H, w, D] in `dtype`.
+
+    Heads share their key head in groups of H / KV (grouped-query attention)."""
+    R, H, w, D = q.shape
+    kv = k.shape[1]
+    s = torch.matmul(q.reshape(R, kv, (H // kv) * w, D), k.transpose(-1, -2))  # [R, KV, g * w, S]: exact
+    if mask is not None:  # broadcast over the heads of a group
+        mask = mask.view(-1, 1, 1, w, mask.shape[-1])
+        s = (s.view(R, kv, H // kv, w, -1) + mask).view(R, kv, (H // kv) * w, -1)
+    s.mul_(grid.scale)
+    top = s.amax(-1, keepdim=True)
+    s.sub_(top - grid.shift).exp_().round_()  # P: integers up to 2^P_BITS
+    den = s.sum(-1, keepdim=True).mul_(2.0 ** grid.v)  # exact: integers times a power of two
+    return torch.matmul(s, v).div_(den).to(dtype).view(R, H, w, D)  # P @ V: exact integers, one division

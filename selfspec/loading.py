@@ -1,0 +1,76 @@
+"""`selfspec.load`: a checkpoint (or a model name) and its tokenizer, in a weight format.
+
+    model, tok = selfspec.load()                          # the default model, weights="auto"
+    model, tok = selfspec.load("pystdlib-nld-9m", weights="int8")
+
+`weights`: "auto" (the default on a CPU: the fastest format that is exact and passes the quality
+check on this device, measured once and cached; `engine.formats`), "fp32", "bf16", "int8" or
+"int4". `$SELFSPEC_WEIGHTS` sets the default. `dtype` still names the floating-point type of a
+plain load (float16 on a GPU, say); with int8 / int4 it must not be given (they run bf16
+activations). On CUDA the default is the dtype's own (bf16).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from selfspec.checkpoint.model import load as load_checkpoint
+from selfspec.checkpoint.quant import FORMATS
+
+WEIGHTS = ("auto",) + FORMATS
+_BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dtype | str | None = None,
+         device: str | None = None, device_map=None, max_memory=None, draft_lora: bool = True, progress: bool = True):
+    """(model, tokenizer) from a checkpoint directory or a model name (`checkpoint.registry.names()`);
+    no argument loads the default model (SmolLM2-135M-Instruct, converted on first use), in the
+    weight format `weights` (see the module docstring). Bad arguments raise before any loading.
+
+    `device_map` / `max_memory` go to accelerate (e.g. device_map="auto" to spread a 14B over
+    several GPUs); a `linear_spec_lora/` adapter is attached for drafting unless `draft_lora=False`.
+    """
+    fmt = resolve_weights(weights, dtype, device, device_map)
+    from selfspec.engine.formats import choose, set_weights
+
+    quantized = fmt in ("auto", "int8", "int4")
+    model, tok = load_checkpoint(path, dtype=torch.float32 if quantized or fmt == "fp32" else dtype or fmt_dtype(fmt),
+                                 device=device, device_map=device_map, max_memory=max_memory, draft_lora=draft_lora)
+    if fmt == "auto":
+        fmt = choose(model, torch.tensor(_probe_ids(tok, model)), progress=progress)
+    if fmt is not None:
+        set_weights(model, fmt)
+    return model, tok
+
+
+def resolve_weights(weights, dtype, device, device_map) -> str | None:
+    """The format to load in (None: the dtype's own), or one ValueError naming the argument."""
+    on_gpu = (device or "").startswith("cuda") or device_map is not None
+    if weights is None:
+        if dtype is not None or on_gpu:
+            return None
+        weights = os.environ.get("SELFSPEC_WEIGHTS") or "auto"
+    if not isinstance(weights, str) or weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
+    if dtype is not None:
+        want = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
+        if _BY_DTYPE.get(want) != weights:
+            raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree; give one of them")
+    if on_gpu and weights in ("auto", "int8", "int4"):
+        if weights == "auto":
+            return None
+        raise ValueError(f"weights={weights!r} runs on torch's CPU kernels; use fp32 or bf16 on a GPU")
+    return weights
+
+
+def fmt_dtype(fmt: str | None):
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}.get(fmt)
+
+
+def _probe_ids(tok, model) -> list[int]:
+    from selfspec.engine.formats import PROBE
+
+    V = model.config.vocab_size
+    return [t for t in tok.encode(PROBE) if 0 <= t < V][:256]

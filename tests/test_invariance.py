@@ -1,0 +1,122 @@
+"""Exact by construction: in bf16, int8 and int4 a row's logits are bitwise the same whatever the
+round's width, the tree, the padding and the other rows of the batch, so every mode's greedy
+output equals AR's in every format; exact attention sums do not depend on where the keys sit."""
+
+import pytest
+import torch
+
+from selfspec.drafting.tree import Tree, ancestors, chain
+from selfspec.engine.attention import exact_attention, grid_for, on_grid
+from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.decoder import generate_batch_ids, generate_ids
+from selfspec.engine.formats import set_weights
+from selfspec.engine.masks import additive, rows_layout, tree_block
+from selfspec.engine.options import DecodeConfig
+
+from conftest import tiny_model
+
+FORMATS = ["bf16", "int8", "int4"]
+NEG = float("-inf")
+
+
+def test_exact_attention_does_not_depend_on_where_the_keys_sit_or_how_many_are_masked():
+    """The same visible keys in another order, among masked ones, for one query among many:
+    bitwise the same output (a float reduction over keys would move in its last bits)."""
+    g = torch.Generator().manual_seed(0)
+    grid = grid_for(16, 8.0, 8.0, 4.0, 1024)
+    q = torch.randn(1, 4, 1, 16, generator=g) * 3
+    k, v = torch.randn(1, 2, 50, 16, generator=g) * 3, torch.randn(1, 2, 50, 16, generator=g)
+    kc, vc = on_grid(k, grid.qk), on_grid(v, grid.v)
+    ref = exact_attention(on_grid(q, grid.qk), kc, vc, None, grid, torch.bfloat16)
+    perm = torch.randperm(50, generator=g)
+    pad = 37  # masked keys with huge values scattered among the visible ones
+    big_k = torch.cat([kc[:, :, perm], on_grid(torch.full((1, 2, pad, 16), 7.9), grid.qk)], 2)
+    big_v = torch.cat([vc[:, :, perm], on_grid(torch.full((1, 2, pad, 16), 3.9), grid.v)], 2)
+    order = torch.randperm(50 + pad, generator=g)
+    mask = torch.zeros(1, 1, 3, 50 + pad, dtype=torch.float64)
+    mask[..., 50:] = NEG
+    qs = on_grid(torch.cat([torch.randn(1, 4, 1, 16, generator=g), q, torch.randn(1, 4, 1, 16)], 2), grid.qk)
+    out = exact_attention(qs, big_k[:, :, order], big_v[:, :, order], mask[..., order], grid, torch.bfloat16)
+    assert torch.equal(out[:, :, 1:2], ref)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    assert torch.allclose(out[:, :, 1:2].float(), sdpa, atol=2e-2)  # and it is attention
+
+
+def _prefilled(m, prompts):
+    bf = BatchForward.of(m)
+    cache = bf.new_cache(len(prompts), 200)
+    for r, p in enumerate(prompts):
+        bf(torch.tensor([p]), torch.arange(len(p))[None], cache, slice(r, r + 1), causal=True)
+        cache.set_length(r, len(p))
+    return bf, cache
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_logits_are_bitwise_the_same_alone_in_a_wide_tree_and_in_a_batch(fmt):
+    """Path root -> a -> b: AR computes it one token at a time; the same nodes inside a 16-node
+    tree with mask groups, and inside a batch beside rows of other lengths and widths, give the
+    same logits bit for bit."""
+    m = set_weights(tiny_model(), fmt)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(5, 64, (21,), generator=g).tolist()
+    path = torch.randint(5, 64, (3,), generator=g).tolist()  # root, a, b
+    bf, cache = _prefilled(m, [prompt])
+    ar = []
+    for i, t in enumerate(path):  # AR: one token per forward, committed
+        ar.append(bf.logits(bf(torch.tensor([[t]]), torch.zeros(1, 1, dtype=torch.long), cache, slice(0, 1))[0]))
+        cache.commit(0, [0])
+    ar = torch.cat(ar)
+    # a 16-node tree holding the path at nodes 0, 3, 9 among siblings, with groups on 5 nodes
+    parents = torch.tensor([-1, 0, 0, 0, 1, 2, 3, 3, 4, 3, 6, 7, 8, 9, 9, 10])
+    depths = torch.zeros(16, dtype=torch.long)
+    for v in range(1, 16):
+        depths[v] = depths[parents[v]] + 1
+    tokens = torch.randint(5, 64, (16,), generator=g)
+    tokens[[0, 3, 9]] = torch.tensor(path)
+    tokens[[1, 2]] = torch.tensor([path[1] + 1, path[1] + 2]) % 59 + 5  # siblings of a: other tokens
+    tree = Tree(tokens, parents, depths)
+    owners = torch.tensor([0, 3, 5, 9, 12])
+    for width in (0, 128):  # natural width, then padded
+        bf, cache = _prefilled(m, [prompt, prompt[:9], torch.randint(5, 64, (30,), generator=g).tolist()])
+        other = chain(tokens[:4])
+        lay = rows_layout([tree, other, tree], [owners, None, owners[:2]], 4, 4, width=width)
+        h = bf(lay.tokens, lay.offsets, cache, slice(0, 3), block=lay.blocks)
+        got = bf.logits(h[0, [0, 3, 9]])
+        assert torch.equal(got, ar), (fmt, width)
+    assert bool(ancestors(parents, depths)[9, 3]) and bool(ancestors(parents, depths)[3, 0])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode", [dict(mode="lookup"), dict(mode="linear", schedule="two-pass"),
+                                  dict(mode="linear", schedule="one-pass", group_nodes=2),
+                                  dict(mode="presto", schedule="two-pass", budget=12),
+                                  dict(mode="presto", schedule="one-pass", budget=12, group_nodes=4),
+                                  dict(mode="presto", schedule="one-pass", budget=12, lookup=True)])
+def test_greedy_output_equals_ar_in_every_mode_and_format_alone_and_in_batches(fmt, mode):
+    m = set_weights(tiny_model(seed=2, vocab_size=16), fmt)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(5, 16, (n,), generator=g).tolist() for n in (4, 19, 9)]
+    cfg = DecodeConfig(max_new_tokens=32, block_length=6, **mode)
+    ar = [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=32), eos_token_id=[])[0] for p in prompts]
+    assert [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts] == ar
+    assert generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=2)[0] == ar
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_plan_auto_equals_ar_in_every_format_on_flat_and_steep_costs(fmt):
+    from selfspec.engine.cost import CostModel
+
+    m = set_weights(tiny_model(seed=2, vocab_size=16), fmt)
+    p = torch.randint(5, 16, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    ar = generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=40), eos_token_id=[])[0]
+    for prof in (CostModel.flat(), CostModel.linear(per_token=1e-3, fixed=1e-2)):
+        assert generate_ids(m, p, DecodeConfig(max_new_tokens=40, block_length=6), eos_token_id=[],
+                            profile=prof)[0] == ar
+
+
+def test_the_exact_path_is_the_one_that_runs_and_its_tree_mask_is_the_runtimes():
+    m = set_weights(tiny_model(), "bf16")
+    bf = BatchForward.of(m)
+    assert bf.ff.exact and bf.new_cache(1, 8).dtype == torch.float64 and bf.ff.act == torch.float32
+    block, _ = tree_block(torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1]))
+    assert torch.equal(block, additive(torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)))
