@@ -41,6 +41,7 @@ BAD_TYPES = [
     ("lam", "0.2", "lam must be a real number, got '0.2' (str)"),
     ("rho", None, "rho must be a str, got None (NoneType)"),
     ("rho", 1, "rho must be a str, got 1 (int)"),
+    ("sampling", True, "sampling must be a str, got True (bool)"),
     ("draft_lora", "no", "draft_lora must be a bool (True or False), got 'no' (str)"),
     ("draft_lora", 0, "draft_lora must be a bool (True or False), got 0 (int)"),
     ("lookup", "off", "lookup must be a bool (True or False) or None, got 'off' (str)"),

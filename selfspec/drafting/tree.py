@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from selfspec.drafting.sampling import NEG, ban_token
+from selfspec.drafting.sampling import NEG, ban_token, process_logits
 from selfspec.drafting.scoring import Expansion, ScoreFn
 
 
@@ -63,6 +63,22 @@ class Marginals:
         vals, toks = lq.topk(min(k, lq.shape[-1]), dim=-1)
         ent = -(lq.exp() * lq.nan_to_num(neginf=0.0)).sum(-1).cpu() if entropy else None
         return cls(vals.cpu(), toks.cpu(), lq, ent)
+
+    def coupled(self, noise: torch.Tensor, k: int, *, temperature: float, top_k: int = 0,
+                top_p: float = 1.0) -> "Marginals":
+        """The marginals as the coupled drafter reads them: per depth the draft distribution
+        filtered and tempered like the target's, plus the Gumbel noise of the position that depth
+        stands for (`noise` [D', V], D' <= D), renormalised. Its top token is the draft's
+        Gumbel-max draw under the target's own noise, so where draft and target agree, it is the
+        target's token; the others are the next likeliest under that noise.
+
+        Example: q = [.6, .4] and noise [0, 2]: the perturbed scores favour token 1, which the
+        target also draws where it holds q."""
+        d = min(len(self), noise.shape[0])
+        x = process_logits(self.logq[:d], temperature=temperature, top_k=top_k, top_p=top_p).double()
+        lq = (x + noise[:d].to(x.device)).log_softmax(-1).float()
+        vals, toks = lq.topk(min(k, lq.shape[-1]), dim=-1)
+        return Marginals(vals.cpu(), toks.cpu(), lq, None if self.entropy is None else self.entropy[:d])
 
 
 def root_only(token: int) -> Tree:

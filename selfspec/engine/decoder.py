@@ -139,9 +139,10 @@ class Decoder:
                 self._queue(i)
 
     def add(self, prompt_ids: list[int], params: SamplingParams | None = None,
-            generator: torch.Generator | None = None) -> Sequence:
+            generator: torch.Generator | None = None, seed: int | None = None) -> Sequence:
         """Queue one more prompt (checked like the others); it joins at the next turn with a free
-        row. Returns its sequence (`.emitted`, `.stats`, `.done`); its row index is `.index`."""
+        row. Returns its sequence (`.emitted`, `.stats`, `.done`); its row index is `.index`.
+        `seed`: its sampling seed (the same seed gives the same tokens); or a `generator`."""
         from selfspec.engine.request import check_request
 
         params = params or SamplingParams.of(self.cfg)
@@ -151,6 +152,8 @@ class Decoder:
         self.params.append(params)
         self.outputs.append([])
         self.stats.append(Stats())
+        if seed is not None:
+            generator = torch.Generator(device=self.model.get_input_embeddings().weight.device).manual_seed(int(seed))
         self.gens.append(generator)
         waiting = len(self.scheduler.live) + len(self.scheduler.waiting) + 1
         self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), min(self.batch_size, waiting))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 MODES = ("auto", "ar", "linear", "presto", "lookup")
+SAMPLINGS = ("reproducible", "independent")
 PLANS = ("auto", "fixed")
 SCHEDULES = ("two-pass", "one-pass")
 RHOS = ("none", "ngram", "learned")
@@ -51,6 +52,10 @@ class DecodeConfig:
     lookup_min_ngram: int = 1
     lookup_max_ngram: int = 3
     lookup_tokens: int = 10
+    # randomness at temperature > 0: "reproducible" (Gumbel noise keyed by the seed and the output
+    # position, drafts coupled to it: the same seed gives the same tokens in every layout, batch
+    # and thread) or "independent" (one draw per tree node from the row's generator)
+    sampling: str = "reproducible"
 
     def __post_init__(self):
         hints = _hints(DecodeConfig)
@@ -83,6 +88,8 @@ class DecodeConfig:
         check_sampling(self)
         if self.rho not in RHOS:
             raise ValueError(f"unknown rho {self.rho!r}; expected one of {RHOS}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"unknown sampling {self.sampling!r}; expected one of {SAMPLINGS}")
 
     @classmethod
     def from_options(cls, options: dict) -> "DecodeConfig":

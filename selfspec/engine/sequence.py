@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.drafting.lookup import ContextIndex
+from selfspec.drafting.sampling import PositionNoise
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
 from selfspec.drafting.verify import oracle_length, truncate
@@ -65,6 +66,14 @@ class Sequence:
     cancelled: bool = False
     t0: float = field(default_factory=time.perf_counter)
     pending_oracle: list = field(default_factory=list)  # (emitted before the round, candidates [D, K])
+    noise: PositionNoise | None = None  # sampling "reproducible": Gumbel noise per output position
+
+    def randomness(self, positions: list[int]) -> dict:
+        """What the target draws at these output positions read: their keyed noise (reproducible
+        sampling) or the row's generator (independent draws)."""
+        if self.noise is not None and self.params.temperature > 0:
+            return {"noise": self.noise.at(positions)}
+        return {"generator": self.gen}
 
     def tail(self, n: int) -> list[int]:
         """The last n committed tokens (the root is the last), without copying the whole text."""
@@ -88,6 +97,8 @@ class Sequence:
             self.rho.extend(out)
         if self.lookup is not None and out:
             self.lookup.extend(out)
+        if self.noise is not None:
+            self.noise.forget_before(len(self.emitted) - 1)
         if self.done:
             self.finish()
         return out
@@ -107,6 +118,8 @@ def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, p
     """A sequence with the per-request scorers its mode reads: PRESTO trees (presto, auto) get the
     n-gram rho (or the learned predictor over it), `lookup` asks for a prompt-lookup index."""
     seq = Sequence(index, prompt, gen, params, stats, out)
+    if cfg.sampling == "reproducible":
+        seq.noise = PositionNoise(_key_from(gen), model.config.vocab_size)
     trees = cfg.mode in ("presto", "auto")
     if trees and cfg.rho in ("ngram", "learned"):
         seq.rho = NgramRho(model.config.vocab_size, prompt)
@@ -121,12 +134,27 @@ def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, p
     return seq
 
 
+def _key_from(gen: torch.Generator | None) -> int:
+    """A sequence's noise key: one draw from its generator (so seed=s and a generator seeded with
+    s are the same), or from torch's global RNG (no seed: not reproducible)."""
+    if gen is None:
+        return int(torch.randint(0, 2**62, (1,)))
+    return int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+
+
 def draft_tree(seq: Sequence, cfg: DecodeConfig, marg: Marginals | None, nodes: int, room: int, *,
                linear: bool) -> Tree:
     """Marginals -> the tree a round verifies: the root alone (no marginals, no room), a chain of
-    the top-1 tokens (linear), or PRESTO's top-`nodes` tree with context candidates."""
+    the top-1 tokens (linear), or PRESTO's top-`nodes` tree with context candidates. With
+    reproducible sampling the marginals are coupled to the target's noise first
+    (`Marginals.coupled`): depth d stands for output position len(emitted) - 1 + d."""
     if nodes < 1 or marg is None or room <= 1:
         return root_only(seq.root)
+    p = seq.params
+    if seq.noise is not None and p.temperature > 0 and marg.logq is not None:
+        e = len(seq.emitted)
+        marg = marg.coupled(seq.noise.at([e - 1 + d for d in range(1, len(marg) + 1)]), cfg.tree_top_k,
+                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
     depth = min(len(marg), room - 1)
     if linear:
         lq, tok = marg.top_lq[:depth, 0], marg.top_tok[:depth, 0]

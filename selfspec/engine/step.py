@@ -63,10 +63,11 @@ class Stepper:
             s.stats.forward_seconds += dt
         return out
 
-    def targets(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+    def targets(self, seq: Sequence, logits: torch.Tensor, positions: list[int]) -> torch.Tensor:
+        """The target's token after each row of `logits`, which stand for these output positions."""
         p = seq.params
         return select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=self.mask_id,
-                      generator=seq.gen).cpu()
+                      **seq.randomness(positions)).cpu()
 
     def marginals(self, logits: torch.Tensor) -> Marginals:
         """Marginals with the entropy only where it is read (learned rho, the recorder)."""
@@ -99,7 +100,7 @@ class Stepper:
         logits = self.timed(seqs, lambda: self.bf.logits(last))
         for i, s in enumerate(seqs):
             self.cache.set_length(slot + i, lengths[i])
-            s.root = int(self.targets(s, logits[i : i + 1])[0])
+            s.root = int(self.targets(s, logits[i : i + 1], [0])[0])
             s.stats.prefill_forwards = 1
         if self.prefill_group:  # the group sits at L .. L+G-1: slot 0 is where the first token goes
             G = self.cfg.group
@@ -205,7 +206,7 @@ class Stepper:
         for r in rnd.rows:
             r.logits = logits[start : start + len(r.tree)]
             start += len(r.tree)
-            r.targets = self.targets(r.seq, r.logits)
+            r.targets = self.targets(r.seq, r.logits, (r.tree.depths + r.emitted_before).tolist())
             r.seq.stats.forwards += 1
             r.seq.stats.query_tokens += q
 

@@ -26,6 +26,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rho", default="ngram", choices=["none", "ngram", "learned"])
     p.add_argument("--no-draft-lora", action="store_true", help="ignore the checkpoint's linear_spec_lora adapter")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampling", default="reproducible", choices=["reproducible", "independent"],
+                   help="randomness at T > 0: keyed by seed and output position (the same seed gives the same "
+                        "tokens in every mode) or one draw per tree node")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default cpu)")
     p.add_argument("--device-map", default=None, help="accelerate device map, e.g. auto (spreads layers over GPUs)")
     add_weights_args(p)
@@ -51,7 +54,8 @@ def decode_kwargs(a) -> dict:
                 lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram, lookup_tokens=a.lookup_tokens,
                 schedule=a.schedule, block_length=a.block_length, group_size=a.group_size, group_nodes=a.group_nodes,
                 max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora)
+                budget=a.budget, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho, draft_lora=not a.no_draft_lora,
+                sampling=getattr(a, "sampling", "reproducible"))
 
 
 def check_profile_arg(a, cfg) -> None:

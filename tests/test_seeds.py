@@ -1,0 +1,147 @@
+"""Same seed, same tokens: with reproducible sampling (the default) the randomness of output
+position t is Gumbel noise keyed by (seed, t), so every mode, the planner's choices, batches and
+threads give AR's tokens for that seed, and each output is still an exact sample (the joint law
+of the first tokens is the model's)."""
+
+import math
+import threading
+
+import pytest
+import torch
+
+from selfspec.drafting.sampling import PositionNoise, process_logits
+from selfspec.engine.cost import CostModel
+from selfspec.engine.decoder import Decoder
+from selfspec.engine.options import DecodeConfig
+
+from conftest import tiny_model
+from test_sampled_exactness import chi2, critical
+
+V = 8
+MODES = {
+    "ar": dict(mode="ar"),
+    "lookup": dict(mode="lookup"),
+    "linear two-pass": dict(mode="linear", schedule="two-pass"),
+    "linear one-pass": dict(mode="linear", schedule="one-pass"),
+    "presto two-pass": dict(mode="presto", schedule="two-pass", budget=8),
+    "presto one-pass": dict(mode="presto", schedule="one-pass", budget=8, group_nodes=3),
+    "auto": dict(mode="auto"),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=2, vocab_size=V)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(9)
+    return [torch.randint(5, V, (n,), generator=g).tolist() for n in (6, 13, 4)]
+
+
+def _run(model, prompts, seeds, mode, *, T=1.0, top_p=0.9, batch_size=None, new=24, clock=None):
+    cfg = DecodeConfig(max_new_tokens=new, block_length=5, temperature=T, top_p=top_p, **MODES[mode])
+    dec = Decoder(model, prompts, cfg, eos_token_id=[], seeds=seeds, batch_size=batch_size,
+                  profile=clock if mode == "auto" else None)
+    for _ in dec:
+        pass
+    return dec.outputs
+
+
+@pytest.mark.parametrize("T", [0.7, 1.0])
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "ar"])
+def test_the_same_seed_gives_ars_tokens_in_every_mode_alone_and_in_a_batch(model, mode, T, monkeypatch):
+    prompts, seeds = _prompts(), [11, 12, 13]
+    ar = [_run(model, [p], [s], "ar", T=T)[0] for p, s in zip(prompts, seeds)]
+    clock = None
+    if mode == "auto":  # plans on a random clock: its layouts differ run to run, its tokens may not
+        import random
+        import types
+
+        from selfspec.engine import step
+
+        rng = random.Random(0)
+        now = [0.0]
+        monkeypatch.setattr(step, "time", types.SimpleNamespace(perf_counter=lambda: now.__setitem__(
+            0, now[0] + rng.random() * 1e-2) or now[0]))
+        clock = CostModel.linear(per_token=1e-3, fixed=1e-2)
+    alone = [_run(model, [p], [s], mode, T=T, clock=clock)[0] for p, s in zip(prompts, seeds)]
+    batch = _run(model, prompts, seeds, mode, T=T, batch_size=2, clock=clock)
+    assert alone == ar and batch == ar
+    assert _run(model, prompts[:1], [99], mode, T=T, clock=clock) != ar[:1]  # the seed matters
+
+
+def test_eight_threads_sharing_the_model_give_each_its_own_seeds_tokens(model):
+    prompts = _prompts()
+    want = {(i, s): _run(model, [prompts[i % 3]], [s], "presto one-pass")[0] for i, s in enumerate(range(8))}
+    got, errors = {}, []
+
+    def work(i, s):
+        try:
+            got[i, s] = _run(model, [prompts[i % 3]], [s], "presto one-pass")[0]
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=k) for k in want]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == want
+
+
+def test_a_generator_maps_to_one_key_drawn_from_it():
+    m = tiny_model(seed=2, vocab_size=V)
+    p = _prompts()[0]
+    cfg = DecodeConfig(max_new_tokens=16, temperature=1.0, mode="presto", budget=6)
+
+    def run(gen):
+        d = Decoder(m, [p], cfg, eos_token_id=[], generators=[gen])
+        for _ in d:
+            pass
+        return d.outputs[0]
+
+    a, b = run(torch.Generator().manual_seed(3)), run(torch.Generator().manual_seed(3))
+    assert a == b and run(torch.Generator().manual_seed(4)) != a
+
+
+def test_position_noise_depends_on_the_key_and_the_position_only():
+    a = PositionNoise(5, 64)
+    first = a.at([3, 3, 4])
+    assert torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2])
+    fresh = PositionNoise(5, 64)
+    assert torch.equal(fresh.at([4])[0], first[2])  # nothing drawn before moves position 4
+    assert not torch.equal(PositionNoise(6, 64).at([4])[0], first[2])
+
+
+def _exact_joint(model, prompt, n, *, temperature, top_p) -> dict:
+    """P(first n generated tokens) for every sequence that has probability, with the runtime's filtering."""
+    joint = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(n):
+            prefixes = list(joint)
+            logits = model(torch.tensor([prompt + list(p) for p in prefixes])).logits[:, -1]
+            probs = process_logits(logits, temperature=temperature, top_p=top_p,
+                                   banned=model.config.mask_token_id).softmax(-1)
+            joint = {p + (t,): joint[p] * float(probs[i, t]) for i, p in enumerate(prefixes) for t in range(V)
+                     if float(probs[i, t]) > 0}
+    return joint
+
+
+@pytest.mark.parametrize("mode", ["ar", "lookup", "presto one-pass", "presto two-pass"])
+def test_the_first_three_tokens_follow_the_models_joint_law(model, mode):
+    """Chi-square of the joint of the first three tokens against AR's exact law (p = 0.001); noise
+    reused from one position to the next makes consecutive tokens depend on each other and fails
+    it (checked with the key of position t made t // 2)."""
+    prompt, n, N = [5, 6, 7, 5, 6], 3, 800
+    exact = _exact_joint(model, prompt, n, temperature=1.0, top_p=0.9)
+    outs = [tuple(o[:n]) for o in _run(model, [prompt] * N, list(range(N)), mode, new=n, batch_size=64)]
+    cells = sorted(exact)
+    seen = {c: 0 for c in cells}
+    for o in outs:
+        seen[o] = seen.get(o, 0) + 1
+    assert set(seen) == set(cells), "a sequence the model never produces"
+    counts = torch.tensor([float(seen[c]) for c in cells])
+    stat, df = chi2(counts, torch.tensor([exact[c] for c in cells]), N)
+    assert stat < critical(df), (mode, stat, df)
+    assert not math.isinf(stat)
