@@ -1,1 +1,2 @@
-"""Bridges to serving engines: tree tensors in the EAGLE / SGLang format, and a vLLM plugin."""
+"""Serving: an OpenAI-compatible HTTP server over the decoder (`openai_api`, `python -m selfspec
+serve`), and bridges to serving engines: tree tensors in the EAGLE / SGLang format, a vLLM plugin."""

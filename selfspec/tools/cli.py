@@ -1,4 +1,4 @@
-"""Command line: `python -m selfspec generate | chat | bench | trace | profile | convert ...`."""
+"""Command line: `python -m selfspec generate | chat | serve | bench | trace | profile | convert ...`."""
 
 from __future__ import annotations
 
@@ -122,7 +122,9 @@ def main(argv=None) -> int:
     from selfspec.tools.chat import add_chat_parser
 
     add_chat_parser(sub, add_common_args)
+    from selfspec.tools.serve_cli import add_serve_parser
 
+    add_serve_parser(sub)
     c = sub.add_parser("convert", help="convert a Llama GGUF file or transformers Llama folder into an NLD checkpoint")
     c.add_argument("src", help="a .gguf file (llama architecture) or a transformers Llama directory")
     c.add_argument("out", help="output checkpoint folder (must not exist, or be empty)")

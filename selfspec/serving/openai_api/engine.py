@@ -1,0 +1,233 @@
+"""The engine thread: the one owner of the `Decoder`, running turns while requests come and go.
+
+Continuous batching is the decoder's (`Decoder.add` queues a prompt; it takes a free cache row
+at the next turn, `--max-batch` rows at most); this thread only feeds it. Between two turns it
+takes what the asyncio side handed over (new jobs, cancellations) under one lock, and when
+nothing runs or waits it sleeps on that lock's condition: an idle server burns no CPU. Each row's
+text is made here (`streaming.RowText`: incremental detokenisation, stop strings held back or
+cut; a row that hits a stop string is cancelled at once, freeing its row), and handed to the
+request's asyncio queue with `loop.call_soon_threadsafe`, the only thread-safe door into a loop.
+The first token of a request is sent as soon as its prefill yields it, before the round.
+
+Sequences are dropped from the decoder (`Decoder.forget`) once their row has left, so a server
+that runs for weeks keeps no per-request data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+from selfspec.engine.sequence import SamplingParams
+from selfspec.serving.openai_api.errors import ApiError, cut_by_shutdown, internal, invalid
+from selfspec.streaming import RowResult, RowText
+
+log = logging.getLogger("selfspec.serve")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text (maybe empty while a stop string is undecided) and the token ids committed with it."""
+
+    text: str
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # OpenAI's: "stop" (eos or a stop string) or "length"
+    prompt_tokens: int
+    token_ids: list[int]  # the answer's ids (cut after a stop string)
+    stats: dict  # Stats.as_dict() and the decoding plan
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+@dataclass(eq=False)
+class Job:
+    """One request on its way through the engine. The asyncio side owns `events`, `arrived` and
+    `ended`; the fields after them belong to the engine thread."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: tuple[str, ...]
+    seed: int | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = 0.0  # time.perf_counter() when it was admitted
+    ended: bool = False  # its final event was read
+    seq: object = None  # engine.sequence.Sequence once added
+    text: RowText | None = None
+    result: RowResult | None = None
+    sent: int = 0  # ids already handed over
+    closed: bool = False  # its final event was posted (or nobody listens any more)
+
+    def post(self, event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass  # the loop has closed: nobody reads this request any more
+
+
+class Engine:
+    """Runs `make_decoder()`'s decoder in a thread of its own; `submit` / `cancel` from any thread."""
+
+    def __init__(self, make_decoder, tokenizer):
+        self._make = make_decoder
+        self.dec = make_decoder()
+        self.tok = tokenizer
+        self._cond = threading.Condition()
+        self._inbox: list[Job] = []
+        self._cancels: list[tuple[Job, ApiError | None]] = []
+        self._stopping = False
+        self._jobs: dict[int, Job] = {}  # decoder row id (Sequence.index) -> its job
+        self.counts: Counter = Counter()  # finished / cancelled / failed, for /health
+        self._thread = threading.Thread(target=self._run, name="selfspec-engine", daemon=True)
+
+    # -- any thread --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            self._inbox.append(job)
+            self._cond.notify()
+
+    def cancel(self, job: Job, error: ApiError | None = None) -> None:
+        """Stop `job` at the next turn (its row is freed); `error` is posted to it, if given."""
+        with self._cond:
+            self._cancels.append((job, error))
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """End the thread after the current turn; unfinished jobs get a 503. True once it ended."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> int:
+        return len(self.dec.scheduler.live)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.dec.scheduler.waiting) + len(self._inbox)
+
+    # -- the engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            new, cancels, stopping = self._wait()
+            if stopping:
+                self._shutdown(new)
+                return
+            try:
+                self._cycle(new, cancels)
+            except Exception:  # a bug, not bad input (that is refused before it gets here)
+                log.exception("the decoder failed; its requests are dropped and a fresh decoder takes over")
+                self._reset(new)
+
+    def _wait(self):
+        """Sleep until there is work; then take it (new jobs, cancellations, whether to stop)."""
+        with self._cond:
+            while not (self._inbox or self._cancels or self._stopping or self.dec.scheduler.busy):
+                self._cond.wait()
+            new, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+            return new, cancels, self._stopping
+
+    def _cycle(self, new: list[Job], cancels: list) -> None:
+        for job in new:
+            self._admit(job)
+        for job, error in cancels:
+            self._cancel(job, error)
+        if self.dec.scheduler.busy:
+            for row, chunk in self.dec.turn():
+                job = self._jobs.get(row)
+                if job is not None:
+                    self._deliver(job, chunk)
+        self._settle()
+
+    def _admit(self, job: Job) -> None:
+        try:
+            job.seq = self.dec.add(job.prompt_ids, params=job.params, seed=job.seed)
+        except ValueError as e:  # checked before, so rare: the decoder's own word on the prompt
+            self._close(job, Failed(invalid(str(e), code="invalid_prompt")), "failed")
+            return
+        job.result = RowResult(job.prompt_ids, stats=job.seq.stats)
+        job.text = RowText(job.result, self.tok, list(job.stops), self.dec.eos, job.params.max_new_tokens)
+        self._jobs[job.seq.index] = job
+
+    def _cancel(self, job: Job, error: ApiError | None) -> None:
+        if job.closed:
+            return  # finished before the cancellation arrived
+        if job.seq is not None and not job.seq.done:
+            self.dec.cancel(job.seq)
+        self._close(job, None if error is None else Failed(error), "cancelled")
+
+    def _deliver(self, job: Job, chunk: list[int]) -> None:
+        if job.closed:
+            return  # cancelled or cut by a stop string this turn: its row leaves at the next one
+        text = job.text.push(chunk)
+        if job.result.finish_reason == "stop_string":
+            self.dec.cancel(job.seq)
+        self._send(job, text)
+        if job.result.finish_reason is not None:
+            self._finish(job)
+
+    def _send(self, job: Job, text: str) -> None:
+        ids = job.result.token_ids[job.sent:]
+        job.sent = max(job.sent, len(job.result.token_ids))
+        if text or ids:
+            job.post(Delta(text, list(ids)))
+
+    def _finish(self, job: Job) -> None:
+        self._send(job, job.text.finish())  # what a stop string held back, when the row ended otherwise
+        res, cfg = job.result, self.dec.cfg
+        reason = "length" if res.finish_reason == "length" else "stop"
+        stats = {"plan": cfg.plan, "mode": cfg.mode, **job.seq.stats.as_dict()}
+        self._close(job, Finished(reason, len(job.prompt_ids), list(res.token_ids), stats), "finished")
+
+    def _close(self, job: Job, event, count: str) -> None:
+        job.closed = True
+        self.counts[count] += 1
+        if event is not None:
+            job.post(event)
+
+    def _settle(self) -> None:
+        """Jobs whose rows ended get their final event; those whose rows left are forgotten."""
+        live = set(map(id, self.dec.scheduler.live))
+        for row, job in list(self._jobs.items()):
+            if not job.seq.done:
+                continue
+            if not job.closed:
+                self._finish(job)
+            if id(job.seq) not in live:
+                self.dec.forget(job.seq)
+                del self._jobs[row]
+
+    def _shutdown(self, new: list[Job]) -> None:
+        for job in new + list(self._jobs.values()):
+            if job.seq is not None and not job.seq.done:
+                self.dec.cancel(job.seq)
+            if not job.closed:
+                self._close(job, Failed(cut_by_shutdown()), "cancelled")
+        self._jobs.clear()
+        self.dec.close()
+
+    def _reset(self, new: list[Job]) -> None:
+        for job in new + list(self._jobs.values()):
+            if not job.closed:
+                self._close(job, Failed(internal("the decoder failed on this batch; the request was dropped")),
+                            "failed")
+        self._jobs.clear()
+        self.dec = self._make()

@@ -1,0 +1,169 @@
+"""The asyncio side of the server: admission, prompt encoding and the drain at shutdown.
+
+Everything here runs on the event loop (one thread), so the count of admitted requests needs no
+lock. A request is admitted while fewer than `max_batch + max_queue` are running or waiting
+(`--max-batch` cache rows, then a bounded queue); one more is a 429 at once, never an unbounded
+wait. The decoder itself lives in the engine thread (`engine.Engine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from selfspec.engine.decoder import Decoder
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request import MAX_CACHE_BYTES, check_request, lookahead, row_capacity
+from selfspec.engine.sequence import SamplingParams
+from selfspec.serving.openai_api import errors
+from selfspec.serving.openai_api.defaults import Defaults
+from selfspec.serving.openai_api.engine import Engine, Failed, Finished, Job
+from selfspec.serving.openai_api.protocol import GenerationRequest
+from selfspec.streaming import encode_prompt
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How many requests run (cache rows) and wait, and how long a shutdown lets them finish."""
+
+    model_id: str
+    aliases: tuple[str, ...] = ()  # other names accepted for the model (the --model argument as given)
+    max_batch: int = 16
+    max_queue: int = 64
+    shutdown_timeout: float = 30.0
+    defaults: Defaults = Defaults()
+
+    def __post_init__(self):
+        if type(self.max_batch) is not int or self.max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {self.max_batch!r}")
+        if type(self.max_queue) is not int or self.max_queue < 0:
+            raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
+        if not self.shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}")
+        if not self.model_id:
+            raise ValueError("the served model needs a non-empty name")
+
+
+class Service:
+    """One model behind the HTTP endpoints: `open` a job for a checked request, read its `events`,
+    `close` it (cancelling it when it has not finished: a client that went away frees its row)."""
+
+    def __init__(self, model, tokenizer, cfg: DecodeConfig, options: ServiceOptions, *, profile=None,
+                 eos_token_id=None):
+        self.model, self.tok, self.cfg, self.options = model, tokenizer, cfg, options
+        if eos_token_id is None:  # what selfspec.generate uses, so a greedy answer equals its output
+            eos_token_id = model.config.eos_token_id
+            if eos_token_id is None:
+                eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        self.engine = Engine(lambda: Decoder(model, [], cfg, batch_size=options.max_batch, eos_token_id=eos_token_id,
+                                             profile=profile), tokenizer)
+        self.active: set[Job] = set()
+        self.draining = False
+        self.created = int(time.time())
+
+    @property
+    def capacity(self) -> int:
+        return self.options.max_batch + self.options.max_queue
+
+    def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.engine.stop, 30.0)
+
+    # -- one request -------------------------------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name != self.options.model_id and name not in self.options.aliases:
+            raise errors.model_not_found(name, self.options.model_id)
+
+    def encode(self, req: GenerationRequest) -> tuple[list[int], SamplingParams]:
+        """The prompt's ids and the sampling parameters, checked against the model (400 on any
+        problem; a prompt over the context is code "context_length_exceeded")."""
+        if req.kind == "chat" and not getattr(self.tok, "chat_template", None):
+            raise errors.invalid("this model's tokenizer has no chat template; use /v1/completions with a text "
+                                 "prompt", "messages", "no_chat_template")
+        try:
+            ids = encode_prompt(self.tok, req.prompt)
+        except Exception as e:  # noqa: BLE001 - a chat template refuses messages with its own exception type
+            raise errors.invalid(f"the prompt cannot be encoded: {e}", "messages" if req.kind == "chat" else "prompt",
+                                 "invalid_prompt") from None
+        params = self._params(req, len(ids))
+        try:
+            check_request(self.model, ids, self.cfg, params)
+        except ValueError as e:
+            raise errors.invalid(str(e), "prompt", "invalid_prompt") from None
+        self._check_cache(len(ids), params)
+        return ids, params
+
+    def _check_cache(self, n_prompt: int, params: SamplingParams) -> None:
+        """The KV cache grows to the longest request's room on every row: one request may not
+        ask for more than `--max-batch` rows of it fit under the engine's ceiling (8 GiB)."""
+        rows, cap = self.options.max_batch, row_capacity([[0] * n_prompt], self.cfg, params)
+        need = self.engine.dec.bf.cache_bytes(rows, cap)
+        if need > MAX_CACHE_BYTES:
+            raise errors.invalid(f"prompt + max_tokens ({cap} positions) would need {need / 2**30:.1f} GiB of KV cache "
+                                 f"for the server's {rows} rows, over the limit of {MAX_CACHE_BYTES / 2**30:.0f} GiB; "
+                                 f"lower max_tokens", "max_tokens", "kv_cache_limit")
+
+    def _params(self, req: GenerationRequest, n_prompt: int) -> SamplingParams:
+        d, limit = self.options.defaults, self.model.config.max_position_embeddings
+        room = limit - n_prompt - lookahead(self.cfg)
+        want = req.max_tokens if req.max_tokens is not None else min(d.max_tokens, room)
+        if want > room or room < 1:
+            raise errors.invalid(
+                f"this model's maximum context length is {limit} tokens; the prompt has {n_prompt} and "
+                f"{want if req.max_tokens is not None else 'at least 1'} more were asked for "
+                f"(+{lookahead(self.cfg)} for drafting): shorten the prompt or lower max_tokens",
+                "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+        return SamplingParams(max_new_tokens=want,
+                              temperature=d.temperature if req.temperature is None else req.temperature,
+                              top_k=d.top_k if req.top_k is None else req.top_k,
+                              top_p=d.top_p if req.top_p is None else req.top_p)
+
+    def open(self, req: GenerationRequest, ids: list[int], params: SamplingParams) -> Job:
+        """Admit a request (503 while draining, 429 when full) and hand it to the engine."""
+        if self.draining:
+            raise errors.shutting_down()
+        if len(self.active) >= self.capacity:
+            raise errors.queue_full(self.capacity)
+        job = Job(ids, params, req.stop, req.seed, asyncio.get_running_loop(), arrived=time.perf_counter())
+        self.active.add(job)
+        self.engine.submit(job)
+        return job
+
+    async def next_event(self, job: Job):
+        """The job's next event (`Delta`, then `Finished` or `Failed`); safe to cancel."""
+        event = await job.events.get()
+        if isinstance(event, (Finished, Failed)):
+            job.ended = True
+        return event
+
+    def close(self, job: Job) -> None:
+        """The request is over (answered, failed or abandoned); an unfinished one is cancelled."""
+        if job in self.active:
+            self.active.discard(job)
+            if not job.ended:
+                self.engine.cancel(job)
+
+    # -- the server as a whole ---------------------------------------------------------------------
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop admitting (503); let what runs finish within `timeout` seconds; cut the rest (their
+        clients get a 503 error) and give the responses a moment to go out."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        await self._until_idle(loop.time() + (self.options.shutdown_timeout if timeout is None else timeout))
+        for job in list(self.active):
+            self.engine.cancel(job, errors.cut_by_shutdown())
+        await self._until_idle(loop.time() + 5.0)
+
+    async def _until_idle(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self.active and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    def health(self) -> dict:
+        e = self.engine
+        return {"status": "draining" if self.draining else "ok", "model": self.options.model_id,
+                "running": e.running, "waiting": e.waiting, "admitted": len(self.active), "capacity": self.capacity,
+                "finished": e.counts["finished"], "cancelled": e.counts["cancelled"], "failed": e.counts["failed"]}
