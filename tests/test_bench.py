@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from selfspec.tools.bench import read_prompts
+from selfspec.tools.bench import prompt_kind, read_prompts
 from selfspec.tools.cli import main
 
 
@@ -43,6 +43,13 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
             tps = sum(x["new_tokens"] for x in recs) / sum(x["seconds"] for x in recs)
             assert r["tokens_per_second"] == pytest.approx(tps)
             assert r["speedup_vs_ar"] == pytest.approx(tps / ar_tps)
+            assert set(r["by_kind"]) == {"line", "two"}  # ids "line1" (no id given) and "two": per kind too
+            for k, v in r["by_kind"].items():
+                mine, ar = ([x for x in rr if prompt_kind(x["id"]) == k] for rr in (recs, rows["ar", t]["records"]))
+                kind_tps = sum(x["new_tokens"] for x in mine) / sum(x["seconds"] for x in mine)
+                ar_kind = sum(x["new_tokens"] for x in ar) / sum(x["seconds"] for x in ar)
+                assert v["tokens_per_second"] == pytest.approx(kind_tps)
+                assert v["speedup_vs_ar"] == pytest.approx(kind_tps / ar_kind)
             if lab.startswith("hf"):
                 assert r["tau"] is None  # peers report tokens/s only
                 continue

@@ -109,69 +109,21 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs linear | overhead | "
-            "tree build | oracle tau | = AR |")
-    lines = [head, "|" + "---|" * 14]
+    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs AR by kind | vs linear | "
+            "overhead | tree build | oracle tau | = AR |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
         same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
+        kinds = " ".join(f"{k} {f(v['speedup_vs_ar'])}x" for k, v in r.get("by_kind", {}).items()) or "-"
         lines.append(
             f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
-            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {f(r['speedup_vs_linear'])}"
+            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {kinds} | {f(r['speedup_vs_linear'])}"
             f"{'x' if r['speedup_vs_linear'] is not None else ''} | {pct(r['overhead_share'])} | "
             f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
         )
     return "\n".join(lines)
-
-
-def plot(rows: list[dict], out: str) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    files = []
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for s in sorted({r["schedule"] for r in rows if r["schedule"]}):
-        pr = sorted((r for r in rows if r["mode"] == "presto" and r["schedule"] == s), key=lambda r: r["budget"])
-        lin = [r for r in rows if r["mode"] == "linear" and r["schedule"] == s]
-        for ax, key in zip(axes, ("tau", "tokens_per_second")):
-            if pr:
-                ax.plot([r["budget"] for r in pr], [r[key] for r in pr], "o-", label=f"presto {s}")
-            if lin:
-                ax.axhline(lin[0][key], ls="--", color="gray" if s == "two-pass" else "black", label=f"linear {s}")
-    ar = [r for r in rows if r["mode"] == "ar"]
-    if ar:
-        axes[1].axhline(ar[0]["tokens_per_second"], ls=":", color="red", label="ar")
-    for ax, name in zip(axes, ("tau (tokens / round)", "tokens / s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("PRESTO node budget")
-        ax.set_ylabel(name)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(os.path.join(out, "tau_tps_vs_budget.png"))
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
-    spec = [r for r in rows if r["mode"] != "ar"]
-    if spec:
-        fig, ax = plt.subplots(figsize=(10, 4))
-        width = 0.8 / len(spec)
-        for i, r in enumerate(spec):
-            h = r["accept_hist"]
-            total = sum(h.values()) or 1
-            xs = sorted(int(k) for k in h)
-            ax.bar([x + i * width for x in xs], [h[k] / total for k in xs], width, label=r["label"])
-        ax.set_xlabel("tokens committed per round")
-        ax.set_ylabel("share of rounds")
-        ax.legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        files.append(os.path.join(out, "acceptance_hist.png"))
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
-    return files
 
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
@@ -264,7 +216,29 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                     and x["temperature"] == t), None)
         r["speedup_vs_ar"] = r["tokens_per_second"] / ar_tps if ar_tps else None
         r["speedup_vs_linear"] = r["tokens_per_second"] / lin if lin and r["mode"] in ("presto", "hybrid") else None
+    _by_kind(rows)
     return rows
+
+
+def prompt_kind(prompt_id: str) -> str:
+    """"code03" -> "code": the default prompts are named by kind (code, chat) and number."""
+    return str(prompt_id).rstrip("0123456789") or "prompt"
+
+
+def _by_kind(rows: list[dict]) -> None:
+    """Each row's tok/s and speedup vs AR (same temperature) per prompt kind, when the prompts
+    have more than one kind: a mean over all prompts can hide that a layout pays on code only."""
+    kinds = sorted({prompt_kind(x["id"]) for r in rows for x in r["records"]})
+    if len(kinds) < 2:
+        return
+    for r in rows:
+        r["by_kind"] = {k: {"tokens_per_second": aggregate([x for x in r["records"] if prompt_kind(x["id"]) == k])
+                            ["tokens_per_second"]} for k in kinds}
+    for r in rows:
+        ar = next((x for x in rows if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
+        for k, v in r["by_kind"].items():
+            base = ar["by_kind"][k]["tokens_per_second"] if ar else 0
+            v["speedup_vs_ar"] = v["tokens_per_second"] / base if base else None
 
 
 def _default_gguf(a) -> str | None:
@@ -358,6 +332,8 @@ def cmd_bench(a) -> int:
                      baselines=baselines)
     table = markdown_table(rows)
     print(table)
+    from selfspec.tools.bench_plot import plot
+
     pngs = plot(rows, out)
     result = {
         "command": "python -m selfspec " + " ".join(a.argv),
@@ -376,7 +352,7 @@ def cmd_bench(a) -> int:
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
                                   "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature", "accept_by_depth",
-                                  "plan_hist")} for r in rows]}
+                                  "plan_hist", "by_kind")} for r in rows]}
     print(json.dumps(summary))
     return 0
 
