@@ -117,6 +117,17 @@ def test_the_default_bench_is_the_short_grid_and_full_is_every_mode(tiny_dir, pr
     assert {r["label"] for r in res["rows"]} == {"ar", "auto", "lookup"}
 
 
+def test_the_default_bench_runs_transformers_only_beside_its_own_fp32_weights(tiny_dir, prompts, tmp_path):
+    def labels(*args):
+        out = tmp_path / str(len(args))
+        assert main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "4",
+                     "--temperatures", "0", "--modes", "ar", "--out", str(out), *args]) == 0
+        return {r["label"] for r in json.loads((out / "results.json").read_text())["rows"]}
+
+    assert labels("--weights", "fp32") == {"ar", "hf-generate"}
+    assert labels("--weights", "int8", "--compare-weights", "fp32") == {"ar", "ar [fp32]"}
+
+
 def test_the_llama_cpp_peer_without_its_package_is_one_clear_error(tiny_dir, prompts, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # absent even where it is installed

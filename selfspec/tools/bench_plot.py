@@ -15,6 +15,29 @@ def plot(rows: list[dict], out: str) -> list[str]:
     except ImportError:
         return []
     files = []
+    if any(r["mode"] in ("presto", "linear") for r in rows):
+        files.append(_budget_plot(plt, rows, out))
+    spec = [r for r in rows if r["mode"] != "ar"]
+    if spec:
+        fig, ax = plt.subplots(figsize=(10, 4))
+        width = 0.8 / len(spec)
+        for i, r in enumerate(spec):
+            h = r["accept_hist"]
+            total = sum(h.values()) or 1
+            xs = sorted(int(k) for k in h)
+            ax.bar([x + i * width for x in xs], [h[k] / total for k in xs], width, label=r["label"])
+        ax.set_xlabel("tokens committed per round")
+        ax.set_ylabel("share of rounds")
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        files.append(os.path.join(out, "acceptance_hist.png"))
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    return files
+
+
+def _budget_plot(plt, rows: list[dict], out: str) -> str:
+    """tau and tokens/s of PRESTO over its budget, linear and AR as lines (a run without them has no such plot)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for s in sorted({r["schedule"] for r in rows if r["schedule"]}):
         pr = sorted((r for r in rows if r["mode"] == "presto" and r["schedule"] == s), key=lambda r: r["budget"])
@@ -33,23 +56,7 @@ def plot(rows: list[dict], out: str) -> list[str]:
         ax.set_ylabel(name)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    files.append(os.path.join(out, "tau_tps_vs_budget.png"))
-    fig.savefig(files[-1], dpi=110)
+    path = os.path.join(out, "tau_tps_vs_budget.png")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    spec = [r for r in rows if r["mode"] != "ar"]
-    if spec:
-        fig, ax = plt.subplots(figsize=(10, 4))
-        width = 0.8 / len(spec)
-        for i, r in enumerate(spec):
-            h = r["accept_hist"]
-            total = sum(h.values()) or 1
-            xs = sorted(int(k) for k in h)
-            ax.bar([x + i * width for x in xs], [h[k] / total for k in xs], width, label=r["label"])
-        ax.set_xlabel("tokens committed per round")
-        ax.set_ylabel("share of rounds")
-        ax.legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        files.append(os.path.join(out, "acceptance_hist.png"))
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
-    return files
+    return path
