@@ -119,6 +119,28 @@ def test_a_request_added_while_the_batch_runs_joins_at_the_next_turn():
     assert dec.outputs[0] == generate_ids(m, a, cfg, eos_token_id=[])[0]
 
 
+def test_requests_added_one_by_one_grow_the_cache_once_and_a_reserved_cache_not_at_all():
+    """A burst of requests must not reallocate (and copy) the cache row by row: the second row
+    added grows it straight to batch_size rows, and after `reserve` no add moves it at all."""
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(max_new_tokens=8, mode="lookup")
+    prompts = _prompts((5, 9, 7, 12, 3))
+    dec = Decoder(m, [], cfg, batch_size=5, eos_token_id=[])
+    dec.add(prompts[0])
+    dec.add(prompts[1])
+    assert dec.cache.rows == 5
+    reserved = Decoder(m, [], cfg, batch_size=5, eos_token_id=[])
+    reserved.reserve(prompt_tokens=12, max_new_tokens=8)
+    buffer = reserved.cache.k[0].data_ptr()
+    for p in prompts:
+        reserved.add(p)
+    for _ in reserved:
+        assert reserved.cache.k[0].data_ptr() == buffer
+    assert reserved.outputs == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+    with pytest.raises(ValueError, match="KV cache"):
+        Decoder(m, [], cfg, batch_size=10**6, eos_token_id=[]).reserve(prompt_tokens=4000, max_new_tokens=90)
+
+
 def test_a_cancelled_row_leaves_at_the_next_turn_and_the_others_go_on():
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(max_new_tokens=20, mode="lookup")

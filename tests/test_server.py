@@ -395,6 +395,17 @@ def test_a_prompt_over_the_context_is_a_400_context_length_exceeded(server, body
     assert "4096" in r.json()["error"]["message"]
 
 
+def test_the_kv_cache_for_every_row_is_allocated_before_the_first_request(own_server):
+    """A burst of requests must not wait while the cache grows row by row."""
+    srv = own_server(max_batch=3)
+    cache = srv.service.engine.dec.cache
+    assert cache.rows == 3 and srv.service.kv_cache_bytes > 0
+    buffer = cache.k[0].data_ptr()
+    for i in range(3):
+        srv.client().completions.create(model=MODEL, prompt="def f%d(x):" % i, max_tokens=4)
+    assert srv.service.engine.dec.cache.k[0].data_ptr() == buffer
+
+
 def test_a_request_whose_kv_cache_would_pass_the_ceiling_is_a_400(own_server):
     srv = own_server(max_batch=400)  # 400 rows of the 9M model's 4096 positions: 9.4 GiB
     r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 4000})

@@ -116,12 +116,12 @@ class BatchKVCache:
 
     @torch.inference_mode()
     def reserve(self, capacity: int = 0, rows: int = 0) -> None:
-        """At least `rows` rows of `capacity` slots: a larger allocation (doubling what grows), the
-        rows copied over."""
+        """At least `rows` rows of `capacity` slots: a larger allocation (capacity doubling, rows
+        exactly as asked: a decoder knows its most rows), the rows copied over."""
         if capacity <= self.capacity and rows <= self.rows:
             return
         cap = max(capacity, 2 * self.capacity) if capacity > self.capacity else self.capacity
-        n = max(rows, 2 * self.rows) if rows > self.rows else self.rows
+        n = max(rows, self.rows)
         self.shape = (n, self.shape[1], cap, self.shape[3])
         for bufs in (self.k, self.v):
             for i, old in enumerate(bufs):

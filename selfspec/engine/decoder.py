@@ -21,7 +21,7 @@ from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import keep_planner, planner_for
-from selfspec.engine.request import check_batch, eos_ids, row_capacity
+from selfspec.engine.request import MAX_CACHE_BYTES, check_batch, eos_ids, row_capacity
 from selfspec.engine.rounds import recorder_observer, stats_observer
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
@@ -155,9 +155,27 @@ class Decoder:
         if seed is not None:
             generator = torch.Generator(device=self.model.get_input_embeddings().weight.device).manual_seed(int(seed))
         self.gens.append(generator)
+        # rows grow straight to batch_size: growing a float64 cache step by step (1, 2, 4, ...) costs
+        # a reallocation and a copy of every row each time, seconds of a burst's time to first token
         waiting = len(self.scheduler.live) + len(self.scheduler.waiting) + 1
-        self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), min(self.batch_size, waiting))
+        rows = self.batch_size if waiting > self.stepper.cache.rows else 0
+        self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), rows)
         return self._queue(len(self.prompts) - 1)
+
+    def reserve(self, *, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Allocate the cache now for `batch_size` rows of a prompt of `prompt_tokens` and
+        `max_new_tokens` new tokens (a server does it before it takes requests, so that none of
+        them waits for an allocation; a longer request still grows it). Returns its bytes."""
+        if prompt_tokens < 1 or max_new_tokens < 1:
+            raise ValueError(f"reserve needs prompt_tokens and max_new_tokens >= 1, got {prompt_tokens}, {max_new_tokens}")
+        cap = row_capacity([[0] * prompt_tokens], self.cfg, SamplingParams(max_new_tokens=max_new_tokens))
+        need = self.bf.cache_bytes(self.batch_size, cap)
+        if need > MAX_CACHE_BYTES:
+            raise ValueError(f"{self.batch_size} rows of {cap} positions need {need / 2**30:.1f} GiB of KV cache, over "
+                             f"the limit of {MAX_CACHE_BYTES / 2**30:.0f} GiB")
+        self.start()
+        self.stepper.cache.reserve(cap, self.batch_size)
+        return need
 
     def _queue(self, i: int) -> Sequence:
         s = new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.params[i], self.stats[i],

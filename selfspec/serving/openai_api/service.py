@@ -9,6 +9,7 @@ wait. The decoder itself lives in the engine thread (`engine.Engine`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ from selfspec.serving.openai_api.defaults import Defaults
 from selfspec.serving.openai_api.engine import Engine, Failed, Finished, Job
 from selfspec.serving.openai_api.protocol import GenerationRequest
 from selfspec.streaming import encode_prompt
+
+log = logging.getLogger("selfspec.serve")
+RESERVED_PROMPT = 128  # prompt tokens per row the cache holds from startup (longer prompts grow it once)
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,24 @@ class Service:
             eos_token_id = model.config.eos_token_id
             if eos_token_id is None:
                 eos_token_id = getattr(tokenizer, "eos_token_id", None)
-        self.engine = Engine(lambda: Decoder(model, [], cfg, batch_size=options.max_batch, eos_token_id=eos_token_id,
-                                             profile=profile), tokenizer)
+        def make_decoder() -> Decoder:
+            dec = Decoder(model, [], cfg, batch_size=options.max_batch, eos_token_id=eos_token_id, profile=profile)
+            try:  # the whole cache now, not while a burst of requests waits for its first tokens
+                dec.reserve(prompt_tokens=RESERVED_PROMPT, max_new_tokens=options.defaults.max_tokens)
+            except ValueError as e:
+                log.warning("the KV cache is not reserved at startup (%s); it grows with the requests", e)
+            return dec
+
+        self.engine = Engine(make_decoder, tokenizer)
         self.active: set[Job] = set()
         self.draining = False
         self.created = int(time.time())
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """What the engine's KV cache holds now (reserved at startup for `max_batch` rows)."""
+        cache = self.engine.dec.cache
+        return 0 if cache is None else sum(b.numel() * b.element_size() for b in cache.k + cache.v)
 
     @property
     def capacity(self) -> int:
