@@ -13,6 +13,7 @@ activations). On CUDA the default is the dtype's own (bf16).
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -38,11 +39,26 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
     quantized = fmt in ("auto", "int8", "int4")
     model, tok = load_checkpoint(path, dtype=torch.float32 if quantized or fmt == "fp32" else dtype or fmt_dtype(fmt),
                                  device=device, device_map=device_map, max_memory=max_memory, draft_lora=draft_lora)
+    named = fmt in ("bf16", "int8", "int4")  # "auto" only picks formats that passed the probe
     if fmt == "auto":
         fmt = choose(model, torch.tensor(_probe_ids(tok, model)), progress=progress)
     if fmt is not None:
         set_weights(model, fmt)
+    if named:
+        _check_invariant(model, fmt)
     return model, tok
+
+
+def _check_invariant(model, fmt: str) -> None:
+    """A format asked for by name is probed as "auto" probes it: where this CPU's kernels make a
+    row's logits depend on the round's width (bf16 on CPUs with native bf16 dot products), greedy
+    output still equals AR on typical text, but not by construction; the user is told."""
+    from selfspec.engine.formats import invariant
+
+    if all(p.device.type == "cpu" for p in model.parameters()) and not invariant(model):
+        warnings.warn(f"weights={fmt!r}: on this CPU a row's logits are not bitwise the same at every round "
+                      f"width, so greedy output equals AR's only where no near-tie falls between widths; "
+                      f"weights='int4' or 'int8' (or 'auto') are exact by construction here", stacklevel=3)
 
 
 def resolve_weights(weights, dtype, device, device_map) -> str | None:

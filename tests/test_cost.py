@@ -8,6 +8,7 @@ import threading
 import warnings
 
 import pytest
+import torch
 
 from selfspec.engine import cost
 from selfspec.engine.cost import FORMAT, CostModel, cost_model, default_path, device_key, measure, model_key
@@ -134,3 +135,22 @@ def test_an_unwritable_cache_folder_leaves_the_model_in_memory_with_one_warning(
         prof = cost_model(m, progress=False)
     assert prof.seconds and len([x for x in w if "could not be cached" in str(x.message)]) == 1
     assert cost_model(m) is prof  # reused in memory, no second measurement or warning
+
+
+def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_models(monkeypatch):
+    """"AMD EPYC" names CPUs with and without native bf16: their timings and their width invariance
+    differ, so a cached cost model or format choice of one must not be read on the other."""
+    import io
+
+    from selfspec.engine import cost
+
+    def cpuinfo(flags):
+        text = f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n"
+        return lambda *a, **k: io.StringIO(text)
+
+    keys = []
+    for flags in ("avx2", "avx2 avx512f avx512_bf16", "avx2 avx512f avx512_bf16"):
+        monkeypatch.setattr(cost, "open", cpuinfo(flags), raising=False)
+        keys.append(device_key(torch.device("cpu")))
+    assert keys[0] != keys[1] == keys[2]
+    assert "AMD EPYC" in keys[0] and "avx512_bf16" in keys[1]

@@ -15,7 +15,7 @@ both land in the same file. A progress bar shows on stderr.
 File format (JSON; a synthetic one can be written by hand):
 
     {"format": "selfspec-cost/2",
-     "device": "cpu: AMD EPYC x2 threads",  # `device_key()`; "synthetic" matches any device
+     "device": "cpu: AMD EPYC (avx2) x2 threads",  # `device_key()`; "synthetic" matches any device
      "model": "3f2a...",                     # `model_key()`; "*" matches any model
      "dtype": "float32", "weights": "fp32",  # "any" matches any
      "rows": [1, 2, 4],                      # ascending
@@ -180,13 +180,21 @@ def _interp(xs, ys, x: float) -> float:
 def device_key(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            lines = f.read().splitlines()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
+        flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
     except OSError:
         pass
-    return f"{device.type}: {cpu} x{torch.get_num_threads()} threads"
+    # a name such as "AMD EPYC" covers CPUs whose kernels differ in speed and in width invariance
+    # (native bf16 dot products reduce in another order): the widest vector ISA tells them apart
+    isa = next((f for f in ISA_LEVELS if f in flags), None)
+    return f"{device.type}: {cpu}{f' ({isa})' if isa else ''} x{torch.get_num_threads()} threads"
+
+
+ISA_LEVELS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")  # most capable first
 
 
 def model_key(model) -> str:

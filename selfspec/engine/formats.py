@@ -7,10 +7,12 @@
     int4   int4 weights in groups of 32 (int8 where the kernel cannot take a shape: the tied
            output head of the default model), bf16 activations
 
-bf16, int8 and int4 run the width-invariant forward on a CPU: every weight kernel is bitwise the
-same for a row at any number of rows, and attention sums exactly (`attention.py`), so a row's
-logits do not depend on the round's width, tree or batch, and greedy output equals AR greedy
-output by construction. On CUDA only fp32 / bf16 / fp16 exist, with SDPA.
+bf16, int8 and int4 run the width-invariant forward on a CPU: attention sums exactly
+(`attention.py`) and the int8 / int4 kernels are bitwise the same for a row at any number of
+rows, so a row's logits do not depend on the round's width, tree or batch, and greedy output
+equals AR greedy output by construction. bf16's `F.linear` is invariant only on CPUs without
+native bf16 dot products (`invariant` probes it; "auto" drops a format that fails, and
+`selfspec.load(weights="bf16")` warns there). On CUDA only fp32 / bf16 / fp16 exist, with SDPA.
 
 "auto" (`choose`): the format with the fastest one-token forward on this device among those
 whose forward is width-invariant and whose quality check passes: top-1 agreement with fp32 of at
