@@ -27,6 +27,7 @@ import selfspec  # noqa: E402
 from selfspec.checkpoint.tokenizer import SentencePieceTokenizer  # noqa: E402
 from selfspec.engine.cost import CostModel  # noqa: E402
 from selfspec.engine.options import DecodeConfig  # noqa: E402
+from selfspec.engine.sequence import SamplingParams  # noqa: E402
 from selfspec.serving.openai_api.app import build_app  # noqa: E402
 from selfspec.serving.openai_api.defaults import Defaults, model_defaults  # noqa: E402
 from selfspec.serving.openai_api.run import DrainingServer  # noqa: E402
@@ -60,7 +61,7 @@ class LiveServer:
     """The app under uvicorn in a background thread, on a port bound here first (no race)."""
 
     def __init__(self, model, tok, *, api_key=None, cfg=None, profile=None, **options):
-        options.setdefault("defaults", Defaults(max_tokens=12))
+        options.setdefault("defaults", Defaults(SamplingParams(max_new_tokens=12)))
         self.service = Service(model, tok, cfg or DecodeConfig(**LAYOUT), ServiceOptions(model_id=MODEL, **options),
                                profile=profile)
         sock = socket.socket()
@@ -247,10 +248,10 @@ def test_the_defaults_follow_generation_config_json(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 99}))
     d = model_defaults(str(tmp_path))
-    assert (d.temperature, d.top_p, d.top_k, d.max_tokens) == (0.7, 0.9, 20, 99)
+    assert d.params == SamplingParams(max_new_tokens=99, temperature=0.7, top_k=20, top_p=0.9)
     assert model_defaults(str(tmp_path), max_tokens=5).max_tokens == 5
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))  # no do_sample: greedy
-    assert model_defaults(str(tmp_path)).temperature == 0.0
+    assert model_defaults(str(tmp_path)).params.temperature == 0.0
 
 
 # -- batching, queue, disconnects ------------------------------------------------------------------

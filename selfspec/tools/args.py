@@ -12,6 +12,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+def add_layout_args(p: argparse.ArgumentParser) -> None:
+    """--plan, --mode, --schedule, --budget: how rounds are laid out (generate and serve)."""
+    p.add_argument("--plan", default=None, choices=["auto", "fixed"],
+                   help="auto (default): each round's layout from this device's cost model (measured once, "
+                        "cached); fixed: the layout the flags give (naming --mode implies fixed)")
+    p.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
+                   help="force a layout for every round (default: chosen by --plan auto; --plan fixed alone "
+                        "means presto)")
+    p.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    p.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from selfspec.tools.args import Parser, add_common_args, check_profile_arg, decode_kwargs
+from selfspec.tools.args import Parser, add_common_args, add_layout_args, check_profile_arg, decode_kwargs
 
 
 def _read_prompt(a):
@@ -101,13 +101,7 @@ def main(argv=None) -> int:
     src.add_argument("--chat", help="one user message, sent through the model's chat template")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
-    g.add_argument("--plan", default=None, choices=["auto", "fixed"],
-                   help="auto (default): choose every round's layout from this device's cost profile; "
-                        "fixed: the layout the flags give (naming --mode implies fixed)")
-    g.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
-                   help="force a layout (default: chosen by --plan auto; --plan fixed alone means presto)")
-    g.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
-    g.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
+    add_layout_args(g)
     g.add_argument("--batch-size", type=int, default=None,
                    help="decode the prompts of --prompt-file (JSON lines) in batches of this many rows")
     add_common_args(g)

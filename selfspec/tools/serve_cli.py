@@ -42,13 +42,9 @@ def add_serve_parser(sub) -> None:
 
 
 def _add_decoding_args(s) -> None:
-    s.add_argument("--plan", default=None, choices=["auto", "fixed"],
-                   help="auto (default): each round's layout from this device's cost model, measured once for "
-                        "--max-batch rows; fixed: the layout the flags give")
-    s.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
-                   help="force a layout for every round (default: chosen by --plan auto)")
-    s.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
-    s.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root")
+    from selfspec.tools.args import add_layout_args
+
+    add_layout_args(s)
     s.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length")
     s.add_argument("--lookup", default=None, choices=["on", "off"], help="context candidates in PRESTO trees")
     s.add_argument("--lookup-tokens", type=int, default=10, help="--mode lookup: tokens copied per round")

@@ -12,20 +12,20 @@ import json
 import os
 from dataclasses import dataclass
 
+from selfspec.engine.sequence import SamplingParams
+
 
 @dataclass(frozen=True)
 class Defaults:
-    """Sampling for a request that names none: temperature 0 is greedy."""
+    """Sampling for a request that names none (the engine's `SamplingParams`, checked there;
+    temperature 0 is greedy) and where it came from: "server" or the generation_config.json path."""
 
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    source: str = "server"  # where they came from: "server" or the generation_config.json path
+    params: SamplingParams = SamplingParams(max_new_tokens=256)
+    source: str = "server"
 
-    def __post_init__(self):
-        if type(self.max_tokens) is not int or self.max_tokens < 1:
-            raise ValueError(f"the default max tokens must be an integer >= 1, got {self.max_tokens!r}")
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_new_tokens
 
 
 def model_defaults(checkpoint_dir: str | None, max_tokens: int | None = None) -> Defaults:
@@ -33,8 +33,9 @@ def model_defaults(checkpoint_dir: str | None, max_tokens: int | None = None) ->
     server's `--max-tokens`) wins over the file's `max_new_tokens`. A file that cannot be read is
     a ValueError naming it (the server refuses to start rather than guess)."""
     path = os.path.join(checkpoint_dir, "generation_config.json") if checkpoint_dir else None
+    fallback = Defaults.params.max_new_tokens
     if path is None or not os.path.isfile(path):
-        return Defaults() if max_tokens is None else Defaults(max_tokens=max_tokens)
+        return Defaults(SamplingParams(max_new_tokens=max_tokens or fallback))
     try:
         with open(path, encoding="utf-8") as f:
             gen = json.load(f)
@@ -43,12 +44,11 @@ def model_defaults(checkpoint_dir: str | None, max_tokens: int | None = None) ->
     if not isinstance(gen, dict):
         raise ValueError(f"{path} must hold a JSON object")
     sampled = gen.get("do_sample") is True
-    return Defaults(
-        max_tokens=max_tokens or _positive_int(gen.get("max_new_tokens"), Defaults.max_tokens),
+    return Defaults(SamplingParams(
+        max_new_tokens=max_tokens or _positive_int(gen.get("max_new_tokens"), fallback),
         temperature=_number(gen.get("temperature"), 1.0, 0.0, 100.0) if sampled else 0.0,
         top_p=_number(gen.get("top_p"), 1.0, 1e-9, 1.0) if sampled else 1.0,
-        top_k=_positive_int(gen.get("top_k"), 0) if sampled else 0,
-        source=path)
+        top_k=_positive_int(gen.get("top_k"), 0) if sampled else 0), source=path)
 
 
 def _number(v, fallback: float, lo: float, hi: float) -> float:

@@ -124,9 +124,9 @@ class Service:
                                  f"lower max_tokens", "max_tokens", "kv_cache_limit")
 
     def _params(self, req: GenerationRequest, n_prompt: int) -> SamplingParams:
-        d, limit = self.options.defaults, self.model.config.max_position_embeddings
+        d, limit = self.options.defaults.params, self.model.config.max_position_embeddings
         room = limit - n_prompt - lookahead(self.cfg)
-        want = req.max_tokens if req.max_tokens is not None else min(d.max_tokens, room)
+        want = req.max_tokens if req.max_tokens is not None else min(d.max_new_tokens, room)
         if want > room or room < 1:
             raise errors.invalid(
                 f"this model's maximum context length is {limit} tokens; the prompt has {n_prompt} and "
