@@ -259,3 +259,17 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     first = next(i for i, (d, _) in enumerate(seen) if d)
     assert first > 0 and all(d for d, _ in seen[first:])
     assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])
+
+
+def test_auto_prefills_a_mask_group_on_flat_costs_and_not_where_it_costs_many_ar_steps():
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(mode="auto", max_new_tokens=8, block_length=6, budget=8)
+    steep = CostModel("synthetic", "*", "any", "any", (1,), (1, 2, 4, 6, 16, 64),
+                      (0,), (((1e-3, 1.5e-3, 3e-3, 6e-3, 12e-3, 50e-3),),))
+    counts = {}
+    for name, profile in (("flat", CostModel.flat()), ("steep", steep)):
+        m.__dict__.pop("_selfspec_planners", None)
+        out, st = generate_ids(m, _prompts((7,))[0], cfg, eos_token_id=[], profile=profile)
+        counts[name] = st.prefill_forwards
+        assert out == generate_ids(m, _prompts((7,))[0], DecodeConfig(mode="ar", max_new_tokens=8), eos_token_id=[])[0]
+    assert counts == {"flat": 2, "steep": 1}

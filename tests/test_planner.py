@@ -118,6 +118,36 @@ def test_rounds_without_marginals_probe_now_and_then_and_less_often_while_losing
     assert pl.probe_every > PROBE_MIN
 
 
+def test_an_expensive_probe_comes_seldom_enough_to_cost_a_tenth_of_the_time_at_most():
+    """A probe commits one token, like AR; its extra time is a bet on marginals. When a group of
+    4 costs 4 AR steps (int4 with the draft LoRA on a CPU), probes every 8 rounds would spend ~30%
+    of the time on the bet: they are spaced so that they spend at most PROBE_SHARE of it."""
+    from selfspec.engine.planner import PROBE_SHARE
+
+    pl = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}), budgets=(1, 2, 4), group_sizes=(4,))
+    pl.rest = 0  # no resting: every round asks whether to probe
+    picks = []
+    for _ in range(200):
+        pl.ar_streak = 0
+        picks.append(pl.choose(_rows(Forecast()), cache=10))
+    probes = sum(1 for o in picks if o.groups)
+    extra = 3.0  # f(5) - f(1)
+    assert 1 <= probes and probes * extra <= PROBE_SHARE * (len(picks) - probes) * 1.0 + extra
+
+
+def test_a_prefill_adds_marginals_only_while_they_pay_and_cost_little():
+    """The prefill's mask group is a probe at round 0: on flat costs it is taken; where it costs
+    6 AR steps only for a generation long enough to hide it (at most a tenth of its AR time); and
+    never while probes keep losing."""
+    flat = _planner(CostModel.flat())
+    assert flat.marginals_at_prefill(rows=1, cache=10, group=16, room=3)
+    steep = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}))
+    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=10)
+    assert steep.marginals_at_prefill(rows=1, cache=10, group=16, room=64)
+    steep.probe_every = 2 * PROBE_MIN  # the latest marginals led to no draft worth verifying
+    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=64)
+
+
 def test_plan_rests_after_a_run_of_ar_choices_without_forecasting_anything():
     """plan() owns the rest: after 8 AR choices it answers AR for `rest` rounds without asking any
     row for a forecast (no drafting, no lookups); marginals at hand end the rest early."""

@@ -18,8 +18,9 @@ of starting the next round with marginals (one round ahead, weighted by the endp
 groups cover). With `rate` equal to the best achievable one this is exactly "maximise E / C".
 Speculative yields count `MARGIN` less than AR's certain tokens, so noise falls back to AR.
 Rounds without marginals are AR, lookup or two-pass; every `PROBE_MIN` of them (doubling to
-`PROBE_MAX` while speculation keeps losing) a probe puts one mask group on each row's root, so a
-context that has become predictable is noticed; after 8 AR choices in a row the planner rests
+`PROBE_MAX` while speculation keeps losing, and never before the probe's extra time is under
+`PROBE_SHARE` of theirs) a probe puts one mask group on each row's root, so a context that has
+become predictable is noticed; after 8 AR choices in a row the planner rests
 (AR without drafting or forecasting) for 4, 8, ... 32 rounds.
 
 Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest tree
@@ -41,6 +42,7 @@ from selfspec.engine.sequence import draft_tree, lookup_chain
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
+PROBE_SHARE = 0.1  # and at least enough of them that a probe's extra time is at most this share of theirs
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 
 
@@ -85,6 +87,17 @@ class Planner:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings; the rate estimate and probe clock restart."""
         self.rates, self.since_probe, self.last_yields = {}, 0, [1.0]
+
+    def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
+        """Whether a prefill adds a mask group per row, so that the first round has marginals.
+        It is a probe's bet: taken while marginals have lately paid (`probe_every` at its least)
+        and while its extra forward costs at most one AR step (flat costs: a GPU) or PROBE_SHARE
+        of the rows' AR time to come."""
+        if self.probe_every > PROBE_MIN or not self.group_sizes:
+            return False
+        extra = self._f(rows, group, cache) * self.scale.get("one-pass", self.scale.get("ar", 1.0))
+        ar = self.seconds(AR, rows, cache)[1]
+        return extra <= ar * max(1.0, PROBE_SHARE * room)
 
     # -- plan ------------------------------------------------------------------------------------------
     def plan(self, rnd) -> Option:
@@ -272,12 +285,15 @@ class _Choice:
         self._lookup()
         if not self.tree_rows:  # no marginals: AR-like rounds, and now and then a probe
             pl.since_probe += 1
-            if max(self.rooms) > 1 and pl.since_probe >= pl.probe_every and not self.best_option.speculative \
-                    and pl.group_sizes:
-                pl.since_probe = 0
+            if max(self.rooms) > 1 and not self.best_option.speculative and pl.group_sizes:
                 probe = Option(groups=1, group_size=pl.group_sizes[0])
-                pl.predicted = (self.total([1.0] * self.R), pl.seconds(probe, self.R, self.cache)[1])
-                return probe
+                cost, ar = pl.seconds(probe, self.R, self.cache)[1], pl.seconds(AR, self.R, self.cache)[1]
+                # a probe commits what AR would: its extra time is a bet, kept under PROBE_SHARE of
+                # the AR time between probes (on a CPU a group of 4 with the draft LoRA costs ~4 AR steps)
+                if pl.since_probe >= max(pl.probe_every, (cost - ar) / (PROBE_SHARE * ar)):
+                    pl.since_probe = 0
+                    pl.predicted = (self.total([1.0] * self.R), cost)
+                    return probe
             return self._chosen()
         self._trees()
         if self.best_option.speculative:

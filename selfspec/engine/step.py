@@ -102,7 +102,8 @@ class Stepper:
             self.cache.set_length(slot + i, lengths[i])
             s.root = int(self.targets(s, logits[i : i + 1], [0])[0])
             s.stats.prefill_forwards = 1
-        if self.prefill_group:  # the group sits at L .. L+G-1: slot 0 is where the first token goes
+        if self.prefill_group and (self.planner is None or self.planner.marginals_at_prefill(
+                k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.cfg.group
             lora, lora_rows = self._lora_rows(0)
             hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
