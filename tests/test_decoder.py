@@ -273,3 +273,22 @@ def test_auto_prefills_a_mask_group_on_flat_costs_and_not_where_it_costs_many_ar
         counts[name] = st.prefill_forwards
         assert out == generate_ids(m, _prompts((7,))[0], DecodeConfig(mode="ar", max_new_tokens=8), eos_token_id=[])[0]
     assert counts == {"flat": 2, "steep": 1}
+
+
+def test_a_round_wider_than_the_reserved_scratch_grows_the_cache_and_stays_exact():
+    """Rows keep ROUND_SCRATCH slots for a round; a one-pass tree with a group on every node
+    needs more, and the forward grows the cache before it writes."""
+    from selfspec.engine.request import ROUND_SCRATCH, scratch
+
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(max_new_tokens=12, mode="presto", schedule="one-pass", block_length=8, budget=16)
+    assert scratch(cfg) > ROUND_SCRATCH
+    prompts = _prompts((5, 9))
+    dec = Decoder(m, prompts, cfg, batch_size=2, eos_token_id=[])
+    before = dec.cache.capacity if dec.cache is not None else None
+    for _ in dec:
+        pass
+    assert before is None or dec.cache.capacity > before
+    assert dec.cache.capacity >= max(map(len, prompts)) + scratch(cfg)
+    assert dec.outputs == [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])[0]
+                           for p in prompts]

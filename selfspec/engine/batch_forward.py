@@ -117,6 +117,7 @@ class BatchForward:
         lengths = torch.tensor(starts, dtype=torch.long)
         if lengths.shape[0] != R:
             raise ValueError(f"{R} token rows for {lengths.shape[0]} cache rows")
+        cache.reserve(max(starts) + q)  # a round wider than the rows' reserved scratch grows the cache first
         positions = lengths[:, None] + offsets
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
         # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all

@@ -96,6 +96,11 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
                          f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
 
 
+ROUND_SCRATCH = 64  # slots a row keeps for a round's query tokens; a wider round grows the cache
+
+
 def row_capacity(prompts_ids, cfg: DecodeConfig, params=None) -> int:
-    """Cache slots per row: the longest prompt, its new tokens and a round's scratch."""
-    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + scratch(cfg) + 1
+    """Cache slots per row: the longest prompt, its new tokens and a round's scratch (up to
+    ROUND_SCRATCH: plan "auto" may lay out 561 query tokens a row, but on a CPU's cost curve it
+    almost never does, and a float64 cache of that much room costs seconds to allocate)."""
+    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + min(scratch(cfg), ROUND_SCRATCH) + 1
