@@ -61,7 +61,7 @@ class Planner:
         self.group_sizes = sorted({x for x in (group_sizes or (min(4, g), min(8, g), g)) if x >= 2})
         self.block_length = cfg.block_length
         self.max_width = scratch(cfg)  # a round is never padded beyond what its cache rows hold
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, object] = {}  # f and padded widths, per rows, width and 32 cached tokens
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # seconds per row-round outside the model, by kind of round
@@ -158,15 +158,25 @@ class Planner:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
         the cheapest width from o's up to twice it (and `max_width`) among the measured ones (a
         device may run a wider forward faster), times the kind's scale, plus its overhead."""
-        width, s = o.width, self._f(rows, o.width, cache)
-        for w in self.cost.widths:
-            if o.width < w <= min(2 * o.width, self.max_width) and self._f(rows, w, cache) < s:
-                width, s = w, self._f(rows, w, cache)
+        width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
         fam = o.family
         scale = self.scale.get(fam, self.scale.get("ar", 1.0))
         return width, s * scale + self.overhead.get(fam, 0.0) * rows
+
+    def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
+        """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised
+        like `_f` (the planner asks it for every option of every round)."""
+        key = ("pad", rows, width, cache >> 5)
+        v = self._memo.get(key)
+        if v is None:
+            best = (width, self._f(rows, width, cache))
+            for w in self.cost.widths:
+                if width < w <= min(2 * width, self.max_width) and self._f(rows, w, cache) < best[1]:
+                    best = (w, self._f(rows, w, cache))
+            v = self._memo[key] = best
+        return v
 
     def _f(self, rows: int, width: int, cache: int) -> float:
         """The cost model's f(rows, width, cache), memoised per 32 cached tokens (asked every round)."""
