@@ -150,3 +150,27 @@ def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar
         assert r["tokens_per_second"] > 0 and r["speedup_vs_batched_ar"] is not None
     assert got[("ar", 3)]["plan_hist"] == {"ar": sum(len(o) for o in got[("ar", 3)]["token_ids"]) - 5}
     assert "x batched AR" in capsys.readouterr().out
+
+
+def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(monkeypatch):
+    """A B C C B A per batch size: a machine that drifts during the block moves every mode alike."""
+    from selfspec.tools import bench_batch
+
+    calls, clock = [], iter(range(1, 100))
+
+    def fake_run(model, prompts_ids, mode, B, t, *rest):
+        calls.append((B, mode))
+        return [[1, 2, 3]] * len(prompts_ids), float(next(clock)), {}
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
+    model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
+    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
+    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [1, 4], ["ar", "auto"], max_new_tokens=3,
+                                       temperatures=[0.0], peers=(), progress=False)
+    order = ["ar", "auto", "auto", "ar"]
+    assert calls == [(1, m) for m in order] + [(4, m) for m in order]
+    by = {(r["mode"], r["batch_size"]): r for r in rows}
+    assert by[("ar", 1)]["seconds"] == 1 + 4 and by[("auto", 1)]["seconds"] == 2 + 3
+    assert by[("auto", 1)]["tokens_per_second"] == 12 / 5

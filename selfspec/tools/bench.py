@@ -389,6 +389,7 @@ def add_bench_parser(sub, add_common_args) -> None:
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
     b.add_argument("--batch-sizes", nargs="+", type=int, default=None,
                    help="batched decoding instead: each mode (default ar auto) and transformers' batched generate "
-                        "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0); "
+                        "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "
+                        "twice in mirrored order (A B C C B A) against drift; "
                         "--profile then takes a batch cost profile")
     b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)

@@ -48,9 +48,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
                     *, max_new_tokens: int, temperatures: list[float], peers: tuple[str, ...] = ("hf",), seed: int = 0,
                     progress: bool = True, profile=None, base: dict | None = None) -> list[dict]:
     """One row per (mode or peer, B, temperature): tokens/s, rows equal to batch-1 AR (T = 0),
-    tau and plan_hist summed over the rows."""
-    from collections import Counter
-
+    tau and plan_hist summed over the rows (of a mode's first run: each runs twice, see below)."""
     from tqdm import tqdm
 
     from selfspec.engine.decoder import Decoder
@@ -62,7 +60,8 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     mask_id = int(model.config.mask_token_id)
     pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     lm = causal_lm(model) if "hf" in peers else None
-    n_runs = len(temperatures) * len(batch_sizes) * (len(modes) + len(peers))
+    runs = list(modes) + (["hf"] if "hf" in peers else [])
+    n_runs = 2 * len(temperatures) * len(batch_sizes) * len(runs)
     bar = tqdm(total=n_runs, desc="bench (batches)", file=sys.stderr, disable=not progress)
     rows, ar_ref = [], {}
     warm = DecodeConfig(mode="ar", max_new_tokens=4)
@@ -70,26 +69,22 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
         pass
     for t in temperatures:
         for B in batch_sizes:
-            for mode in modes:
-                cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
-                dec = Decoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(ids))],
-                                   profile=profile if mode == "auto" else None)
-                t0 = time.perf_counter()
-                for _ in dec:
-                    pass
-                dt = time.perf_counter() - t0
+            # every mode twice, in order and then in reverse (A B C C B A): a machine whose speed
+            # drifts during the block moves every mode alike instead of favouring the first
+            timed: dict[str, list] = {}
+            for mode in runs + runs[::-1]:
+                outs, dt, extra = _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profile, lm,
+                                             eos, pad, mask_id)
+                first = timed.setdefault(mode, [outs, 0.0, 0, extra])
+                first[1] += dt
+                first[2] += sum(len(o) for o in outs)
+                bar.update(1)
+            for mode in runs:
+                outs, dt, n, extra = timed[mode]
                 if mode == "ar" and B == 1:
-                    ar_ref[t] = dec.outputs
-                hist = sum((Counter(s.plan_hist) for s in dec.stats), Counter())
-                acc = [a for s in dec.stats for a in s.accept_lengths]
-                rows.append(_row(f"{mode}", mode, B, t, dec.outputs, dt, ar_ref.get(t) if t == 0 else None,
-                                 tau=sum(acc) / len(acc) if acc else None, plan_hist=dict(hist)))
-                bar.update(1)
-            if "hf" in peers:
-                outs, dt = hf_batched(lm, prompts_ids, B, max_new_tokens=max_new_tokens, temperature=t, eos=eos,
-                                      pad=pad, mask_id=mask_id, seed=seed)
-                rows.append(_row("hf-generate (left padding)", "hf", B, t, outs, dt, ar_ref.get(t) if t == 0 else None))
-                bar.update(1)
+                    ar_ref[t] = outs
+                label = "hf-generate (left padding)" if mode == "hf" else mode
+                rows.append(_row(label, mode, B, t, outs, dt, ar_ref.get(t) if t == 0 else None, tokens=n, **extra))
     bar.close()
     for r in rows:
         ar = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == r["batch_size"]
@@ -104,10 +99,33 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     return rows
 
 
-def _row(label, mode, B, t, outs, seconds, ref, **extra) -> dict:
-    n = sum(len(o) for o in outs)
-    return {"label": f"{label} B={B}", "mode": mode, "batch_size": B, "temperature": t, "new_tokens": n,
-            "seconds": round(seconds, 3), "tokens_per_second": n / seconds,
+def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profile, lm, eos, pad, mask_id):
+    """One decode of the prompt set B rows at a time: (outputs, seconds, tau and plan_hist)."""
+    from collections import Counter
+
+    from selfspec.engine.decoder import Decoder
+
+    if mode == "hf":
+        outs, dt = hf_batched(lm, prompts_ids, B, max_new_tokens=max_new_tokens, temperature=t, eos=eos, pad=pad,
+                              mask_id=mask_id, seed=seed)
+        return outs, dt, {}
+    cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
+    dec = Decoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(prompts_ids))],
+                  profile=profile if mode == "auto" else None)
+    t0 = time.perf_counter()
+    for _ in dec:
+        pass
+    dt = time.perf_counter() - t0
+    hist = sum((Counter(s.plan_hist) for s in dec.stats), Counter())
+    acc = [a for s in dec.stats for a in s.accept_lengths]
+    return dec.outputs, dt, {"tau": sum(acc) / len(acc) if acc else None, "plan_hist": dict(hist)}
+
+
+def _row(label, mode, B, t, outs, seconds, ref, *, tokens: int, **extra) -> dict:
+    """`seconds` and `tokens` over both runs of the mode; `outs` (and `extra`) from its first."""
+    return {"label": f"{label} B={B}", "mode": mode, "batch_size": B, "temperature": t,
+            "new_tokens": sum(len(o) for o in outs), "runs": 2,
+            "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds,
             "rows_equal_ar": None if ref is None else sum(o == r for o, r in zip(outs, ref)),
             "rows": len(outs), **extra, "token_ids": outs}
 
