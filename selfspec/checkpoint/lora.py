@@ -122,12 +122,13 @@ class DraftLoRA:
         module's output width, 0 without LoRA), kept per layer, modules and device."""
         memo = self.__dict__.setdefault("_fused_ab", {})
         key = (layer, names, x.device)
-        if key not in memo:
-            abs_ = [self._ab(name, layer, x) for name in names]
+        if key not in memo:  # from the stored A/B: `_ab` would round them to x's dtype first (bf16)
+            abs_ = [self.ab[name][layer] if name in self.ab else None for name in names]
+            abs_ = [None if ab is None else tuple(t.to(x.device, torch.float32) for t in ab) for ab in abs_]
             present = [ab for ab in abs_ if ab is not None]
             memo[key] = None if not present else (
-                torch.cat([a.float() for a, _ in present]).T.contiguous(),
-                torch.block_diag(*[b.float() * self.scale for _, b in present]).T.contiguous(),
+                torch.cat([a for a, _ in present]).T.contiguous(),
+                torch.block_diag(*[b * self.scale for _, b in present]).T.contiguous(),
                 [0 if ab is None else ab[1].shape[0] for ab in abs_])
         return memo[key]
 

@@ -183,9 +183,12 @@ def device_key(device: torch.device) -> str:
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-        cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), cpu)
-        flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+            for line in f:  # the first processor's block says it all (asked at every generation)
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
     # a name such as "AMD EPYC" covers CPUs whose kernels differ in speed and in width invariance

@@ -20,8 +20,8 @@ from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import keep_planner, planner_for
-from selfspec.engine.request import MAX_CACHE_BYTES, check_batch, eos_ids, row_capacity
+from selfspec.engine.planner_store import keep_planner, planner_for
+from selfspec.engine.request import cache_bytes, check_batch, eos_ids, row_capacity
 from selfspec.engine.rounds import recorder_observer, stats_observer
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
@@ -169,10 +169,7 @@ class Decoder:
         if prompt_tokens < 1 or max_new_tokens < 1:
             raise ValueError(f"reserve needs prompt_tokens and max_new_tokens >= 1, got {prompt_tokens}, {max_new_tokens}")
         cap = row_capacity([[0] * prompt_tokens], self.cfg, SamplingParams(max_new_tokens=max_new_tokens))
-        need = self.bf.cache_bytes(self.batch_size, cap)
-        if need > MAX_CACHE_BYTES:
-            raise ValueError(f"{self.batch_size} rows of {cap} positions need {need / 2**30:.1f} GiB of KV cache, over "
-                             f"the limit of {MAX_CACHE_BYTES / 2**30:.0f} GiB")
+        need = cache_bytes(self.bf, self.batch_size, cap)
         self.start()
         self.stepper.cache.reserve(cap, self.batch_size)
         return need

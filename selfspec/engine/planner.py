@@ -31,7 +31,6 @@ with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups o
 from __future__ import annotations
 
 import copy
-import threading
 
 import torch
 
@@ -95,7 +94,7 @@ class Planner:
         of the rows' AR time to come."""
         if self.probe_every > PROBE_MIN or not self.group_sizes:
             return False
-        extra = self._f(rows, group, cache) * self.scale.get("one-pass", self.scale.get("ar", 1.0))
+        extra = self._f(rows, group, cache) * self._scale("one-pass")
         ar = self.seconds(AR, rows, cache)[1]
         return extra <= ar * max(1.0, PROBE_SHARE * room)
 
@@ -161,9 +160,11 @@ class Planner:
         width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
-        fam = o.family
-        scale = self.scale.get(fam, self.scale.get("ar", 1.0))
-        return width, s * scale + self.overhead.get(fam, 0.0) * rows
+        return width, s * self._scale(o.family) + self.overhead.get(o.family, 0.0) * rows
+
+    def _scale(self, family: str) -> float:
+        """Measured / predicted model time for a kind of round (AR's until that kind has run)."""
+        return self.scale.get(family, self.scale.get("ar", 1.0))
 
     def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
         """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised
@@ -369,37 +370,6 @@ class _Choice:
         old = pl.rates.get(self.draining)
         pl.rates[self.draining] = r if old is None else 0.8 * old + 0.2 * r
         return o
-
-
-_STORE_LOCK = threading.Lock()
-
-
-def planner_for(model, cfg, cost) -> Planner:
-    """A planner for one generation with these settings, forked from the model's stored one so
-    that what earlier generations learnt (acceptance calibration, overheads) starts this one
-    (fading); `keep_planner` stores it back when the generation ends."""
-    key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
-           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
-    with _STORE_LOCK:
-        store = model.__dict__.setdefault("_selfspec_planners", {})
-        stored = store.get(key)
-        if stored is None:
-            if len(store) > 32:
-                store.clear()
-            stored = store[key] = Planner(cost, cfg)
-        planner = stored.fork()
-    planner.begin()
-    planner.home = (store, key)
-    return planner
-
-
-def keep_planner(planner: Planner) -> None:
-    """A finished generation's planner becomes the stored one for its settings (of generations
-    running at once, the last to finish; none of them ever sees another's half-updated state)."""
-    home = getattr(planner, "home", None)
-    if home is not None:
-        with _STORE_LOCK:
-            home[0][home[1]] = planner
 
 
 def log2_budgets(limit: int) -> list[int]:

@@ -88,12 +88,18 @@ def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, g
     if not prompts_ids:
         return
     rows = min(batch_size or len(prompts_ids), len(prompts_ids))
-    bf = BatchForward.of(model)
-    need = bf.cache_bytes(rows, row_capacity(prompts_ids, cfg))
-    limit = MAX_CACHE_BYTES if max_cache_bytes is None else max_cache_bytes
+    cache_bytes(BatchForward.of(model), rows, row_capacity(prompts_ids, cfg), max_cache_bytes)
+
+
+def cache_bytes(bf, rows: int, capacity: int, limit: int | None = None) -> int:
+    """Bytes of a KV cache of `rows` rows of `capacity` slots, or a ValueError over `limit`
+    (default MAX_CACHE_BYTES)."""
+    need = bf.cache_bytes(rows, capacity)
+    limit = MAX_CACHE_BYTES if limit is None else limit
     if need > limit:
         raise ValueError(f"a batch of {rows} rows needs {need / 2**20:.1f} MiB of KV cache, over the limit of "
                          f"{limit / 2**20:.1f} MiB; use a smaller batch_size or max_new_tokens")
+    return need
 
 
 ROUND_SCRATCH = 64  # slots a row keeps for a round's query tokens; a wider round grows the cache

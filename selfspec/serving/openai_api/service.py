@@ -76,8 +76,8 @@ class Service:
     @property
     def kv_cache_bytes(self) -> int:
         """What the engine's KV cache holds now (reserved at startup for `max_batch` rows)."""
-        cache = self.engine.dec.cache
-        return 0 if cache is None else sum(b.numel() * b.element_size() for b in cache.k + cache.v)
+        dec = self.engine.dec
+        return 0 if dec.cache is None else dec.bf.cache_bytes(dec.cache.rows, dec.cache.capacity)
 
     @property
     def capacity(self) -> int:
