@@ -14,6 +14,8 @@ greedy row equals its run alone and a sampled row is an exact sample, reproducib
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import torch
 
 from selfspec.engine.batch_forward import BatchForward
@@ -29,9 +31,62 @@ from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
 
 
+class PerSequence(list):
+    """A decoder's per-sequence values keyed by sequence index (`Sequence.index`: a batch's input
+    order, then the order of `Decoder.add`): `x[i]` is sequence i's, `x[i] = v` sets it (a new
+    index is always the largest so far), `del x[i]` drops it (`Decoder.forget`). As a list it holds
+    the values of the sequences not forgotten, in index order, so a batch's `outputs == [...]`,
+    iteration, `len` and JSON behave as before, and a decoder that has served a million requests
+    keeps no slot for any forgotten one. Positional list edits (append, insert, pop, ...) are
+    refused: they would lose the keys."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, values=()):
+        super().__init__(values)
+        self._keys = list(range(len(self)))  # sequence index of each value, increasing
+
+    def _pos(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"a sequence index is an int, not {type(i).__name__}")
+        keys = self._keys
+        p = i if 0 <= i < len(keys) and keys[i] == i else bisect_left(keys, i)  # nothing forgotten before i: p = i
+        if p == len(keys) or keys[p] != i:
+            raise KeyError(f"no sequence {i} (never added, or forgotten)")
+        return p
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # by position, like the list it is
+            return list.__getitem__(self, i)
+        return list.__getitem__(self, self._pos(i))
+
+    def __setitem__(self, i: int, value) -> None:
+        if self._keys and i <= self._keys[-1]:
+            list.__setitem__(self, self._pos(i), value)
+        elif isinstance(i, int) and i >= 0:
+            self._keys.append(i)
+            list.append(self, value)
+        else:
+            raise KeyError(f"sequence index {i!r}")
+
+    def __delitem__(self, i: int) -> None:
+        p = self._pos(i)
+        del self._keys[p]
+        list.__delitem__(self, p)
+
+    def indices(self) -> list[int]:
+        return list(self._keys)
+
+    def _refuse(self, *a, **k):
+        raise TypeError("PerSequence is keyed by sequence index: set x[i] or delete x[i]")
+
+    append = extend = insert = pop = remove = sort = reverse = clear = __iadd__ = __imul__ = _refuse
+
+
 class Decoder:
     """Iterates `(row, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]` hold
-    prompt i's ids and measurements (input order).
+    prompt i's ids and measurements (input order), `PerSequence` containers keyed by sequence index
+    (`forget` removes a finished sequence from all of them).
 
     `prompts`: token-id lists (a single list of ints is one prompt). `batch_size`: cache rows (how
     many prompts run at once; default all). `seeds` or `generators`: one per prompt. `profile`:
@@ -79,15 +134,21 @@ class Decoder:
             raise ValueError("give per-row generators or per-row seeds, not both")
         check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
         self.model, self.cfg = model, cfg
-        self.prompts = [[int(t) for t in p] for p in prompts]
-        self.params = list(params) if params is not None else [SamplingParams.of(cfg)] * len(self.prompts)
-        if len(self.params) != len(self.prompts):
-            raise ValueError(f"{len(self.params)} sampling parameters for {len(self.prompts)} prompts")
-        self.batch_size = batch_size or len(self.prompts)  # rows at most (a server adds prompts later)
+        prompts = [[int(t) for t in p] for p in prompts]
+        params = list(params) if params is not None else [SamplingParams.of(cfg)] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling parameters for {len(prompts)} prompts")
+        self.batch_size = batch_size or len(prompts)  # rows at most (a server adds prompts later)
         self.eos = eos_ids(model, eos_token_id)
-        self.gens = self._generators(model, generators, seeds, len(self.prompts))
-        self.outputs: list[list[int]] = [[] for _ in self.prompts]
-        self.stats: list[Stats] = [Stats() for _ in self.prompts]
+        # per sequence, by index; `forget` deletes a finished one's entries from each
+        self.prompts = PerSequence(prompts)
+        self.params = PerSequence(params)
+        self.gens = PerSequence(self._generators(model, generators, seeds, len(prompts)))
+        self.outputs = PerSequence([] for _ in prompts)
+        self.stats = PerSequence(Stats() for _ in prompts)
+        self.sequences = PerSequence()  # the queued ones (`start` queues the prompts given here)
+        self._observers: dict[int, list] = {}  # the rows that entered, until forgotten
+        self._next = len(prompts)  # the index `add` gives the next sequence
         self.on_round = None
         planner = fixed = None
         if cfg.mode == "auto":
@@ -102,9 +163,7 @@ class Decoder:
                                prefill_group=planner is not None or fixed.groups > 0)
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
-        self.sequences: list[Sequence] = []
-        self._observers: dict[int, list] = {}
-        self._capacity = row_capacity(self.prompts, cfg) if self.prompts else 1
+        self._capacity = row_capacity(prompts, cfg) if prompts else 1
 
     @staticmethod
     def _generators(model, generators, seeds, n: int) -> list:
@@ -135,7 +194,7 @@ class Decoder:
         """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
         if self.stepper.cache is None:
             self.stepper.cache = self.bf.new_cache(max(1, min(self.batch_size, len(self.prompts))), self._capacity)
-            for i in range(len(self.prompts)):
+            for i in self.prompts.indices():
                 self._queue(i)
 
     def add(self, prompt_ids: list[int], params: SamplingParams | None = None,
@@ -148,19 +207,20 @@ class Decoder:
         params = params or SamplingParams.of(self.cfg)
         check_request(self.model, prompt_ids, self.cfg, params)
         self.start()
-        self.prompts.append([int(t) for t in prompt_ids])
-        self.params.append(params)
-        self.outputs.append([])
-        self.stats.append(Stats())
+        i, self._next = self._next, self._next + 1
+        self.prompts[i] = [int(t) for t in prompt_ids]
+        self.params[i] = params
+        self.outputs[i] = []
+        self.stats[i] = Stats()
         if seed is not None:
             generator = torch.Generator(device=self.model.get_input_embeddings().weight.device).manual_seed(int(seed))
-        self.gens.append(generator)
+        self.gens[i] = generator
         # rows grow straight to batch_size: growing a float64 cache step by step (1, 2, 4, ...) costs
         # a reallocation and a copy of every row each time, seconds of a burst's time to first token
         waiting = len(self.scheduler.live) + len(self.scheduler.waiting) + 1
         rows = self.batch_size if waiting > self.stepper.cache.rows else 0
         self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), rows)
-        return self._queue(len(self.prompts) - 1)
+        return self._queue(i)
 
     def reserve(self, *, prompt_tokens: int, max_new_tokens: int) -> int:
         """Allocate the cache now for `batch_size` rows of a prompt of `prompt_tokens` and
@@ -177,7 +237,7 @@ class Decoder:
     def _queue(self, i: int) -> Sequence:
         s = new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.params[i], self.stats[i],
                          self.outputs[i], lookup=self.uses_lookup)
-        self.sequences.append(s)
+        self.sequences[i] = s
         self.scheduler.add(s)
         return s
 
@@ -186,14 +246,15 @@ class Decoder:
         return self.scheduler.cancel(seq)
 
     def forget(self, seq: Sequence) -> None:
-        """Drop a finished sequence's prompt, tokens and stats from the decoder (a long-running
-        server reads them from the sequence and then lets them go)."""
+        """Drop a finished sequence from the decoder: its prompt, tokens, stats, parameters,
+        generator and observers leave every per-sequence container (a long-running server reads
+        them from the sequence and then lets them go; nothing of it stays behind)."""
         if not seq.done:
             raise ValueError("forget() takes a finished or cancelled sequence")
         i = seq.index
-        self.prompts[i] = self.outputs[i] = self.stats[i] = self.gens[i] = None
+        for per_seq in (self.prompts, self.params, self.gens, self.outputs, self.stats, self.sequences):
+            del per_seq[i]
         self._observers.pop(i, None)
-        self.sequences[i] = None
 
     def step(self) -> list[tuple[int, list[int]]]:
         """One turn (`turn`), run to its end. Returns the `(row, chunk)` commits, in order."""
@@ -238,8 +299,7 @@ class Decoder:
         """What the unfinished sequences measured so far; the planner's learning kept for the next
         generation with these settings."""
         for s in self.sequences:
-            if s is not None:
-                s.finish()
+            s.finish()
         if self.planner is not None:
             keep_planner(self.planner)
 
@@ -268,4 +328,4 @@ def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[lis
     dec = Decoder(model, prompts_ids, cfg, **kw)
     for _ in dec:
         pass
-    return dec.outputs, dec.stats
+    return list(dec.outputs), list(dec.stats)

@@ -1,0 +1,138 @@
+"""A server runs for weeks: finished and forgotten requests leave nothing behind in the decoder.
+
+Thousands of short requests go through one `Decoder` the way the server's engine thread feeds it
+(`Decoder.add`, turns, `Decoder.forget` once a finished row has left: `serving/openai_api/engine.py`,
+`Engine._settle`). After a warm-up, every per-request container of the decoder, its scheduler,
+stepper, cache and planner keeps its size, and so does the whole graph reachable from the decoder
+(objects and container slots), so no state of any kind grows with the number of requests served.
+"""
+
+import gc
+import types
+
+import pytest
+import torch
+
+from selfspec.engine.cost import CostModel
+from selfspec.engine.decoder import Decoder, PerSequence
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.sequence import SamplingParams
+
+from conftest import tiny_model
+
+V = 16
+REQUESTS, WARM_UP, CHECK_EVERY = 3200, 400, 400
+CONFIGS = {
+    # the planner (calibration, overheads, rest), lookup indices and n-gram rho per row
+    "auto": dict(mode="auto", block_length=4, budget=4, group_size=4),
+    # a fixed one-pass tree: marginals carried from round to round
+    "presto one-pass": dict(mode="presto", schedule="one-pass", block_length=4, budget=4),
+}
+
+
+def _fake_clock(monkeypatch):
+    """Round times are what plan "auto" learns from: a clock that ticks 1 ms per reading makes
+    the planner's choices, and so the shapes it memoises, the same on every machine."""
+    from selfspec.engine import planner as planner_mod
+    from selfspec.engine import step as step_mod
+
+    ticks = iter(range(10**9))
+    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3)
+    monkeypatch.setattr(step_mod, "time", clock)
+    if hasattr(planner_mod, "time"):
+        monkeypatch.setattr(planner_mod, "time", clock)
+
+
+def _sizes(dec: Decoder) -> dict:
+    """The length of every per-request container the decoder and its parts hold."""
+    sched, step, pl = dec.scheduler, dec.stepper, dec.planner
+    out = {name: len(getattr(dec, name)) for name in ("prompts", "params", "gens", "outputs", "stats", "sequences")}
+    out.update(observers=len(dec._observers), waiting=len(sched.waiting), live=len(sched.live),
+               cache_rows=step.cache.rows, cache_lengths=len(step.cache.lengths), cache_scratch=len(step.cache.scratch))
+    if pl is not None:
+        for k, v in vars(pl).items():
+            if isinstance(v, (list, dict, set, tuple)):
+                out[f"planner.{k}"] = len(v)
+    return out
+
+
+def _reachable(root) -> tuple[int, int]:
+    """(objects, container slots) reachable from `root`, not counting the model's modules, code,
+    classes or what tensors hold (their storage is fixed: the cache, the weights)."""
+    stop = (torch.nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType, types.CodeType, torch.Generator)
+    seen, todo, slots = {id(root)}, [root], 0
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, (list, dict, set, frozenset, tuple)) or type(obj).__name__ == "deque":
+            slots += len(obj)
+        if isinstance(obj, stop) and obj is not root:
+            continue
+        for ref in gc.get_referents(obj):
+            if id(ref) not in seen:
+                seen.add(id(ref))
+                todo.append(ref)
+    return len(seen), slots
+
+
+def _serve(dec: Decoder, n: int, start: int, in_flight: int = 6):
+    """Requests start .. start+n-1, about `in_flight` at a time, through add / turn / forget as the
+    server's engine thread runs them; 1 or 2 new tokens each, greedy or sampled with a seed."""
+    jobs, i = {}, start
+    while i < start + n or jobs:
+        while i < start + n and len(jobs) < in_flight:
+            prompt = [5 + (i * 7 + k) % (V - 5) for k in range(2 + i % 5)]
+            params = SamplingParams(max_new_tokens=1 + i % 2, temperature=0.0 if i % 3 else 1.0, top_p=0.9)
+            seq = dec.add(prompt, params=params, seed=i if i % 3 == 0 else None)
+            jobs[seq.index] = seq
+            i += 1
+        for row, chunk in dec.turn():
+            assert row in jobs and all(0 <= t < V for t in chunk)
+        live = set(map(id, dec.scheduler.live))
+        for row, seq in list(jobs.items()):
+            if seq.done and id(seq) not in live:
+                assert len(seq.emitted) == seq.params.max_new_tokens  # eos_token_id=[]: never stops early
+                dec.forget(seq)
+                del jobs[row]
+
+
+@pytest.fixture
+def one_thread():
+    """A tiny model's kernels on one thread: two threads on a shared 2-core machine spend 10-40x
+    longer waiting for each other than computing."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forgotten_requests_leave_nothing_behind(name, monkeypatch, one_thread):
+    _fake_clock(monkeypatch)
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(max_new_tokens=2, **CONFIGS[name])
+    dec = Decoder(m, [], cfg, batch_size=4, eos_token_id=[],
+                  profile=CostModel.flat() if cfg.mode == "auto" else None)
+    dec.start()
+    _serve(dec, WARM_UP, 0)
+    sizes, reach = _sizes(dec), _reachable(dec)
+    assert sizes["sequences"] == sizes["outputs"] == sizes["observers"] == sizes["waiting"] == sizes["live"] == 0
+    for start in range(WARM_UP, REQUESTS, CHECK_EVERY):
+        _serve(dec, CHECK_EVERY, start)
+        assert _sizes(dec) == sizes, f"after {start + CHECK_EVERY} requests"
+        assert _reachable(dec) == reach, f"after {start + CHECK_EVERY} requests"
+
+
+def test_per_sequence_container_is_keyed_by_index_and_behaves_as_a_list():
+    x = PerSequence(["a", "b", "c"])
+    assert x == ["a", "b", "c"] and x[1] == "b" and len(x) == 3
+    x[3] = "d"
+    del x[1]
+    assert x == ["a", "c", "d"] and x[3] == "d" and x[2] == "c" and x.indices() == [0, 2, 3]
+    with pytest.raises(KeyError, match="forgotten"):
+        x[1]
+    with pytest.raises(TypeError):
+        x.append("e")
+    import json
+
+    assert json.loads(json.dumps(x)) == ["a", "c", "d"]
