@@ -239,7 +239,7 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
     if batch and (generator is not None or streamer is not None):
         raise ValueError("generator= is one prompt's (a batch takes seed=int or a list of seeds)"
                          if generator is not None else "streamer= takes one prompt, not a batch")
-    if profile is not None and cfg.mode != "auto":
+    if profile is not None and cfg.plan != "auto":
         raise ValueError("profile= is read by plan 'auto' only; this generation runs a fixed mode")
     seeds = _seeds(seed, len(ids), batch)
     if eos_token_id is None:

@@ -29,7 +29,8 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
     rows = {(r["label"], r["temperature"]): r for r in res["rows"]}
     labels = {"ar", "auto", "linear/two-pass", "linear/one-pass", "presto/two-pass/N=2", "presto/two-pass/N=6",
               "presto/one-pass/N=2", "presto/one-pass/N=6", "hf-generate", "hf-generate/lookup=10", "lookup",
-              "hybrid/two-pass/N=2", "hybrid/two-pass/N=6", "hybrid/one-pass/N=2", "hybrid/one-pass/N=6"}
+              "hybrid/two-pass/N=2", "hybrid/two-pass/N=6", "hybrid/one-pass/N=2", "hybrid/one-pass/N=6",
+              "presto/auto/N=2", "presto/auto/N=6", "hybrid/auto/N=2", "hybrid/auto/N=6"}
     assert set(rows) == {(lab, t) for lab in labels for t in (0.0, 1.0)}  # default: greedy and sampled
     for t in (0.0, 1.0):
         ar_tps = rows["ar", t]["tokens_per_second"]

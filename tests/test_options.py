@@ -20,7 +20,7 @@ BAD_TYPES = [
     ("mode", 3, "mode must be a str or None, got 3 (int)"),
     ("mode", ["presto"], "mode must be a str or None, got ['presto'] (list)"),
     ("plan", True, "plan must be a str or None, got True (bool)"),
-    ("schedule", None, "schedule must be a str, got None (NoneType)"),
+    ("schedule", 2, "schedule must be a str or None, got 2 (int)"),
     ("block_length", 8.0, "block_length must be an int, got 8.0 (float)"),
     ("block_length", "8", "block_length must be an int, got '8' (str)"),
     ("group_size", 4.5, "group_size must be an int or None, got 4.5 (float)"),

@@ -85,6 +85,13 @@ class CostModel:
     def max_rows(self) -> int:
         return max(self.rows)
 
+    def ar_steps(self, option, *, block_length: int = 16, cache: int = 64) -> float:
+        """One row's round of `option` (`layouts.Option`) in AR steps of this device: f(width) (plus
+        the draft pass f(block_length) of a two-pass round) over f(1). Example: on a CPU where
+        f(561) = 25 f(1), PRESTO one-pass at budget 32 with a group of 16 on every node reads 25."""
+        seconds = self(1, option.width, cache) + (self(1, block_length, cache) if option.draft_pass else 0.0)
+        return seconds / self(1, 1, cache)
+
     @classmethod
     def flat(cls, seconds: float = 1e-3) -> "CostModel":
         """Every forward costs the same (a memory-bound GPU's picture; for tests and what-if planning)."""

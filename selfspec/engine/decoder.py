@@ -151,7 +151,7 @@ class Decoder:
         self._next = len(prompts)  # the index `add` gives the next sequence
         self.on_round = None
         planner = fixed = None
-        if cfg.mode == "auto":
+        if cfg.plan == "auto":
             rows = min(self.batch_size, len(self.prompts)) if self.prompts else self.batch_size
             planner = planner_for(model, cfg, cost_model(model, profile, rows=rows))
         else:

@@ -93,11 +93,12 @@ def layout_label(name: str | None = None, *, schedule: str | None = None, nodes:
 
 def config_label(cfg) -> str:
     """A `DecodeConfig`'s layout: "ar", "lookup", "auto" (its rounds have their own labels),
-    "linear/two-pass", "presto/one-pass/N=32", "presto/one-pass/N=32/lookup" (context candidates)."""
+    "linear/two-pass", "presto/one-pass/N=32", "presto/one-pass/N=32/lookup" (context candidates),
+    "presto/auto/N=32" (PRESTO laid out per round by the planner)."""
     if cfg.mode in ("ar", "auto", "lookup"):
         return cfg.mode
     presto = cfg.mode == "presto"
-    return layout_label(cfg.mode, schedule=cfg.schedule, nodes=cfg.budget if presto else None,
+    return layout_label(cfg.mode, schedule=cfg.schedule or "auto", nodes=cfg.budget if presto else None,
                         lookup=presto and bool(cfg.lookup))
 
 

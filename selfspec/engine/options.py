@@ -29,10 +29,13 @@ class DecodeConfig:
     """How to decode. Validated at construction; HF names where HF has one."""
 
     # plan "auto" (default): the layout of every round is chosen from the device's cost model
-    # (selfspec.engine.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass)
+    # (selfspec.engine.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass),
+    # except mode "presto" with no schedule and no group_nodes: its trees are then laid out each
+    # round as this device affords (the planner over PRESTO layouts and AR); naming a schedule,
+    # group_nodes or plan "fixed" runs exactly that layout (the paper's: one-pass, a group per node)
     mode: str | None = None
     plan: str | None = None
-    schedule: str = "one-pass"
+    schedule: str | None = None  # None: chosen per round (plan "auto"); a fixed linear / PRESTO: one-pass
     block_length: int = 16
     group_size: int | None = None  # one-pass mask-group size; None = block_length
     group_nodes: int | None = None  # one-pass: tree nodes that get a group; None = every node
@@ -69,11 +72,18 @@ class DecodeConfig:
             raise ValueError(f"unknown plan {self.plan!r}; expected one of {PLANS}")
         if self.mode is None:
             object.__setattr__(self, "mode", "presto" if self.plan == "fixed" else "auto")
-        if self.plan == "auto" and self.mode != "auto":
-            raise ValueError(f"plan 'auto' chooses the layout itself; drop mode={self.mode!r} or use plan='fixed'")
-        object.__setattr__(self, "plan", "auto" if self.mode == "auto" else "fixed")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {MODES}")
+        if self.plan == "auto" and self.mode not in ("auto", "presto"):
+            raise ValueError(f"plan 'auto' chooses the layout itself; drop mode={self.mode!r} or use plan='fixed'")
+        laid_out = self.schedule is not None or self.group_nodes is not None
+        if self.plan == "auto" and self.mode == "presto" and laid_out:
+            raise ValueError("plan 'auto' chooses PRESTO's schedule and groups per round; drop schedule / group_nodes "
+                             "or use plan='fixed'")
+        planned = self.mode == "auto" or (self.mode == "presto" and self.plan != "fixed" and not laid_out)
+        object.__setattr__(self, "plan", "auto" if planned else "fixed")
+        if not planned and self.mode in ("linear", "presto") and self.schedule is None:
+            object.__setattr__(self, "schedule", "one-pass")
         if self.lookup is None:  # context candidates need a token-level rho: off with the learned one
             object.__setattr__(self, "lookup", self.mode == "auto" and self.rho != "learned")
         if not 1 <= self.lookup_min_ngram <= self.lookup_max_ngram:
@@ -82,7 +92,7 @@ class DecodeConfig:
         if self.lookup and self.rho == "learned" and self.mode in ("presto", "auto"):
             raise ValueError("lookup candidates are scored with a token-level rho; use rho 'ngram' or 'none' with lookup, "
                              "or lookup=False with rho 'learned'")
-        if self.schedule not in SCHEDULES:
+        if self.schedule is not None and self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {SCHEDULES}")
         at_least(self, block_length=2, group_size=1, group_nodes=1, budget=1, tree_top_k=1, lookup_tokens=1, lam=0)
         check_sampling(self)

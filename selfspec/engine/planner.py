@@ -118,7 +118,7 @@ class Planner:
         if r.room <= 1:
             return Forecast()
         if r.marg is None:
-            if r.seq.lookup is None:
+            if r.seq.lookup is None or self.cfg.mode != "auto":  # a PRESTO planner drafts trees only
                 return Forecast()
             r.drafted = lookup_chain(r.seq, self.cfg, r.room)
             r.match = r.seq.match

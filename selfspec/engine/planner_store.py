@@ -16,7 +16,7 @@ def planner_for(model, cfg, cost) -> Planner:
     """A planner for one generation with these settings, forked from the model's stored one so
     that what earlier generations learnt (acceptance calibration, overheads) starts this one
     (fading); `keep_planner` stores it back when the generation ends."""
-    key = (id(cost), cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
+    key = (id(cost), cfg.mode, cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
            cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
     with _STORE_LOCK:
         store = model.__dict__.setdefault("_selfspec_planners", {})

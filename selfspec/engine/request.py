@@ -56,7 +56,7 @@ def scratch(cfg: DecodeConfig) -> int:
     if cfg.mode == "lookup":
         return cfg.lookup_tokens + 1
     nodes = cfg.budget if cfg.mode in ("presto", "auto") else cfg.block_length - 1
-    if cfg.mode != "auto" and cfg.schedule == "two-pass":
+    if cfg.plan != "auto" and cfg.schedule == "two-pass":
         return max(cfg.block_length, nodes + 1, cfg.lookup_tokens + 1 if cfg.lookup else 0)
     return max(cfg.block_length, (nodes + 1) * (cfg.group + 1), cfg.lookup_tokens + 1)
 

@@ -20,7 +20,11 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"],
                    help="force a layout for every round (default: chosen by --plan auto; --plan fixed alone "
                         "means presto)")
-    p.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    p.add_argument("--schedule", default=None, choices=["two-pass", "one-pass"],
+                   help="--mode presto: unset (default), each round is laid out as this device affords (PRESTO "
+                        "trees, fewer mask groups, two-pass, or AR where no tree pays, from the cost model); "
+                        "one-pass with every node's mask group is the paper's layout (wide rounds: slow on a CPU); "
+                        "--mode linear: one-pass unless named")
     p.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
 
 
@@ -76,6 +80,6 @@ def check_profile_arg(a, cfg) -> None:
         return
     from selfspec.engine.cost import CostModel
 
-    if cfg.mode != "auto":
+    if cfg.plan != "auto":
         raise ValueError("--profile is read by --plan auto only; this generation runs a fixed mode")
     CostModel.load(a.profile)

@@ -60,9 +60,11 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
         out.append(DecodeConfig(**{**base, "mode": "auto"}))
     if "lookup" in modes:
         out.append(DecodeConfig(**{**base, "mode": "lookup"}))
+    if "linear" in modes:  # a linear chain has fixed schedules only
+        out.extend(DecodeConfig(**{**base, "mode": "linear", "schedule": s})
+                   for s in [s for s in schedules if s != "auto"] or ["two-pass"])
     for s in schedules:
-        if "linear" in modes:
-            out.append(DecodeConfig(**{**base, "mode": "linear", "schedule": s}))
+        s = None if s == "auto" else s  # PRESTO laid out per round as this device affords
         if "presto" in modes:
             out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b, "lookup": False})
                        for b in budgets)
@@ -75,7 +77,7 @@ def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
 def label(cfg: DecodeConfig) -> str:
     """The engine's label of the setting; PRESTO with context candidates is the row "hybrid"."""
     if cfg.mode == "presto" and cfg.lookup:
-        return layout_label("hybrid", schedule=cfg.schedule, nodes=cfg.budget)
+        return layout_label("hybrid", schedule=cfg.schedule or "auto", nodes=cfg.budget)
     return config_label(cfg)
 
 
@@ -161,7 +163,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
         if kind == "cfg":
             for _ in Decoder(r[0], [encoded[0]], replace(r[1], max_new_tokens=warmup_tokens),
-                             profile=profile if r[1].mode == "auto" else None):
+                             profile=profile if r[1].plan == "auto" else None):
                 pass
         else:
             r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
@@ -173,7 +175,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             if kind == "cfg":
                 m, cfg, _ = r
                 gen = torch.Generator(device=m.get_input_embeddings().weight.device).manual_seed(seed)
-                dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.mode == "auto" else None)
+                dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.plan == "auto" else None)
                 for _ in dec:
                     pass
                 out, st = dec.outputs[0], dec.stats[0]
@@ -194,7 +196,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             mode = "hybrid" if r.mode == "presto" and r.lookup else r.mode
             meta = {"label": label(r) + (f" [{fmt}]" if fmt else ""), "mode": f"{mode} [{fmt}]" if fmt else mode,
                     "weights": fmt or FastForward.of(m).weights,
-                    "schedule": None if r.mode in ("ar", "auto", "lookup") else r.schedule,
+                    "schedule": None if r.mode in ("ar", "auto", "lookup") else (r.schedule or "auto"),
                     "budget": r.budget if r.mode == "presto" else None, "temperature": r.temperature, "config": r.__dict__}
         else:
             meta = {"label": r[0].label(), "mode": r[0].label(), "schedule": None, "budget": None,
@@ -276,9 +278,11 @@ def cmd_bench(a) -> int:
             raise ValueError(f"unknown mode {m!r}{' for batches' if batch else ''}; expected some of {allowed}")
     if batch and "ar" not in a.modes:
         a.modes = ["ar"] + list(a.modes)  # the reference every row is checked against
+    if a.schedules is None:
+        a.schedules = ["auto", "two-pass", "one-pass"] if a.full else ["auto"]
     for s in a.schedules:
-        if s not in SCHEDULES:
-            raise ValueError(f"unknown schedule {s!r}; expected some of {SCHEDULES}")
+        if s not in ("auto",) + SCHEDULES:
+            raise ValueError(f"unknown schedule {s!r}; expected some of {('auto',) + SCHEDULES}")
     model_dir = a.model or default_model_dir()
     prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
     prompts = read_prompts(prompts_path)
@@ -381,7 +385,10 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="weight formats that also run AR in the same run (default fp32; none: --compare-weights)")
     b.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0],
                    help="one row set per temperature (--temperature T runs only T)")
-    b.add_argument("--schedules", nargs="+", default=["two-pass", "one-pass"])
+    b.add_argument("--schedules", nargs="+", default=None,
+                   help="PRESTO / hybrid / linear rows: auto (PRESTO laid out per round as this device affords), "
+                        "two-pass, one-pass (the paper's: a mask group on every node); default auto (--full: all "
+                        "three; linear runs the fixed ones)")
     b.add_argument("--budgets", nargs="+", type=int, default=[8, 32])
     b.add_argument("--limit", type=int, default=None,
                    help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "

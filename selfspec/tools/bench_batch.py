@@ -111,7 +111,7 @@ def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profi
         return outs, dt, {}
     cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
     dec = Decoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(prompts_ids))],
-                  profile=profile if mode == "auto" else None)
+                  profile=profile if cfg.plan == "auto" else None)
     t0 = time.perf_counter()
     for _ in dec:
         pass

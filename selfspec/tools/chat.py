@@ -84,7 +84,8 @@ def add_chat_parser(sub, add_common_args) -> None:
     c.add_argument("--stats", action="store_true", help="print tokens, tau and tok/s after each answer (stderr)")
     c.add_argument("--plan", default=None, choices=["auto", "fixed"])
     c.add_argument("--mode", default=None, choices=["auto", "ar", "linear", "presto", "lookup"])
-    c.add_argument("--schedule", default="one-pass", choices=["two-pass", "one-pass"])
+    c.add_argument("--schedule", default=None, choices=["two-pass", "one-pass"],
+                   help="--mode presto: unset = laid out per round for this device; named = that layout")
     c.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
     add_common_args(c)
     c.set_defaults(func=cmd_chat, max_new_tokens=512)

@@ -36,7 +36,7 @@ def _read_prompt(a):
 def _record(a, gen) -> dict:
     cfg = gen.decoder.cfg
     rec = {"text": gen.text, "token_ids": gen.token_ids, **gen.stats.as_dict(), "mode": cfg.mode, "plan": cfg.plan,
-           "schedule": None if cfg.mode in ("ar", "auto") else a.schedule, "block_length": a.block_length,
+           "schedule": None if cfg.mode in ("ar", "auto", "lookup") else (cfg.schedule or "auto"), "block_length": a.block_length,
            "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "finish_reason": gen.finish_reason}
     if cfg.mode in ("presto", "auto"):
         rec.update(budget=a.budget, rho=a.rho, lam=a.lam, tree_top_k=a.tree_top_k)
@@ -48,6 +48,7 @@ def cmd_generate(a) -> int:
         from selfspec.tools.batch_cli import cmd_generate_batch
 
         return cmd_generate_batch(a)
+    from selfspec.engine.layouts import config_label
     from selfspec.engine.options import DecodeConfig
     from selfspec.loading import load
     from selfspec.streaming import stream
@@ -62,6 +63,9 @@ def cmd_generate(a) -> int:
     hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **decode_kwargs(a))
+    note = layout_note(model, cfg, a.profile)  # after the request's checks: bad input is one error line
+    if note:
+        print(note, file=sys.stderr)
     try:
         for delta in gen:
             if not a.json:
@@ -80,9 +84,56 @@ def cmd_generate(a) -> int:
         print(json.dumps(_record(a, gen)))
     else:
         sys.stdout.write("\n")
-        print(f"[{cfg.mode}/{a.schedule if cfg.mode not in ('ar', 'auto') else '-'}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
-              f"tau {s['tau']:.2f}, TPF {s['tpf']:.2f}, {s['tokens_per_second']:.1f} tok/s", file=sys.stderr)
+        layouts = ""
+        if cfg.mode == "presto" and cfg.plan == "auto":  # say what the device could afford
+            hist = sorted(s["plan_hist"].items(), key=lambda kv: -kv[1])
+            layouts = "; rounds by layout: " + ", ".join(f"{k} {v}" for k, v in hist[:4])
+        print(f"[{config_label(cfg)}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
+              f"tau {s['tau']:.2f}, TPF {s['tpf']:.2f}, {s['tokens_per_second']:.1f} tok/s{layouts}", file=sys.stderr)
     return 0
+
+
+STEPS_NOTED = 2.0  # a fixed layout whose round costs this many AR steps or more is named before it runs
+
+
+def layout_note(model, cfg, profile=None) -> str | None:
+    """A line said before a PRESTO or linear generation starts: what its rounds cost on this device.
+
+    PRESTO laid out per round (no schedule named): that the planner lays it out, and what the
+    paper's layout would cost here. A fixed PRESTO / linear layout: its cost in AR steps when that
+    is STEPS_NOTED or more, from the cost model when one is given or cached (a fixed mode does not
+    measure one just to say this)."""
+    import os
+
+    from selfspec.engine.cost import CostModel, cost_model, default_path
+    from selfspec.engine.layouts import config_label, fixed_option
+    from selfspec.engine.options import DecodeConfig
+
+    if cfg.mode not in ("presto", "linear"):
+        return None
+    if cfg.plan == "auto":
+        cost = cost_model(model, profile)
+        paper = fixed_option(DecodeConfig(mode="presto", schedule="one-pass", budget=cfg.budget,
+                                          block_length=cfg.block_length, group_size=cfg.group_size))
+        steps = cost.ar_steps(paper, block_length=cfg.block_length)
+        return (f"note: PRESTO is laid out per round as this device affords (trees of up to {cfg.budget} nodes, "
+                f"one- or two-pass, fewer mask groups, or AR where no tree pays); the paper's layout (one-pass, a "
+                f"mask group on every node: {paper.width} query tokens a round) would cost ~{steps:.0f} AR steps a "
+                f"round here. --schedule one-pass runs it.")
+    path = profile or default_path(model)
+    if isinstance(path, str) and not os.path.isfile(path):
+        return None
+    try:
+        cost = path if isinstance(path, CostModel) else CostModel.load(path)
+    except (ValueError, FileNotFoundError):
+        return None
+    option = fixed_option(cfg)
+    steps = cost.ar_steps(option, block_length=cfg.block_length)
+    if steps < STEPS_NOTED:
+        return None
+    return (f"note: a round of {config_label(cfg)} ({option.width} query tokens) costs ~{steps:.0f} AR steps on this "
+            f"device (its cost model), so it is faster than AR only where rounds commit more than ~{steps:.0f} tokens"
+            + (" on average; leave --schedule unset to lay PRESTO out for this device." if cfg.mode == "presto" else "."))
 
 
 def _cmd_convert(a) -> int:
