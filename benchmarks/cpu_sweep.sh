@@ -3,7 +3,7 @@
 #   benchmarks/cpu_sweep.sh [OUT_ROOT] [LIMIT]
 # Each run writes OUT_ROOT/<name>/{results.json,table.md,*.png}; results.json records its command.
 set -euo pipefail
-OUT=${1:-docs/results}
+OUT=${1:-runs/sweep}
 LIMIT=${2:-32}
 PY=${PYTHON:-.venv/bin/python}
 run() { name=$1; shift; "$PY" -m selfspec bench --limit "$LIMIT" --max-new-tokens 64 --peers --temperatures 0 --out "$OUT/$name" "$@" > "$OUT/$name.log" 2>/dev/null; tail -1 "$OUT/$name.log"; }

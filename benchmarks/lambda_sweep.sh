@@ -2,7 +2,7 @@
 # PRESTO lambda sweep for the n-gram and the learned rho, budget 32, both schedules (issue: learned predictor).
 #   benchmarks/lambda_sweep.sh [OUT_ROOT] [LIMIT]
 set -euo pipefail
-OUT=${1:-docs/results}
+OUT=${1:-runs/sweep}
 LIMIT=${2:-32}
 PY=${PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"

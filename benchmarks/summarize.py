@@ -1,4 +1,4 @@
-"""Combine bench runs into one Markdown table: python benchmarks/summarize.py docs/results/*/results.json"""
+"""Combine bench runs into one Markdown table: python benchmarks/summarize.py runs/sweep/*/results.json"""
 
 import json
 import sys
