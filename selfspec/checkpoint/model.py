@@ -51,6 +51,17 @@ class NemotronLabsDiffusionModel(PreTrainedModel):
         self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    def __setattr__(self, name, value):
+        if name == "presto_predictor":
+            # PRESTO's learned-rho MLP rides along as a plain attribute, not a submodule: it scores
+            # fp32 features on the CPU whatever the forward's format or device, so `model.to(bf16)`
+            # (weights bf16 / int8 / int4) or `.to("cuda")` must not convert it, and its weights are
+            # not the model's (they live in presto_predictor.safetensors, not in state_dict())
+            self._modules.pop(name, None)
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     def get_input_embeddings(self):
         return self.encoder.embed_tokens
 
@@ -265,7 +276,7 @@ def load(path: str | None = None, *, dtype: torch.dtype | str | None = None, dev
         model.draft_lora = load_draft_lora(model, path)
     from selfspec.drafting.learned_rho import Predictor
 
-    model.presto_predictor = Predictor.load(path)
+    model.presto_predictor = Predictor.load(path)  # not a submodule (`__setattr__`): it stays fp32
     return model.eval(), tokenizer
 
 

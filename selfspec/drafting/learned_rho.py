@@ -107,18 +107,27 @@ def grid_features(top_lq, top_tok, root: int, h2: int, entropy, ngram) -> torch.
 
 
 class LearnedRho:
-    """log rho = log sigmoid(h_phi): one batched MLP call per tree (or per expansion step)."""
+    """log rho = log sigmoid(h_phi): one batched MLP call per tree (or per expansion step).
+
+    The predictor runs in its own dtype and on its own device (fp32 on the CPU as loaded; the
+    model's weight format is not its business): the fp32 features go to it, the scores come back
+    as fp32 beside the features."""
 
     def __init__(self, predictor: Predictor, ngram):
         self.predictor, self.ngram = predictor, ngram
+        w = next(predictor.parameters(), None)
+        self._to = {} if w is None else {"device": w.device, "dtype": w.dtype}
+
+    def _log_rho(self, f: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(self.predictor(f.to(**self._to)).to(f.device, torch.float32))
 
     @torch.inference_mode()
     def log_rho(self, x: Expansion) -> torch.Tensor:
-        return F.logsigmoid(self.predictor(features(x, self.ngram)))
+        return self._log_rho(features(x, self.ngram))
 
     @torch.inference_mode()
     def log_rho_table(self, top_lq, top_tok, root: int, h2: int, entropy=None) -> torch.Tensor:
-        return F.logsigmoid(self.predictor(grid_features(top_lq, top_tok, root, h2, entropy, self.ngram)))
+        return self._log_rho(grid_features(top_lq, top_tok, root, h2, entropy, self.ngram))
 
 
 # -- collection ----------------------------------------------------------------------------------
