@@ -33,6 +33,11 @@ from selfspec.checkpoint.convert_sources import GGUFSource, HFSource
 
 MASK_TOKEN = "<|mask|>"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The GGUF carries no sampling settings; these are the model card's recommendation
+# (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, "How to use": generate(...,
+# temperature=0.2, top_p=0.9, do_sample=True)), written into the converted generation_config.json
+# for the callers that sample by the model's defaults (`selfspec chat`, the server)
+SMOLLM2_GENERATION = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_BYTES = 4 * 2**30
 
@@ -60,8 +65,11 @@ def open_source(src: str):
     return GGUFSource(src)
 
 
-def convert(src, out_dir, *, dtype=torch.float32, progress: bool = True) -> str:
+def convert(src, out_dir, *, dtype=torch.float32, progress: bool = True, generation: dict | None = None) -> str:
     """Write the NLD checkpoint of `src` (a .gguf file or a Llama/Mistral HF directory) to `out_dir`.
+
+    `generation_config.json` gets the source's token ids and sampling settings (an HF directory's
+    own file; a GGUF has none), then `generation`'s entries (e.g. `SMOLLM2_GENERATION`).
 
     Everything is written into `out_dir + ".tmp-<pid>"` and renamed into place when complete, so
     an interrupted or failed conversion leaves no `out_dir` (and no temporary folder). `out_dir`
@@ -78,7 +86,7 @@ def convert(src, out_dir, *, dtype=torch.float32, progress: bool = True) -> str:
     except OSError as e:
         raise OSError(e.errno, f"cannot write the output folder {out_dir}: {e.strerror}", tmp) from None
     try:
-        _write(source, tmp, dtype, progress)
+        _write(source, tmp, dtype, progress, generation or {})
         _check_free(out_dir)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty (checked above)
@@ -106,7 +114,7 @@ def _check_free(out_dir: str) -> None:
         raise FileExistsError(f"output path {out_dir} exists and is not a folder")
 
 
-def _write(source, tmp: str, dtype: torch.dtype, progress: bool) -> None:
+def _write(source, tmp: str, dtype: torch.dtype, progress: bool, generation: dict) -> None:
     hp = source.hparams
     vocab = hp["vocab_size"]
     mask_id = vocab
@@ -118,7 +126,8 @@ def _write(source, tmp: str, dtype: torch.dtype, progress: bool) -> None:
     tok.save_pretrained(tmp)
     _write_json(os.path.join(tmp, "config.json"), nld_config(hp, mask_id, dtype))
     gen = {"bos_token_id": hp["bos_token_id"], "eos_token_id": hp["eos_token_id"],
-           "pad_token_id": hp["pad_token_id"], "suppress_tokens": [mask_id]}
+           "pad_token_id": hp["pad_token_id"], "suppress_tokens": [mask_id],
+           **source.generation, **generation}
     _write_json(os.path.join(tmp, "generation_config.json"), {k: v for k, v in gen.items() if v is not None})
 
 

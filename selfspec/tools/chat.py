@@ -4,6 +4,12 @@ Each turn applies the model's chat template to the whole conversation and stream
 until the template's end-of-turn token (the model's eos). Ctrl-C while an answer streams stops
 that answer (what was shown stays in the conversation) and returns to the prompt; Ctrl-C or
 Ctrl-D at the prompt ends the session. `/reset` starts a new conversation, `/exit` leaves.
+
+Sampling follows the model: --temperature / --top-p / --top-k win where given, the others come
+from the checkpoint's `generation_config.json` (`checkpoint.generation`, transformers' meaning:
+sampled only with `do_sample`), else greedy. A small model answering greedily loops on harder
+requests; the default model's file holds its card's recommendation (temperature 0.2, top-p 0.9).
+`generate` stays greedy unless asked, like transformers' `generate`.
 """
 
 from __future__ import annotations
@@ -64,22 +70,58 @@ def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = N
                       f"{gen.finish_reason}]\n")
 
 
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # the flags a checkpoint's file fills, at "off"
+
+
+def model_sampling(kw: dict, checkpoint_dir) -> tuple[dict, list[str]]:
+    """`kw` with the sampling flags it leaves at None filled from `checkpoint_dir`'s
+    generation_config.json (greedy without one), and the lines that say so (where the sampling
+    came from; what the file asks for that is not applied, e.g. a repetition_penalty)."""
+    from selfspec.checkpoint.generation import read_generation_config
+
+    gen = read_generation_config(checkpoint_dir)
+    model = {"temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k}
+    taken = {k: v for k, v in model.items() if kw.get(k) is None}
+    out, lines = {**kw, **taken}, []
+    if gen.source is not None and "temperature" in taken:
+        lines.append(f"chat: sampling with {gen.describe()} from {gen.source} (--temperature 0 for greedy)"
+                     if gen.sampled else f"chat: greedy ({gen.source} does not sample; --temperature T samples)")
+    elif gen.source is not None and out["temperature"] > 0:  # the flag's temperature, the file's filters
+        filters = ([f"top-p {taken['top_p']:g}"] if taken.get("top_p", 1.0) < 1.0 else []) + \
+                  ([f"top-k {taken['top_k']}"] if taken.get("top_k") else [])
+        if filters:
+            lines.append(f"chat: {', '.join(filters)} from {gen.source}")
+    note = gen.unsupported_note()
+    return out, lines + ([f"chat: {note}"] if note else [])
+
+
 def cmd_chat(a) -> int:
+    from selfspec.checkpoint.registry import resolve
     from selfspec.loading import load
     from selfspec.engine.options import DecodeConfig
     from selfspec.tools.args import decode_kwargs
 
     kw = decode_kwargs(a)
-    DecodeConfig(**kw)  # bad options fail before the model loads
+    DecodeConfig(**{**kw, **{k: v for k, v in SAMPLING.items() if kw[k] is None}})  # bad options fail before loading
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    kw, lines = model_sampling(kw, resolve(a.model, progress=False))
+    for line in lines:
+        print(line, file=sys.stderr)
     return run_chat(model, tok, system=a.system, show_stats=a.stats, seed=a.seed, profile=a.profile, **kw)
 
 
 def add_chat_parser(sub, add_common_args) -> None:
-    c = sub.add_parser("chat", help="talk to the model: streaming, multi-turn, with its chat template")
+    c = sub.add_parser(
+        "chat", help="talk to the model: streaming, multi-turn, with its chat template",
+        description="Talk to the model. Sampling follows the model: --temperature, --top-p and --top-k win where "
+                    "given; the others come from the checkpoint's generation_config.json as transformers reads it "
+                    "(sampled only when it says do_sample; the default model's: temperature 0.2, top-p 0.9, its "
+                    "card's recommendation), else greedy. --temperature 0 is greedy. The runtime has no repetition "
+                    "penalty: a repetition_penalty in the file is reported at start and not applied. (`generate` "
+                    "stays greedy unless --temperature is given.)")
     c.add_argument("--system", default=None, help="system prompt (default: the chat template's own)")
     c.add_argument("--stats", action="store_true", help="print tokens, tau and tok/s after each answer (stderr)")
     c.add_argument("--plan", default=None, choices=["auto", "fixed"])
@@ -88,4 +130,9 @@ def add_chat_parser(sub, add_common_args) -> None:
                    help="--mode presto: unset = laid out per round for this device; named = that layout")
     c.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
     add_common_args(c)
+    for action in c._actions:  # sampling: unset unless given, then the checkpoint's (cmd_chat)
+        if action.dest in SAMPLING:
+            action.default = None
+            action.help = ((action.help + "; ") if action.help else "") + \
+                "default: the checkpoint's generation_config.json, else off (greedy)"
     c.set_defaults(func=cmd_chat, max_new_tokens=512)

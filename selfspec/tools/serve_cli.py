@@ -16,7 +16,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def add_serve_parser(sub) -> None:
     from selfspec.tools.args import add_weights_args
 
-    s = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API (needs the serve extra)")
+    s = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API (needs the serve extra)",
+        description="Serve the model over an OpenAI-compatible HTTP API. Sampling: a request's temperature, top_p "
+                    "and top_k win where given; those it leaves out come from the checkpoint's generation_config.json "
+                    "as transformers reads it (sampled only when it says do_sample; the default model's: temperature "
+                    "0.2, top-p 0.9, its card's recommendation), else greedy; its max_new_tokens is the answer length "
+                    "unless --max-tokens is given. The runtime has no repetition penalty: a repetition_penalty in the "
+                    "file is logged once at startup and not applied. (`generate` stays greedy unless asked.)")
     s.add_argument("--model", default=None, help="checkpoint directory or model name (default: the default model)")
     s.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the model's name, or its folder's name)")

@@ -56,6 +56,9 @@ class Service:
     def __init__(self, model, tokenizer, cfg: DecodeConfig, options: ServiceOptions, *, profile=None,
                  eos_token_id=None):
         self.model, self.tok, self.cfg, self.options = model, tokenizer, cfg, options
+        note = options.defaults.unsupported_note()  # e.g. a repetition_penalty: said once, not applied
+        if note:
+            log.warning(note)
         if eos_token_id is None:  # what selfspec.generate uses, so a greedy answer equals its output
             eos_token_id = model.config.eos_token_id
             if eos_token_id is None:
