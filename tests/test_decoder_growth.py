@@ -22,6 +22,11 @@ from conftest import tiny_model
 
 V = 16
 REQUESTS, WARM_UP, CHECK_EVERY = 3200, 400, 400
+# bounded state may still fill in after the warm-up (the planner's rate for a draining batch, a
+# cache scratch entry of a width not seen yet): a few objects, while one object per request left
+# behind adds CHECK_EVERY between two checks
+SLACK = 64
+PER_REQUEST = ("prompts", "params", "gens", "outputs", "stats", "sequences", "observers", "waiting", "live")
 CONFIGS = {
     # the planner (calibration, overheads, rest), lookup indices and n-gram rho per row
     "auto": dict(mode="auto", block_length=4, budget=4, group_size=4),
@@ -51,7 +56,7 @@ def _sizes(dec: Decoder) -> dict:
                cache_rows=step.cache.rows, cache_lengths=len(step.cache.lengths), cache_scratch=len(step.cache.scratch))
     if pl is not None:
         for k, v in vars(pl).items():
-            if isinstance(v, (list, dict, set, tuple)):
+            if isinstance(v, (list, dict, set)):
                 out[f"planner.{k}"] = len(v)
     return out
 
@@ -116,11 +121,14 @@ def test_forgotten_requests_leave_nothing_behind(name, monkeypatch, one_thread):
     dec.start()
     _serve(dec, WARM_UP, 0)
     sizes, reach = _sizes(dec), _reachable(dec)
-    assert sizes["sequences"] == sizes["outputs"] == sizes["observers"] == sizes["waiting"] == sizes["live"] == 0
+    assert all(sizes[k] == 0 for k in PER_REQUEST), sizes
     for start in range(WARM_UP, REQUESTS, CHECK_EVERY):
         _serve(dec, CHECK_EVERY, start)
-        assert _sizes(dec) == sizes, f"after {start + CHECK_EVERY} requests"
-        assert _reachable(dec) == reach, f"after {start + CHECK_EVERY} requests"
+        now, served = _sizes(dec), f"after {start + CHECK_EVERY} requests"
+        assert {k: now[k] for k in PER_REQUEST} == {k: 0 for k in PER_REQUEST}, served
+        assert all(now[k] <= sizes.get(k, 0) + SLACK for k in now), (served, now, sizes)
+        objects, slots = _reachable(dec)
+        assert objects <= reach[0] + SLACK and slots <= reach[1] + SLACK, (served, (objects, slots), reach)
 
 
 def test_per_sequence_container_is_keyed_by_index_and_behaves_as_a_list():
