@@ -22,8 +22,12 @@ CFG = DecodeConfig(budget=32, block_length=16)
 
 
 def _planner(cost, budgets=(1, 2, 4, 8, 16, 32), group_sizes=(4, 8, 16), **cfg):
-    return Planner(cost, DecodeConfig(**{"budget": max(budgets), "block_length": 16, **cfg}), budgets=list(budgets),
-                   group_sizes=list(group_sizes))
+    """A planner whose ledger affords any bet: these tests are about how options are valued (the
+    floor that bounds bets is tests/test_floor.py's)."""
+    pl = Planner(cost, DecodeConfig(**{"budget": max(budgets), "block_length": 16, **cfg}), budgets=list(budgets),
+                 group_sizes=list(group_sizes))
+    pl.ledger.funds = 1e9
+    return pl
 
 
 def _rows(*forecasts, rooms=None):
@@ -195,8 +199,9 @@ def test_a_round_pads_to_a_wider_width_the_device_runs_cheaper():
 
 
 def _observe(pl, option, seconds, rows=4, width=None):
-    rnd = SimpleNamespace(option=option, rows=[SimpleNamespace(nodes=0)] * rows, width=width or option.width,
-                          cache_len=0, model_seconds=seconds, seconds=seconds)
+    rnd = SimpleNamespace(option=option, rows=[SimpleNamespace(nodes=0, committed=[7], room=64)] * rows,
+                          width=width or option.width, cache_len=0, model_seconds=seconds, seconds=seconds,
+                          plan_seconds=0.0, bare=False, draining=False)
     pl.observe(rnd)
 
 
@@ -217,9 +222,9 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     for _ in range(50):
         pl.lookup_calibrator.update(2, 2, 3)
     before = pl.lookup_calibrator.counts[3][0][0]
-    row = SimpleNamespace(nodes=2, path=[0], match=3)
+    row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64)
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
-                               seconds=1.0))
+                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False))
     assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, at, local_scores
 from selfspec.engine.layouts import AR, Option
+from selfspec.engine.ledger import Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
@@ -72,13 +73,14 @@ class Planner:
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
         self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
+        self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`ledger.py`)
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
         state, so generations in several threads never update one planner at once."""
         new = copy.copy(self)
         for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "scale", "two_pass_yield", "_memo",
-                     "rates"):
+                     "rates", "ledger"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         return new
 
@@ -96,16 +98,23 @@ class Planner:
             return False
         extra = self._f(rows, group, cache) * self._scale("one-pass")
         ar = self.seconds(AR, rows, cache)[1]
-        return extra <= ar * max(1.0, PROBE_SHARE * room)
+        loss = extra / ar  # in AR rounds; worst case: the marginals buy nothing
+        if extra > ar * max(1.0, PROBE_SHARE * room) or not self.ledger.may_bet(loss):
+            return False
+        self.ledger.funds -= loss  # charged now: the prefill is no round the ledger sees
+        return True
 
     # -- plan ------------------------------------------------------------------------------------------
     def plan(self, rnd) -> Option:
         """The option for this round (`rounds.Round`). Each row's forecast is what its draft step
         then reads (`RowRound.big`: the largest tree; `.drafted`: the lookup chain). While resting
         after a run of AR choices, with no marginals at hand, AR without forecasting anything."""
-        if self.dormant > 0 and all(r.marg is None for r in rnd.rows):
-            self.dormant -= 1
+        forecast_loss = self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]
+        resting = self.dormant > 0 and all(r.marg is None for r in rnd.rows)
+        if resting or not self.ledger.may_bet(forecast_loss):  # no bet: a bare AR round, nothing forecast
+            self.dormant -= resting
             self.predicted = None
+            rnd.bare = True
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
@@ -215,6 +224,18 @@ class Planner:
         if yields:
             self._observe_two_pass(yields)
         self._observe_time(rnd)
+        self._account(rnd)
+
+    def _account(self, rnd) -> None:
+        """The round into the ledger: its committed progress against AR's in the same time."""
+        R, committed = len(rnd.rows), [len(r.committed) for r in rnd.rows]
+        if rnd.draining:
+            top = max(r.room for r in rnd.rows)
+            value = float(min(c for c, r in zip(committed, rnd.rows) if r.room == top))
+        else:
+            value = float(sum(committed))
+        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
+                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds)
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
         for n in self.budgets[1:]:
@@ -238,7 +259,7 @@ class Planner:
             old = self.scale.get(fam)
             self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
         recent = self._recent.setdefault(fam, [])
-        recent.append(max(0.0, rnd.seconds - rnd.model_seconds) / R)
+        recent.append(max(0.0, rnd.seconds - rnd.model_seconds - rnd.plan_seconds) / R)  # forecasts: the ledger's
         del recent[:-9]
         self.overhead[fam] = sorted(recent)[len(recent) // 2]
         # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
@@ -272,6 +293,12 @@ class _Choice:
         self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)
         self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
         self.best_e, self.best_seconds = self.ar_value, ar_seconds
+        self.ar_seconds = ar_seconds
+
+    def affordable(self, seconds: float) -> bool:
+        """The ledger allows a speculative round of `seconds`: its worst case (only the bonus
+        tokens committed) loses its time over an AR round's, in AR rounds."""
+        return self.pl.ledger.may_bet(seconds / self.ar_seconds - 1.0)
 
     def total(self, per_row: list[float]) -> float:
         """Committed tokens of the round from each row's expectation (capped at its room)."""
@@ -282,6 +309,8 @@ class _Choice:
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
         width, seconds = self.pl.seconds(o, self.R, self.cache)
+        if o.speculative and not self.affordable(seconds):
+            return float("-inf")
         if width > o.width:
             o = Option(o.draft, o.nodes, o.groups, o.group_size, o.draft_pass, width)
         e = self.total(per_row)
@@ -301,7 +330,7 @@ class _Choice:
                 cost, ar = pl.seconds(probe, self.R, self.cache)[1], pl.seconds(AR, self.R, self.cache)[1]
                 # a probe commits what AR would: its extra time is a bet, kept under PROBE_SHARE of
                 # the AR time between probes (on a CPU a group of 4 with the draft LoRA costs ~4 AR steps)
-                if pl.since_probe >= max(pl.probe_every, (cost - ar) / (PROBE_SHARE * ar)):
+                if pl.since_probe >= max(pl.probe_every, (cost - ar) / (PROBE_SHARE * ar)) and self.affordable(cost):
                     pl.since_probe = 0
                     pl.predicted = (self.total([1.0] * self.R), cost)
                     return probe

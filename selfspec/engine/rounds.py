@@ -84,7 +84,9 @@ class Round:
     nodes_width: int = 0  # the widest tree (every row's mask groups start at this column)
     width: int = 0  # query tokens per row of the verification forward (padding included)
     model_seconds: float = 0.0  # the round's model time (every forward, both passes)
+    plan_seconds: float = 0.0  # the planner's time (forecasts: charged to speculation)
     seconds: float = 0.0
+    bare: bool = False  # an AR round the planner forecast nothing for (or a fixed mode's round)
 
     @property
     def cache_len(self) -> int:

@@ -1,0 +1,60 @@
+"""plan "auto"'s floor: whether speculation has paid, measured, and every bet bounded by it.
+
+The planner's forecasts are estimates; what a round actually cost and committed is not. The
+ledger prices every round the planner did anything for beyond a bare AR round (a forecast, a
+tree build, a lookup, a draft, a wider forward) in AR rounds: how many plain AR rounds the same
+wall time would have run (from the AR round time on these rows at this cache length,
+`Planner.seconds(AR)`), against how many AR rounds' worth of tokens it committed. Its `funds`
+are what the next bet may lose, in AR rounds:
+
+    funds <- min(CAP, funds + EPS * rounds_of_time + gain),   gain = committed - rounds_of_time
+
+for every non-bare round (a bare round adds only EPS * its time), starting at CREDIT. A
+speculative round, whose worst case (only the bonus tokens committed) loses its cost over an AR
+round's, and the forecast that precedes any bet, are placed only while they fit the funds. So
+speculation that never pays loses at most EPS of the time (plus CREDIT and one bet's overshoot of
+its prediction), speculation that pays funds bigger bets up to CAP, and a bare AR round (no
+forecast: the planner's answer when it may not bet) pays nothing for any of it. The ledger
+carries over between generations with the same settings and across a server's requests (which
+share one planner).
+
+Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
+from CREDIT 1 the funds reach 3 after 100 AR rounds; the probe is bet and lost (funds 0), and the
+next one waits for another 150 AR rounds: 3 of every 153 rounds' time, ~2%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EPS = 0.02  # share of the time speculation may lose beyond what it has won
+CREDIT = 1.0  # AR rounds a new planner may lose before anything was won: a first cheap bet
+CAP = 8.0  # funds never exceed this many AR rounds: when a text stops being predictable, old wins pay
+# for at most this much of the losing streak
+PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
+
+
+@dataclass
+class Ledger:
+    funds: float = CREDIT  # AR rounds the next bet may lose
+    won: float = 0.0  # AR rounds won (negative: lost) by non-bare rounds, in all (a measure, not a rule)
+    rounds: float = 0.0  # every round's time in AR rounds, in all
+    plan_seconds: float = 0.0  # running estimate of one forecast's time (per round)
+
+    def may_bet(self, loss: float) -> bool:
+        """Whether a bet whose worst case loses `loss` AR rounds fits the funds."""
+        return loss <= self.funds
+
+    def record(self, *, committed: float, seconds: float, ar_seconds: float, bare: bool,
+               plan_seconds: float = 0.0) -> float:
+        """Count one finished round: it committed `committed` AR rounds' worth of tokens in
+        `seconds`, where an AR round takes `ar_seconds`. Returns its gain in AR rounds (0 for a
+        bare round: the reference itself)."""
+        spent = seconds / max(ar_seconds, 1e-12)
+        gain = 0.0 if bare else committed - spent
+        self.funds = min(CAP, self.funds + EPS * spent + gain)
+        self.won += gain
+        self.rounds += spent
+        if not bare:
+            self.plan_seconds += PLAN_EMA * (plan_seconds - self.plan_seconds)
+        return gain

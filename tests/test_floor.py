@@ -1,0 +1,139 @@
+"""plan "auto" is never much slower than AR: on a fake clock that prices every forward by a
+CPU-like cost model, drafts that are never accepted cost auto at most 3% of AR's time, drafts
+that are always accepted make it speculate, and a planner whose ledger ignores its losses
+fails the first."""
+
+import pytest
+import torch
+
+from selfspec.drafting.tree import Tree
+from selfspec.engine import ledger as ledger_mod
+from selfspec.engine.cost import CostModel
+from selfspec.engine.decoder import Decoder, generate_ids
+from selfspec.engine.ledger import Ledger
+from selfspec.engine.options import DecodeConfig
+
+from conftest import tiny_model
+
+# a CPU: 2 query tokens cost 1.15 AR steps, 5 cost 2, a mask group of 8 with its tree ~3-4
+CPU = CostModel.one_row((1, 2, 4, 5, 8, 16, 64, 256), ((1e-2, 1.15e-2, 1.3e-2, 2e-2, 2.5e-2, 3.5e-2, 9e-2, 0.3),))
+N = 240  # new tokens
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class PricedForward:
+    """The real batched forward; each call moves the fake clock by the cost model's price."""
+
+    def __init__(self, bf, clock: FakeClock, cost: CostModel):
+        self.bf, self.clock, self.cost = bf, clock, cost
+
+    def __call__(self, tokens, offsets, cache, rows, **kw):
+        R, q = tokens.shape
+        self.clock.t += self.cost(R, q, cache.lengths[rows.start])
+        return self.bf(tokens, offsets, cache, rows, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.bf, name)
+
+
+def _model_and_prompt():
+    m = tiny_model(seed=3, vocab_size=16, max_position_embeddings=512,
+                   rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 64.0,
+                                    "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+    prompt = torch.randint(5, 16, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    return m, prompt
+
+
+def _run(m, prompt, cfg, reference=None, accept=None):
+    """(token ids, fake seconds) of one generation. `accept`: every drafted token is replaced by the
+    reference's token at its position (True: always accepted) or by another one (False: never)."""
+    m.__dict__.pop("_selfspec_planners", None)  # a fresh planner: nothing learnt by another test
+    dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
+    clock = FakeClock()
+    dec.stepper.clock = clock
+    dec.bf = dec.stepper.bf = PricedForward(dec.stepper.bf, clock, CPU)
+    if accept is not None:
+        ref = torch.tensor(reference + [5] * 64)
+        draft = dec.stepper.draft
+
+        def rigged(rnd):
+            draft(rnd)
+            for r in rnd.rows:
+                if len(r.tree) > 1:
+                    right = ref[r.emitted_before + r.tree.depths[1:] - 1]
+                    tokens = r.tree.tokens.clone()
+                    tokens[1:] = right if accept else 5 + (right - 4) % 11  # another id of 5..15
+                    r.tree = Tree(tokens, r.tree.parents, r.tree.depths, r.tree.scores)
+
+        dec.stepper.draft = rigged
+    for _ in dec:
+        pass
+    return dec.outputs[0], clock.t, dec.stats[0]
+
+
+@pytest.fixture(scope="module")
+def setting():
+    m, prompt = _model_and_prompt()
+    ar, ar_seconds, _ = _run(m, prompt, DecodeConfig(mode="ar", max_new_tokens=N))
+    return m, prompt, ar, ar_seconds
+
+
+def test_drafts_never_accepted_cost_auto_at_most_3_percent_of_ar(setting):
+    m, prompt, ar, ar_seconds = setting
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False)
+    assert out == ar
+    assert seconds <= 1.03 * ar_seconds, (seconds / ar_seconds, dict(st.plan_hist))
+    assert sum(v for k, v in st.plan_hist.items() if k != "ar") > 0  # it did try
+
+
+def test_drafts_always_accepted_make_auto_speculate_and_beat_ar(setting):
+    m, prompt, ar, ar_seconds = setting
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=True)
+    assert out == ar
+    assert st.plan_hist["ar"] < st.rounds / 2, dict(st.plan_hist)
+    assert seconds < 0.7 * ar_seconds, seconds / ar_seconds
+
+
+def test_a_planner_that_ignores_its_losses_fails_the_floor(setting, monkeypatch):
+    m, prompt, ar, ar_seconds = setting
+    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False)
+    assert out == ar
+    assert seconds > 1.03 * ar_seconds, (seconds / ar_seconds, dict(st.plan_hist))
+
+
+def test_the_ledger_funds_bets_from_time_and_wins_and_stops_after_losses():
+    led = Ledger()
+    assert led.funds == ledger_mod.CREDIT and led.may_bet(1.0) and not led.may_bet(1.5)
+    for _ in range(100):  # bare AR rounds: time accrues EPS of itself
+        led.record(committed=1.0, seconds=0.01, ar_seconds=0.01, bare=True)
+    assert led.funds == pytest.approx(ledger_mod.CREDIT + 100 * ledger_mod.EPS)
+    gain = led.record(committed=1.0, seconds=0.04, ar_seconds=0.01, bare=False)  # a probe that bought nothing
+    assert gain == pytest.approx(-3.0)
+    assert led.funds == pytest.approx(ledger_mod.CREDIT + 104 * ledger_mod.EPS - 3.0) and not led.may_bet(0.5)
+    for _ in range(10):  # lookup rounds that commit 3 tokens for 1.3 AR rounds' time
+        led.record(committed=3.0, seconds=0.013, ar_seconds=0.01, bare=False)
+    assert led.funds == pytest.approx(ledger_mod.CAP)  # wins fund bets, up to CAP
+    assert led.won == pytest.approx(-3.0 + 10 * 1.7)
+
+
+def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
+    m, prompt, ar, _ = setting
+    cfg = DecodeConfig(max_new_tokens=16, block_length=8)
+    dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
+    dec.planner.ledger.funds = -5.0
+    forecasts = []
+    forecast = dec.planner.forecast
+    dec.planner.forecast = lambda r: forecasts.append(1) or forecast(r)
+    for _ in dec:
+        pass
+    assert dec.outputs[0] == ar[:16]
+    assert forecasts == [] and set(dec.stats[0].plan_hist) == {"ar"}
