@@ -22,6 +22,8 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
     assert rc == 0
     stdout = capsys.readouterr().out.strip().splitlines()
     assert stdout[0].startswith("| mode | schedule | budget | T | tau")
+    floor = [line for line in stdout if line.startswith("auto / AR at T = ")]
+    assert len(floor) == 2 and all("worst prompt" in line for line in floor)  # the floor, per temperature
     summary = json.loads(stdout[-1])
     res = json.loads((out / "results.json").read_text())
     assert summary["n_prompts"] == res["n_prompts"] == 2
@@ -51,6 +53,11 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
                 ar_kind = sum(x["new_tokens"] for x in ar) / sum(x["seconds"] for x in ar)
                 assert v["tokens_per_second"] == pytest.approx(kind_tps)
                 assert v["speedup_vs_ar"] == pytest.approx(kind_tps / ar_kind)
+            if lab != "ar":  # the prompt where the row did worst against AR, named
+                ratios = {x["id"]: x["new_tokens"] / x["seconds"] / (y["new_tokens"] / y["seconds"])
+                          for x, y in zip(recs, rows["ar", t]["records"])}
+                worst = min(ratios, key=ratios.get)
+                assert r["worst_vs_ar"] == {"id": worst, "speedup_vs_ar": pytest.approx(ratios[worst])}
             if lab.startswith("hf"):
                 assert r["tau"] is None  # peers report tokens/s only
                 continue

@@ -44,6 +44,7 @@ MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's 
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
 PROBE_SHARE = 0.1  # and at least enough of them that a probe's extra time is at most this share of theirs
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
+MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 
 
 class Planner:
@@ -111,7 +112,8 @@ class Planner:
         after a run of AR choices, with no marginals at hand, AR without forecasting anything."""
         forecast_loss = self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]
         resting = self.dormant > 0 and all(r.marg is None for r in rnd.rows)
-        if resting or not self.ledger.may_bet(forecast_loss):  # no bet: a bare AR round, nothing forecast
+        unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
+        if resting or unmeasured or not self.ledger.may_bet(forecast_loss):  # a bare AR round, nothing forecast
             self.dormant -= resting
             self.predicted = None
             rnd.bare = True
@@ -169,11 +171,16 @@ class Planner:
         width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
-        return width, s * self._scale(o.family) + self.overhead.get(o.family, 0.0) * rows
+        return width, s * self._scale(o.family) + self._overhead(o.family) * rows
 
     def _scale(self, family: str) -> float:
-        """Measured / predicted model time for a kind of round (AR's until that kind has run)."""
-        return self.scale.get(family, self.scale.get("ar", 1.0))
+        """Measured / predicted model time for a kind of round (AR's until that kind has run; before
+        any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""
+        return self.scale.get(family, self.scale.get("ar", min(self.scale.values(), default=1.0)))
+
+    def _overhead(self, family: str) -> float:
+        """Seconds per row outside the model and the planner for a kind of round (as `_scale`)."""
+        return self.overhead.get(family, self.overhead.get("ar", min(self.overhead.values(), default=0.0)))
 
     def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
         """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised

@@ -111,17 +111,19 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs AR by kind | vs linear | "
-            "overhead | tree build | oracle tau | = AR |")
-    lines = [head, "|" + "---|" * 15]
+    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs AR by kind | worst prompt | "
+            "vs linear | overhead | tree build | oracle tau | = AR |")
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
         same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
         kinds = " ".join(f"{k} {f(v['speedup_vs_ar'])}x" for k, v in r.get("by_kind", {}).items()) or "-"
+        worst = r.get("worst_vs_ar")
+        worst = f"{worst['id']} {f(worst['speedup_vs_ar'])}x" if worst else "-"
         lines.append(
             f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
-            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {kinds} | {f(r['speedup_vs_linear'])}"
+            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {kinds} | {worst} | {f(r['speedup_vs_linear'])}"
             f"{'x' if r['speedup_vs_linear'] is not None else ''} | {pct(r['overhead_share'])} | "
             f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
         )
@@ -219,7 +221,37 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         r["speedup_vs_ar"] = r["tokens_per_second"] / ar_tps if ar_tps else None
         r["speedup_vs_linear"] = r["tokens_per_second"] / lin if lin and r["mode"] in ("presto", "hybrid") else None
     _by_kind(rows)
+    _worst(rows)
     return rows
+
+
+def _worst(rows: list[dict]) -> None:
+    """Each row's prompt with the lowest speedup vs AR (same temperature, same prompt): a floor
+    that holds on average can still lose on one kind of text."""
+    for r in rows:
+        ar = next((x for x in rows if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
+        if ar is None or r is ar:
+            continue
+        ar_tps = {x["id"]: x["new_tokens"] / x["seconds"] for x in ar["records"] if x["seconds"] > 0}
+        ratios = [(x["new_tokens"] / x["seconds"] / ar_tps[x["id"]], x["id"]) for x in r["records"]
+                  if x["seconds"] > 0 and ar_tps.get(x["id"])]
+        if ratios:
+            v, pid = min(ratios)
+            r["worst_vs_ar"] = {"id": pid, "speedup_vs_ar": v}
+
+
+def floor_lines(rows: list[dict]) -> list[str]:
+    """One line per temperature: plan auto against AR overall, per prompt kind and on its worst prompt."""
+    out = []
+    for r in rows:
+        if r["mode"] != "auto" or r.get("speedup_vs_ar") is None:
+            continue
+        kinds = ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in r.get("by_kind", {}).items()
+                          if v.get("speedup_vs_ar") is not None)
+        w = r.get("worst_vs_ar")
+        out.append(f"auto / AR at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x" + (f" ({kinds})" if kinds else "")
+                   + (f"; worst prompt {w['id']} {w['speedup_vs_ar']:.2f}x" if w else ""))
+    return out
 
 
 def prompt_kind(prompt_id: str) -> str:
@@ -340,6 +372,8 @@ def cmd_bench(a) -> int:
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
                      baselines=baselines)
     table = markdown_table(rows)
+    floor = floor_lines(rows)
+    table += "".join("\n\n" + line for line in floor[:1]) + "".join("\n" + line for line in floor[1:])
     print(table)
     from selfspec.tools.bench_plot import plot
 
@@ -361,7 +395,7 @@ def cmd_bench(a) -> int:
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
                                   "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature", "accept_by_depth",
-                                  "plan_hist", "by_kind")} for r in rows]}
+                                  "plan_hist", "by_kind", "worst_vs_ar")} for r in rows]}
     print(json.dumps(summary))
     return 0
 

@@ -93,7 +93,7 @@ def cmd_generate(a) -> int:
     return 0
 
 
-STEPS_NOTED = 2.0  # a fixed layout whose round costs this many AR steps or more is named before it runs
+STEPS_NOTED = 4.0  # a fixed layout whose round costs this many AR steps or more is named before it runs
 
 
 def layout_note(model, cfg, profile=None) -> str | None:
