@@ -32,6 +32,16 @@ def test_interpolation_between_and_beyond_grid_points():
     assert lin(8, 4, 0) == pytest.approx(1e-2 + 32e-3)
 
 
+def test_below_the_grid_a_cost_is_the_first_points_and_beyond_it_never_falls():
+    """A steep cache axis (a 1,024-token plane measured under load) must not turn a 34-token cache
+    into a free forward: the planner padded every round to width 128 at ~0 s on such a model."""
+    noisy = CostModel.one_row((1, 64, 128), ((1e-2, 9e-2, 0.18), (2e-2, 0.95, 6.5)), cache=(64, 1024))
+    assert noisy(1, 128, 34) == pytest.approx(0.18) and noisy(1, 1, 0) == pytest.approx(1e-2)
+    assert noisy(1, 200, 64) >= noisy(1, 128, 64)
+    falling = CostModel.one_row((1, 2), ((2e-2, 1e-2),))
+    assert falling(1, 4, 0) == pytest.approx(1e-2)  # the last point, not a line towards zero
+
+
 def test_a_measured_model_round_trips_through_its_file_and_extrapolates_what_it_did_not_run(tmp_path, monkeypatch):
     monkeypatch.setattr(cost, "TOKEN_CAP", 8)
     m = tiny_model()

@@ -176,11 +176,15 @@ def _read_json(path: str) -> dict:
 
 
 def _interp(xs, ys, x: float) -> float:
-    if len(xs) == 1:
+    """Linear between grid points; below the first, the first point's value (a forward over fewer
+    cached tokens or query rows never costs less than zero, as a line through two noisy points can
+    say); beyond the last, the line through the last two, never below the last point."""
+    if len(xs) == 1 or x <= xs[0]:
         return float(ys[0])
-    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    i = min(bisect_left(xs, x), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    y = float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return max(y, float(y1)) if x > x1 else y
 
 
 # -- keys ---------------------------------------------------------------------------------------------
