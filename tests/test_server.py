@@ -159,6 +159,28 @@ def test_a_greedy_answer_equals_selfspec_generate(server, model_tok, prompt, str
     assert finish == ("length" if want.finish_reason == "length" else "stop")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_lone_request_runs_the_forwards_and_rows_that_generate_runs(own_server, model_tok, monkeypatch, stream):
+    """Through the server one request costs what `generate` costs: the same forwards, each over
+    one cache row and the same query tokens (no padding rows for the server's reserved ones)."""
+    from selfspec.engine.batch_forward import BatchForward
+
+    calls, real = [], BatchForward.__call__
+
+    def counted(self, tokens, *args, **kw):
+        calls.append(tuple(tokens.shape))
+        return real(self, tokens, *args, **kw)
+
+    monkeypatch.setattr(BatchForward, "__call__", counted)
+    want = reference(model_tok, PROMPTS[1], 24)
+    in_process, calls[:] = list(calls), []
+    text, ids, _, last = ask(own_server(max_batch=4).client(), PROMPTS[1], 24, stream=stream)
+    assert ids == want.token_ids
+    assert calls == in_process and all(rows == 1 for rows, _ in calls), (calls, in_process)
+    stats = (last.model_extra if stream else last.model_extra)["selfspec"]
+    assert (stats["forwards"], stats["rounds"]) == (want.stats.forwards, want.stats.rounds)
+
+
 def test_sixteen_concurrent_clients_each_get_exactly_what_generate_gives(server, model_tok):
     jobs = [(PROMPTS[i % len(PROMPTS)] if i < 6 else f"def f{i}(x):\n    return x", 8 + 3 * i, i % 2 == 1)
             for i in range(16)]

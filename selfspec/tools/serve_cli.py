@@ -125,5 +125,4 @@ def cmd_serve(a) -> int:
     print(f"serving {model_id} (plan {cfg.plan}, mode {cfg.mode}) on http://{a.host}:{a.port}/v1 with "
           f"{a.max_batch} rows ({service.kv_cache_bytes / 2**20:.0f} MiB of KV cache reserved) and a queue of "
           f"{a.max_queue}; defaults from {options.defaults.source}", file=sys.stderr)
-    serve(build_app(service, api_key=a.api_key), service, host=a.host, port=a.port, log_level=a.log_level)
-    return 0
+    return serve(build_app(service, api_key=a.api_key), service, host=a.host, port=a.port, log_level=a.log_level)

@@ -11,6 +11,12 @@ The first token of a request is sent as soon as its prefill yields it, before th
 
 Sequences are dropped from the decoder (`Decoder.forget`) once their row has left, so a server
 that runs for weeks keeps no per-request data.
+
+`python -m selfspec serve` runs the engine on the process's main thread (`run_foreground`) and
+the HTTP event loop in a thread of its own: torch's CPU kernels fork and join their OpenMP team
+about twice as slowly from any other thread (a bf16 576 x 1536 matmul of one row: 59 us on the
+main thread, 122 us on another; a whole AR step of the default model ~2x), and a decode step is
+hundreds of such small ops. `start()` (a background thread) is for embedding and tests.
 """
 
 from __future__ import annotations
@@ -90,10 +96,19 @@ class Engine:
         self._jobs: dict[int, Job] = {}  # decoder row id (Sequence.index) -> its job
         self.counts: Counter = Counter()  # finished / cancelled / failed, for /health
         self._thread = threading.Thread(target=self._run, name="selfspec-engine", daemon=True)
+        self.foreground = False  # `run_foreground` owns the loop: `start()` does nothing
 
     # -- any thread --------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Run the engine in a background thread (a no-op once `run_foreground` owns it)."""
+        if not self.foreground:
+            self._thread.start()
+
+    def run_foreground(self) -> None:
+        """Run the engine on the calling thread (the main one, see the module's docstring) until
+        `stop()`; signal handlers of that thread still run while it waits for work."""
+        self.foreground = True
+        self._run()
 
     def submit(self, job: Job) -> None:
         with self._cond:

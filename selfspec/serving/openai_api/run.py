@@ -12,6 +12,8 @@ is not handed back.
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 
 import uvicorn
 
@@ -58,8 +60,35 @@ class DrainingServer(uvicorn.Server):
         self._tasks.append(asyncio.ensure_future(drain_then_exit()))
 
 
-def serve(app, service, *, host: str, port: int, log_level: str = "info") -> None:
-    """Run until a signal drains and stops the server."""
+def serve(app, service, *, host: str, port: int, log_level: str = "info") -> int:
+    """Run until a signal drains and stops the server: the engine on this (the main) thread, where
+    torch's kernels run at full speed (`engine.py`), uvicorn's event loop in a thread of its own;
+    SIGTERM / SIGINT are taken here and handed to the server's drain. Returns 0 after a drained
+    shutdown, 1 when the HTTP server ended by itself (e.g. the port was taken)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=5)
-    DrainingServer(config, service).run()
+    server = DrainingServer(config, service)
+    engine = service.engine
+    engine.foreground = True  # the app's lifespan must not start a second engine thread
+    asked = []
+
+    def http() -> None:
+        try:
+            server.run()
+        finally:
+            engine.stop(0)  # whatever ended the server ends the engine's loop on the main thread
+
+    def on_signal(sig, frame) -> None:
+        asked.append(sig)
+        server.request_shutdown()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=http, name="selfspec-http", daemon=True)
+    try:
+        thread.start()
+        engine.run_foreground()
+        thread.join()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0 if asked else 1
