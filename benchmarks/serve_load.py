@@ -4,7 +4,9 @@
     python benchmarks/serve_load.py --model pystdlib-nld-9m --mode lookup --clients 2 --max-tokens 8   # a smoke run
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --api-key KEY       # a server already running
 
-For each client count C (default 1, 4, 16) it sends C streaming requests (`--max-tokens` each,
+First, before it starts the server, the same requests run one after another through
+`selfspec.generate` in this process on its main thread (the in-process baseline row; skipped with
+--url or --no-baseline). For each client count C (default 1, 4, 16) it sends C streaming requests (`--max-tokens` each,
 greedy, prompts from the model's `prompts.jsonl`) at once, then the same C requests one after
 another, and reports for both: total tokens per second (tokens / wall time), time to first token
 and inter-token latency (p50 / p95; a chunk of k tokens counts k gaps of its delay / k) and the
@@ -125,6 +127,25 @@ def run_phase(url, headers, jobs, concurrent: bool, timeout) -> dict:
             "lost": len(lost), "lost_reasons": lost[:5]}
 
 
+def in_process(a, bodies, n: int) -> dict:
+    """The first n requests through `selfspec.generate`, one after another, on this main thread:
+    what a served request is measured against (same model, weights, layout, greedy, max tokens)."""
+    import selfspec
+
+    model, tok = selfspec.load(a.model, weights=a.weights, progress=False)
+    layout = {k: getattr(a, k) for k in ("mode", "plan") if getattr(a, k) is not None}
+    if not getattr(tok, "chat_template", None):  # as the server: chat records only with a template
+        bodies = [(path, b) for path, b in bodies if "prompt" in b]
+    prompts = [b.get("prompt", b.get("messages")) for _, b in (bodies[i % len(bodies)] for i in range(n))]
+    selfspec.generate(model, tok, prompts[0], max_new_tokens=8, **layout)  # warm-up (and the cost model)
+    tokens, t0 = 0, time.perf_counter()
+    for p in prompts:
+        tokens += len(selfspec.generate(model, tok, p, max_new_tokens=a.max_tokens, **layout).token_ids)
+    wall = time.perf_counter() - t0
+    del model
+    return {"requests": n, "tokens": tokens, "wall_seconds": round(wall, 3), "tokens_per_second": round(tokens / wall, 2)}
+
+
 def start_server(a, port):
     cmd = [sys.executable, "-m", "selfspec", "serve", "--port", str(port), "--max-batch", str(max(a.clients)),
            "--max-queue", str(max(a.clients)), "--log-level", "warning"]
@@ -164,6 +185,7 @@ def parse_args():
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per request")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the in-process generate baseline")
     ap.add_argument("--budget", type=float, default=1800, help="seconds for the whole run; later phases are skipped")
     ap.add_argument("--startup-timeout", type=float, default=600, help="seconds for a started server to come up")
     a = ap.parse_args()
@@ -177,7 +199,10 @@ def parse_args():
 def main() -> None:
     a = parse_args()
     t_start = time.time()
-    proc, server_cmd = None, None
+    proc, server_cmd, baseline = None, None, None
+    if a.url is None and not a.no_baseline:  # before the server exists: nothing else runs
+        names = [a.model, os.environ.get("SELFSPEC_MODEL"), "smollm2-135m-instruct"]
+        baseline = in_process(a, load_prompts(names, chat=True), max(a.clients))
     if a.url is None:
         proc, url, server_cmd = start_server(a, free_port())
     else:
@@ -199,8 +224,14 @@ def main() -> None:
             conc = run_phase(url, headers, jobs, True, a.timeout)
             seq = run_phase(url, headers, jobs, False, a.timeout)
             speedup = conc["tokens_per_second"] / seq["tokens_per_second"] if seq["tokens_per_second"] else None
-            results.append({"clients": c, "concurrent": conc, "sequential": seq,
-                            "speedup": None if speedup is None else round(speedup, 3)})
+            row = {"clients": c, "concurrent": conc, "sequential": seq,
+                   "speedup": None if speedup is None else round(speedup, 3)}
+            if baseline and baseline["tokens_per_second"]:
+                # the same requests in a row, served, against generate in-process; and c at once against them
+                first = baseline["tokens_per_second"]
+                row["sequential_vs_in_process"] = round(seq["tokens_per_second"] / first, 3)
+                row["concurrent_vs_in_process"] = round(conc["tokens_per_second"] / first, 3)
+            results.append(row)
     finally:
         exit_code = None
         if proc is not None:
@@ -211,7 +242,7 @@ def main() -> None:
                 proc.kill()
     print(json.dumps({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "server_command":
                       server_cmd and " ".join(server_cmd[1:]), "url": url, "max_tokens": a.max_tokens,
-                      "results": results, "server_exit_code": exit_code, "seconds": round(time.time() - t_start, 1)},
+                      "in_process_generate": baseline, "results": results, "server_exit_code": exit_code, "seconds": round(time.time() - t_start, 1)},
                      indent=2))
 
 
