@@ -182,3 +182,18 @@ def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(
     by = {(r["mode"], r["batch_size"]): r for r in rows}
     assert by[("ar", 1)]["seconds"] == 1 + 4 and by[("auto", 1)]["seconds"] == 2 + 3
     assert by[("auto", 1)]["tokens_per_second"] == 12 / 5
+
+
+def test_repeats_run_every_row_again_in_mirrored_order_and_sum_the_runs(tiny_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--modes", "ar", "auto", "--peers",
+               "--compare-weights", "--temperatures", "0", "--max-new-tokens", "8", "--repeats", "2", "--out", str(out)])
+    assert rc == 0
+    rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    for r in rows.values():
+        for x in r["records"]:
+            assert x["repeats"] == 2 and x["repeats_agree"]  # greedy: the same tokens both times
+            assert x["new_tokens"] == 2 * len(x["token_ids"]) and sum(x["plan_hist"].values()) == x["rounds"]
+    assert rows["auto"]["matches_ar"] == 2
+    capsys.readouterr()
+    assert main(["bench", "--model", str(tiny_dir), "--repeats", "0"]) == 2

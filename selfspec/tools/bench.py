@@ -13,11 +13,12 @@ import os
 import platform
 import sys
 import time
-from collections import Counter
 from dataclasses import replace
 
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
 from selfspec.engine.layouts import config_label, layout_label
+from selfspec.tools.bench_report import (_by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
+                                         markdown_table, prompt_kind)  # (aggregate, prompt_kind: read from here)
 from selfspec.tools.peers import llama_cpp_available
 
 PEERS = ("hf", "hf-lookup", "llama.cpp")
@@ -81,58 +82,9 @@ def label(cfg: DecodeConfig) -> str:
     return config_label(cfg)
 
 
-def aggregate(records: list[dict]) -> dict:
-    """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once)."""
-    from selfspec.engine.stats import Stats
-
-    keys = ("new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds")
-    st = Stats.total([Stats(**{k: r.get(k, 0) for k in keys}, accept_lengths=r.get("accept_lengths", []),
-                            oracle_lengths=r.get("oracle_lengths", []),
-                            plan_hist=Counter(r.get("plan_hist", {}))) for r in records])
-    sec = st.seconds
-    return {
-        "tau": st.tau if st.rounds else None,
-        "tpf": st.tpf if st.forwards else None,
-        "tokens_per_second": st.new_tokens / sec if sec else 0.0,
-        "new_tokens": st.new_tokens,
-        "seconds": sec,
-        "forward_seconds": st.forward_seconds,
-        "overhead_share": 1 - st.forward_seconds / sec if sec and st.forward_seconds else None,
-        "tree_share": st.tree_seconds / sec if sec else 0.0,
-        "oracle_tau": st.oracle_tau,
-        "accept_hist": dict(sorted(Counter(st.accept_lengths).items())),
-        # share of verification rounds whose first d drafted tokens were all accepted, d = 1..8
-        "accept_by_depth": [sum(a > d for a in st.accept_lengths) / len(st.accept_lengths) for d in range(1, 9)]
-        if st.accept_lengths else None,
-        "plan_hist": dict(st.plan_hist.most_common()),
-        "matches_ar": sum(r.get("matches_ar", True) for r in records),
-        "prompts": len(records),
-    }
-
-
-def markdown_table(rows: list[dict]) -> str:
-    head = ("| mode | schedule | budget | T | tau | accepted d1/d2/d3 | TPF | tok/s | vs AR | vs AR by kind | worst prompt | "
-            "vs linear | overhead | tree build | oracle tau | = AR |")
-    lines = [head, "|" + "---|" * 16]
-    for r in rows:
-        f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
-        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
-        kinds = " ".join(f"{k} {f(v['speedup_vs_ar'])}x" for k, v in r.get("by_kind", {}).items()) or "-"
-        worst = r.get("worst_vs_ar")
-        worst = f"{worst['id']} {f(worst['speedup_vs_ar'])}x" if worst else "-"
-        lines.append(
-            f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
-            f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {kinds} | {worst} | {f(r['speedup_vs_linear'])}"
-            f"{'x' if r['speedup_vs_linear'] is not None else ''} | {pct(r['overhead_share'])} | "
-            f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
-        )
-    return "\n".join(lines)
-
-
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
-              profile=None, gguf: str | None = None, baselines: dict | None = None) -> list[dict]:
+              profile=None, gguf: str | None = None, baselines: dict | None = None, repeats: int = 1) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
     `baselines` ({weight format: model}) add a greedy AR row in each of those formats
     (the transformers peers then run on the fp32 one when given: the checkpoint's own weights).
@@ -171,9 +123,15 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
                      eos=eos, seed=seed)
     records = [[] for _ in runners]
-    bar = tqdm(total=len(runners) * len(prompts), desc="bench", file=sys.stderr, disable=not progress)
+    bar = tqdm(total=len(runners) * len(prompts) * repeats, desc="bench", file=sys.stderr, disable=not progress)
     for p, ids in zip(prompts, encoded):
-        for i, (kind, r) in enumerate(runners):
+        # repeats > 1: every row again in mirrored order (A B C C B A), times and counts summed, so a
+        # machine whose speed drifts while one prompt runs moves every row alike
+        order = [i for r in range(repeats) for i in (range(len(runners)) if r % 2 == 0 else
+                                                     reversed(range(len(runners))))]
+        runs = [[] for _ in runners]
+        for i in order:
+            kind, r = runners[i]
             if kind == "cfg":
                 m, cfg, _ = r
                 gen = torch.Generator(device=m.get_input_embeddings().weight.device).manual_seed(seed)
@@ -188,8 +146,10 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                 out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
                                     top_k=base.top_k, eos=eos, seed=seed)
                 rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
-            records[i].append(rec)
+            runs[i].append(rec)
             bar.update(1)
+        for i, rs in enumerate(runs):
+            records[i].append(_summed(rs))
     bar.close()
     rows = []
     for (kind, r), recs in zip(runners, records):
@@ -225,56 +185,6 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     return rows
 
 
-def _worst(rows: list[dict]) -> None:
-    """Each row's prompt with the lowest speedup vs AR (same temperature, same prompt): a floor
-    that holds on average can still lose on one kind of text."""
-    for r in rows:
-        ar = next((x for x in rows if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
-        if ar is None or r is ar:
-            continue
-        ar_tps = {x["id"]: x["new_tokens"] / x["seconds"] for x in ar["records"] if x["seconds"] > 0}
-        ratios = [(x["new_tokens"] / x["seconds"] / ar_tps[x["id"]], x["id"]) for x in r["records"]
-                  if x["seconds"] > 0 and ar_tps.get(x["id"])]
-        if ratios:
-            v, pid = min(ratios)
-            r["worst_vs_ar"] = {"id": pid, "speedup_vs_ar": v}
-
-
-def floor_lines(rows: list[dict]) -> list[str]:
-    """One line per temperature: plan auto against AR overall, per prompt kind and on its worst prompt."""
-    out = []
-    for r in rows:
-        if r["mode"] != "auto" or r.get("speedup_vs_ar") is None:
-            continue
-        kinds = ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in r.get("by_kind", {}).items()
-                          if v.get("speedup_vs_ar") is not None)
-        w = r.get("worst_vs_ar")
-        out.append(f"auto / AR at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x" + (f" ({kinds})" if kinds else "")
-                   + (f"; worst prompt {w['id']} {w['speedup_vs_ar']:.2f}x" if w else ""))
-    return out
-
-
-def prompt_kind(prompt_id: str) -> str:
-    """"code03" -> "code": the default prompts are named by kind (code, chat) and number."""
-    return str(prompt_id).rstrip("0123456789") or "prompt"
-
-
-def _by_kind(rows: list[dict]) -> None:
-    """Each row's tok/s and speedup vs AR (same temperature) per prompt kind, when the prompts
-    have more than one kind: a mean over all prompts can hide that a layout pays on code only."""
-    kinds = sorted({prompt_kind(x["id"]) for r in rows for x in r["records"]})
-    if len(kinds) < 2:
-        return
-    for r in rows:
-        r["by_kind"] = {k: {"tokens_per_second": aggregate([x for x in r["records"] if prompt_kind(x["id"]) == k])
-                            ["tokens_per_second"]} for k in kinds}
-    for r in rows:
-        ar = next((x for x in rows if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
-        for k, v in r["by_kind"].items():
-            base = ar["by_kind"][k]["tokens_per_second"] if ar else 0
-            v["speedup_vs_ar"] = v["tokens_per_second"] / base if base else None
-
-
 def _default_gguf(a) -> str | None:
     """The default model's GGUF when the bench runs it (the llama.cpp peer's weights)."""
     from selfspec.checkpoint.registry import DEFAULT_MODEL
@@ -297,6 +207,8 @@ def cmd_bench(a) -> int:
     from selfspec.loading import load
 
     batch = bool(a.batch_sizes)
+    if a.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
     if batch and (a.full or any(b < 1 for b in a.batch_sizes)):
         raise ValueError("--batch-sizes takes integers >= 1 and runs its own grid (not with --full)")
     if a.modes is None:
@@ -370,7 +282,7 @@ def cmd_bench(a) -> int:
         a.peers = [p for p in a.peers if p != "hf"]
     baselines = {f: load(a.model, weights=f, device=a.device)[0] for f in (a.compare_weights or []) if f != weights}
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
-                     baselines=baselines)
+                     baselines=baselines, repeats=a.repeats)
     table = markdown_table(rows)
     floor = floor_lines(rows)
     table += "".join("\n\n" + line for line in floor[:1]) + "".join("\n" + line for line in floor[1:])
@@ -428,6 +340,9 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "
                         "on 2 CPU cores; --full: 32; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="run every row this many times per prompt, in mirrored order (A B C C B A), times summed: "
+                        "single runs of 64 tokens vary by +-20%% on a 2-core machine (default 1)")
     b.add_argument("--batch-sizes", nargs="+", type=int, default=None,
                    help="batched decoding instead: each mode (default ar auto) and transformers' batched generate "
                         "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "
