@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.
                                 reason="the shipped model is not in this checkout")
 
 TOL = 0.08
-SCENARIO = dict(mode="presto", block_length=8, group_size=8, group_nodes=None, budget=8, tree_top_k=4, lam=0.2,
+SCENARIO = dict(mode="presto", schedule="one-pass", block_length=8, group_size=8, group_nodes=None, budget=8, tree_top_k=4, lam=0.2,
                 rho="ngram", draft_lora=True, max_new_tokens=48, temperature=0.0, top_k=0, top_p=1.0)
 NO_PREFIX_TERM = dict(rho="none", lam=0.0)
 

@@ -188,10 +188,10 @@ def test_batch_traces_one_per_row():
 
     m = tiny_model(seed=1, vocab_size=261)
     prompts = ["def f(x):\n", "import os"]
-    gens = generate(m, TOK, prompts, max_new_tokens=12, mode="presto", budget=6, block_length=5, eos_token_id=[],
+    gens = generate(m, TOK, prompts, max_new_tokens=12, mode="presto", schedule="one-pass", budget=6, block_length=5, eos_token_id=[],
                     trace=True)
     for p, g in zip(prompts, gens):
-        one = generate(m, TOK, p, max_new_tokens=12, mode="presto", budget=6, block_length=5, eos_token_id=[],
+        one = generate(m, TOK, p, max_new_tokens=12, mode="presto", schedule="one-pass", budget=6, block_length=5, eos_token_id=[],
                        trace=True)
         assert [r.committed for r in g.trace.rounds] == [r.committed for r in one.trace.rounds]
         assert g.trace is not None and g.trace.token_ids == g.token_ids

@@ -72,7 +72,7 @@ def test_predictor_round_trip_and_mismatched_files(tmp_path):
 def test_learned_rho_needs_a_predictor_and_keeps_greedy_exact(tmp_path):
     model = tiny_model(vocab_size=8)
     prompt = [5, 6, 7, 5, 6]
-    cfg = DecodeConfig(mode="presto", rho="learned", block_length=6, budget=8, max_new_tokens=24)
+    cfg = DecodeConfig(mode="presto", schedule="one-pass", rho="learned", block_length=6, budget=8, max_new_tokens=24)
     with pytest.raises(ValueError, match="trained predictor"):
         generate_ids(model, prompt, cfg, eos_token_id=[])
     model.presto_predictor = Predictor().eval()

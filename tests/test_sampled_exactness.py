@@ -21,7 +21,7 @@ V, SEED = 8, 2  # a small vocabulary: random drafts are often right, so deep nod
 N = 300
 NEW = 4  # prefill token, then one round that can reach depth 2 (two drafts + the bonus)
 PROMPT = torch.randint(5, V, (6,), generator=torch.Generator().manual_seed(11)).tolist()
-TREE = dict(mode="presto", block_length=4, budget=8, tree_top_k=3, group_size=4, group_nodes=None, lam=0.2,
+TREE = dict(mode="presto", schedule="one-pass", block_length=4, budget=8, tree_top_k=3, group_size=4, group_nodes=None, lam=0.2,
             rho="ngram", draft_lora=True, max_new_tokens=NEW, temperature=1.0)
 CASES = {
     "presto one-pass": dict(schedule="one-pass"),

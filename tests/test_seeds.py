@@ -93,7 +93,7 @@ def test_eight_threads_sharing_the_model_give_each_its_own_seeds_tokens(model):
 def test_a_generator_maps_to_one_key_drawn_from_it():
     m = tiny_model(seed=2, vocab_size=V)
     p = _prompts()[0]
-    cfg = DecodeConfig(max_new_tokens=16, temperature=1.0, mode="presto", budget=6)
+    cfg = DecodeConfig(max_new_tokens=16, temperature=1.0, mode="presto", schedule="one-pass", budget=6)
 
     def run(gen):
         d = Decoder(m, [p], cfg, eos_token_id=[], generators=[gen])

@@ -114,7 +114,7 @@ def test_hf_text_iterator_streamer_receives_exactly_the_generated_text(mode):
 def test_stream_and_generate_agree_and_text_is_the_ar_text():
     model = tiny_model(vocab_size=261)
     ar = generate(model, TOK, "import os\n", max_new_tokens=24, mode="ar", eos_token_id=[])
-    deltas = list(stream(model, TOK, "import os\n", max_new_tokens=24, mode="presto", block_length=8, eos_token_id=[]))
+    deltas = list(stream(model, TOK, "import os\n", max_new_tokens=24, mode="presto", schedule="one-pass", block_length=8, eos_token_id=[]))
     assert "".join(deltas) == ar.text
 
 

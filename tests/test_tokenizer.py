@@ -91,7 +91,7 @@ def test_text_iterator_streamer_streams_the_shipped_models_lines_to_the_end(ship
 @needs_shipped
 def test_text_streamer_prints_the_shipped_models_lines_exactly(shipped, capsys):
     model, tok = shipped
-    gen = selfspec.generate(model, tok, PROMPT, max_new_tokens=48, mode="presto", streamer=TextStreamer(tok, skip_prompt=True),
+    gen = selfspec.generate(model, tok, PROMPT, max_new_tokens=48, mode="presto", schedule="one-pass", streamer=TextStreamer(tok, skip_prompt=True),
                             eos_token_id=[])
     assert gen.text.count("\n") >= 2
     assert capsys.readouterr().out == gen.text + "\n"  # TextStreamer ends with a newline of its own

@@ -207,12 +207,12 @@ def test_score_split_is_log_q_plus_the_prefix_aligned_part():
                            [[-0.5, -1.0], [-1.0, -2.0]], [[11, 12], [13, 14]])
     assert lq == [None, -0.5, -1.0] and rho[0] is None and rho[1:] == pytest.approx([-0.2, -0.2])
     # lambda = 0: the score is the sum of log q, nothing else
-    gen, _ = _run(tiny_model(), [5, 6], max_new_tokens=16, eos_token_id=[], mode="presto", rho="none", lam=0.0,
+    gen, _ = _run(tiny_model(), [5, 6], max_new_tokens=16, eos_token_id=[], mode="presto", schedule="one-pass", rho="none", lam=0.0,
                   budget=6, block_length=4)
     parts = [p for r in gen.trace.rounds for p in r.rho_part[1:]]
     assert parts and all(p == pytest.approx(0.0, abs=1e-5) for p in parts)
     # n-gram rho: lambda * log rho <= 0 and not all zero
-    gen, _ = _run(tiny_model(), [5, 6, 5, 6, 5], max_new_tokens=16, eos_token_id=[], mode="presto", budget=6,
+    gen, _ = _run(tiny_model(), [5, 6, 5, 6, 5], max_new_tokens=16, eos_token_id=[], mode="presto", schedule="one-pass", budget=6,
                   block_length=4, lam=0.5)
     parts = [p for r in gen.trace.rounds for p in r.rho_part[1:]]
     assert all(p <= 1e-6 for p in parts) and min(parts) < -1e-3
@@ -223,7 +223,7 @@ def test_score_split_is_log_q_plus_the_prefix_aligned_part():
 def test_hostile_token_text_renders_as_text_never_as_markup():
     tok = PieceTokenizer(HOSTILE)
     prompt = list(range(5, 5 + len(HOSTILE)))  # the prompt holds every hostile piece once
-    gen, raw = _run(tiny_model(), prompt, tok=tok, max_new_tokens=40, eos_token_id=[], mode="presto",
+    gen, raw = _run(tiny_model(), prompt, tok=tok, max_new_tokens=40, eos_token_id=[], mode="presto", schedule="one-pass",
                     budget=8, block_length=5)
     doc = gen.trace.to_html()
     page = Page(doc)
