@@ -114,6 +114,24 @@ class BatchKVCache:
                 i += 1
         return rows
 
+    def pack(self, live: list, tail: list) -> tuple[list, list]:
+        """Two groups of rows: `live` in rows 0..len(live)-1, then `tail` (sequences being
+        prefilled in chunks) right after; None marks an empty row in either. The live rows are
+        compacted (`compact`), then the tail's occupied rows move down, in order, to follow them
+        (a row is only ever moved down, onto a freed or already moved row). Returns both groups'
+        occupants. Example: live [a, None], tail [p] (row 2) -> p moves to row 1 -> [a], [p]."""
+        n = len(live)
+        live = self.compact(live)
+        kept = []
+        for j, occupant in enumerate(tail):
+            if occupant is None:
+                continue
+            src, dst = n + j, len(live) + len(kept)
+            if src != dst:
+                self.move(src, dst)
+            kept.append(occupant)
+        return live, kept
+
     @torch.inference_mode()
     def reserve(self, capacity: int = 0, rows: int = 0) -> None:
         """At least `rows` rows of `capacity` slots: a larger allocation (capacity doubling, rows
@@ -135,7 +153,8 @@ class BatchKVCache:
         self.lengths[row] = 0
 
     def set_length(self, row: int, n: int) -> None:
-        """Row `row` holds `n` committed tokens (after a prefill wrote them)."""
+        """Row `row` holds `n` committed tokens (after a prefill, or one chunk of it, wrote them:
+        a chunked prefill grows a row's length chunk by chunk, slot = position)."""
         self.lengths[row] = n
 
     @staticmethod

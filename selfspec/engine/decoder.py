@@ -3,10 +3,13 @@
 `Decoder` is nano-vllm's engine in miniature: a `scheduler.Scheduler` owns the waiting and live
 sequences (`sequence.Sequence`, one per prompt), a `step.Stepper` runs one round over the live
 rows (plan -> draft -> lay out + forward -> verify + commit -> observe), and `step()` is one turn:
-finished rows leave, waiting prompts are prefilled into the free cache rows (together, in one
-forward), then one round runs. Iterating a decoder runs turns until every prompt is done and
-yields `(row, chunk)` as rows commit; `add()` queues another prompt at any time (a server adds
-requests while the batch runs, and they join at the next turn).
+finished rows leave, waiting prompts are prefilled into the free cache rows, then one round runs.
+With nothing running the entering prompts are prefilled together in one forward; while rows run,
+a prompt is prefilled in chunks, at most one chunk (`prefill_chunk` tokens) per turn before the
+live rows' round, so a long prompt joining a running batch never stalls its rows for more than a
+chunk's forward. Iterating a decoder runs turns until every prompt is done and yields
+`(row, chunk)` as rows commit; `add()` queues another prompt at any time (a server adds requests
+while the batch runs, and they join at the next turn).
 
 Rows keep their own cache length, generator, sampling parameters, lookup index and rho, so a
 greedy row equals its run alone and a sampled row is an exact sample, reproducible per seed.
@@ -29,6 +32,10 @@ from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
 from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
+
+PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
+PREFILL_FLOOR = 64  # the least a cost model's chunk may be (a smaller one costs more in overheads than it saves)
+PREFILL_ROUNDS = 4.0  # a picked chunk's forward costs at most this many AR rounds of the live rows
 
 
 class PerSequence(list):
@@ -91,7 +98,10 @@ class Decoder:
     `prompts`: token-id lists (a single list of ints is one prompt). `batch_size`: cache rows (how
     many prompts run at once; default all). `seeds` or `generators`: one per prompt. `profile`:
     plan "auto"'s cost model (`cost.CostModel` or a file; default: this device's, measured once).
-    `params`: one `SamplingParams` per prompt (default: the config's).
+    `params`: one `SamplingParams` per prompt (default: the config's). `prefill_chunk`: how many
+    prompt tokens a turn prefills while other rows run (None: plan "auto" picks it from its cost
+    model, `chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
+    running is prefilled whole in one forward whatever it is.
 
     Hooks (None, or set before iterating):
 
@@ -127,11 +137,16 @@ class Decoder:
 
     def __init__(self, model, prompts, cfg: DecodeConfig, *, batch_size: int | None = None, eos_token_id=None,
                  generators: list[torch.Generator | None] | None = None, seeds: list[int] | None = None,
-                 params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None):
+                 params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None,
+                 prefill_chunk: int | None = None):
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         if generators is not None and seeds is not None:
             raise ValueError("give per-row generators or per-row seeds, not both")
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                          or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
         self.model, self.cfg = model, cfg
         prompts = [[int(t) for t in p] for p in prompts]
@@ -217,7 +232,8 @@ class Decoder:
         self.gens[i] = generator
         # rows grow straight to batch_size: growing a float64 cache step by step (1, 2, 4, ...) costs
         # a reallocation and a copy of every row each time, seconds of a burst's time to first token
-        waiting = len(self.scheduler.live) + len(self.scheduler.waiting) + 1
+        sched = self.scheduler
+        waiting = len(sched.live) + len(sched.prefilling) + len(sched.waiting) + 1
         rows = self.batch_size if waiting > self.stepper.cache.rows else 0
         self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), rows)
         return self._queue(i)
@@ -261,26 +277,53 @@ class Decoder:
         return list(self.turn())
 
     def turn(self):
-        """One turn: finished rows leave, waiting prompts are prefilled into free rows (their first
-        tokens are yielded right away: time to first token is one prefill), then one round runs
-        over the live rows. Yields `(row, chunk)` as rows commit."""
+        """One turn: finished rows leave, waiting prompts take free rows, then one round runs over
+        the live rows. With nothing running, the entering prompts are prefilled whole in one forward
+        (their first tokens are yielded right away: time to first token is one prefill); while rows
+        run, the prompts being prefilled run their next chunk (`chunk_tokens` query tokens at most,
+        `step.Stepper.prefill_chunk`), and those whose last chunk is in yield their first tokens
+        and join the round. Yields `(row, chunk)` as rows commit."""
         self.start()
         sched, cache = self.scheduler, self.stepper.cache
         sched.retire(cache)  # cancelled since the last turn
+        running = bool(sched.live or sched.prefilling)
         entering, slot = sched.admit()
-        if entering:
-            if self.planner is not None and self.batch_size == 1:
-                self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
+        if entering and self.planner is not None and self.batch_size == 1:
+            self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
+        if entering and not running:  # nobody waits for it: the whole prompts in one forward
             chunks = self.stepper.prefill(entering, slot)
             sched.place(entering, cache)
-            for s, chunk in zip(entering, chunks):
-                self._observers[s.index] = self._observers_of(s)
-                yield s.index, chunk
+        else:
+            for i in range(len(entering)):
+                cache.reset(slot + i)
+            sched.start_prefill(entering)
+            entering, chunks = [], []
+            if sched.prefilling:
+                n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
+                entering = sched.join(n, cache)
+        for s, chunk in zip(entering, chunks):
+            self._observers[s.index] = self._observers_of(s)
+            yield s.index, chunk
         if sched.live:
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers)
             sched.retire(cache)
             for r in rnd.rows:
                 yield r.seq.index, r.committed
+
+    def chunk_tokens(self) -> int:
+        """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a
+        planner (plan "auto"), the largest chunk whose forward (one row, over what the first
+        prefilling row holds) the cost model puts at most PREFILL_ROUNDS AR rounds of the live rows
+        (at least PREFILL_FLOOR, at most the longest prompt part left); else PREFILL_CHUNK."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        if self.planner is None:
+            return PREFILL_CHUNK
+        sched, lengths = self.scheduler, self.stepper.cache.lengths
+        R = len(sched.live)
+        left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
+        cached = lengths[R] if sched.prefilling else 0
+        return pick_chunk(self.planner.cost, max(1, R), max(lengths[:R], default=0), cached, left)
 
     @property
     def busy(self) -> bool:
@@ -313,6 +356,23 @@ class Decoder:
             hook, top_k = self.on_round, self.cfg.tree_top_k
             obs.append(lambda r, rnd: hook(r.info(rnd.layout, lam, top_k)))
         return obs
+
+
+def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
+               floor: int = PREFILL_FLOOR) -> int:
+    """The largest prefill chunk c <= `most` with cost(1, c, cached) <= rounds x cost(rows, 1, cache):
+    a chunk's forward stalls `rows` live rows (at `cache` tokens) for at most `rounds` of their AR
+    rounds; at least `floor` (or `most`, when less is left). `cost`: a `cost.CostModel`. Assumes
+    the cost grows with the width (a binary search)."""
+    most = max(1, int(most))
+    budget = rounds * cost(rows, 1, cache)
+    if cost(1, most, cached) <= budget:
+        return most
+    lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(1, mid, cached) <= budget else (lo, mid)
+    return max(lo, min(floor, most))
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, *, generator=None, **kw) -> tuple[list[int], Stats]:

@@ -1,11 +1,15 @@
-"""Which sequences run (nano-vllm's `Scheduler`): a queue of waiting ones and the live ones, live
-sequence i in cache row i.
+"""Which sequences run (nano-vllm's `Scheduler`): a queue of waiting ones, the ones being
+prefilled in chunks and the live ones; live sequence i in cache row i, prefilling sequence j in
+cache row len(live) + j.
 
-Free cache rows take waiting sequences (`admit`; the decoder prefills them together into rows
-`len(live)..`), and after every round the finished or cancelled ones leave (`retire`): the last
-live rows move into the freed cache rows (`cache.BatchKVCache.compact`), so the live sequences
-always hold rows 0..R-1 and a round's forward runs over one contiguous block of rows. The
-scheduler never runs the model: prefill and rounds are the decoder's steps.
+Free cache rows take waiting sequences (`admit`, into rows `len(live) + len(prefilling)..`).
+With nothing running the decoder prefills them together at once and they join the live ones
+(`place`); while rows run, they are prefilled a chunk per turn (`prefilling`) and join the live
+ones when their last chunk is in (`join`, in admission order). After every round the finished or
+cancelled ones leave (`retire`): the last live rows move into the freed cache rows and the
+prefilling rows move down behind them (`cache.BatchKVCache.pack`), so the live sequences always
+hold rows 0..R-1 and a round's forward runs over one contiguous block of rows. The scheduler never
+runs the model: prefill and rounds are the decoder's steps.
 """
 
 from __future__ import annotations
@@ -22,23 +26,25 @@ class Scheduler:
         self.max_rows = max_rows
         self.waiting: deque = deque()
         self.live: list = []  # live[i] holds cache row i
+        self.prefilling: list = []  # prefilling[j] holds cache row len(live) + j, its prompt partly in
 
     def add(self, seq) -> None:
         self.waiting.append(seq)
 
     @property
     def draining(self) -> bool:
-        """No sequence waits for a row: the batch now ends with its slowest row."""
-        return not self.waiting
+        """No sequence waits for a row or for the rest of its prefill: the batch now ends with its
+        slowest row."""
+        return not (self.waiting or self.prefilling)
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.live)
+        return bool(self.waiting or self.live or self.prefilling)
 
     def admit(self) -> tuple[list, int]:
         """The waiting sequences that fit into the free rows, in order, and the first row they
-        take (they hold rows slot, slot + 1, ... until `place` runs)."""
-        slot = len(self.live)
+        take (they hold rows slot, slot + 1, ... until `place` or `join` runs)."""
+        slot = len(self.live) + len(self.prefilling)
         entering = [self.waiting.popleft() for _ in range(min(self.max_rows - slot, len(self.waiting)))]
         return entering, slot
 
@@ -47,20 +53,34 @@ class Scheduler:
         that finished at their first token (their rows are reused)."""
         self.live = cache.compact(self.live + [None if s.done else s for s in entering])
 
+    def start_prefill(self, entering: list) -> None:
+        """The entering sequences (in rows len(live) + len(prefilling)..) are prefilled in chunks."""
+        self.prefilling += entering
+
+    def join(self, n: int, cache) -> list:
+        """The first `n` prefilling sequences (their prompts now fully in) join the live ones,
+        except those that finished at their first token; the rest stay behind them. Returns the
+        `n` sequences."""
+        ready, rest = self.prefilling[:n], self.prefilling[n:]
+        self.live, self.prefilling = cache.pack(self.live + [None if s.done else s for s in ready], rest)
+        return ready
+
     def retire(self, cache) -> list:
         """Finished and cancelled sequences leave; their rows are filled by moving the last live
         rows in. Returns the sequences that left."""
-        gone = [s for s in self.live if s.done]
+        gone = [s for s in self.live + self.prefilling if s.done]
         if gone:
-            self.live = cache.compact([None if s.done else s for s in self.live])
+            self.live, self.prefilling = cache.pack([None if s.done else s for s in self.live],
+                                                    [None if s.done else s for s in self.prefilling])
         return gone
 
     def cancel(self, seq) -> bool:
-        """Stop `seq` at the next round: a waiting one leaves the queue now, a live one is marked
-        done (its row is freed by the next `retire`). Returns whether it was still running."""
+        """Stop `seq` at the next round: a waiting one leaves the queue now, a live or prefilling
+        one is marked done (its row is freed by the next `retire`). Returns whether it was still
+        running."""
         if seq in self.waiting:
             self.waiting.remove(seq)
-        elif seq not in self.live or seq.done:
+        elif (seq not in self.live and seq not in self.prefilling) or seq.done:
             return False
         seq.done = seq.cancelled = True
         seq.finish()

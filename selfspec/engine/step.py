@@ -89,20 +89,59 @@ class Stepper:
         padded at their end: the padding's K/V lands past the row's length, never read), then
         (one-pass layouts) one read-only mask group per row for the first round's marginals.
         Returns each sequence's first chunk (one token)."""
-        k, lengths = len(seqs), [len(s.prompt) for s in seqs]
-        L = max(lengths)
+        for i in range(len(seqs)):
+            self.cache.reset(slot + i)
+        hidden = self._prefill_forward(seqs, slot, [len(s.prompt) for s in seqs])
+        return self._first_tokens(seqs, slot, hidden)
+
+    def prefill_chunk(self, seqs: list[Sequence], slot: int, budget: int) -> tuple[int, list[list[int]]]:
+        """One chunk of a chunked prefill: `seqs` hold cache rows slot.. with part of their prompts
+        in (the cache row's length: slot = position); the first of them, in order, run their next
+        tokens in one causal forward of at most `budget` query tokens (rows x the widest's tokens;
+        a row takes at most `budget` of its prompt, and a row whose prompt does not end in this
+        chunk is the last one taken). The rows whose last prompt token is now in get their first
+        token as `prefill` gives it (root from the last position's logits, the optional mask group);
+        they are the first n of `seqs`. Returns n and their first chunks."""
+        budget = max(1, int(budget))
+        widths = []
+        for s in seqs:
+            left = len(s.prompt) - self.cache.lengths[slot + len(widths)]
+            w = min(left, budget)
+            if widths and (len(widths) + 1) * max(w, max(widths)) > budget:
+                break
+            widths.append(w)
+            if w < left:
+                break
+        taken = seqs[: len(widths)]
+        hidden = self._prefill_forward(taken, slot, widths)
+        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(taken))  # a prefix of them
+        return n, (self._first_tokens(taken[:n], slot, hidden[:n]) if n else [])
+
+    def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
+        """Row slot+i's next `widths[i]` prompt tokens causally at its cache length (padded at the
+        end to the widest: the padding's K/V lands past the row's length and the next chunk or
+        round overwrites it); the rows' lengths move past them. Returns the hidden state of each
+        row's last token written [k, H]."""
+        k, L, starts = len(seqs), max(widths), self.cache.lengths[slot : slot + len(seqs)]
         tokens = torch.zeros(k, L, dtype=torch.long)
         for i, s in enumerate(seqs):
-            tokens[i, : lengths[i]] = torch.tensor(s.prompt)
-            self.cache.reset(slot + i)
+            tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
         rows = slice(slot, slot + k)
         hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, rows, causal=True))
-        last = hidden[torch.arange(k), torch.tensor(lengths) - 1]
+        for i, s in enumerate(seqs):
+            self.cache.set_length(slot + i, starts[i] + widths[i])
+            s.stats.prefill_forwards += 1
+        return hidden[torch.arange(k), torch.tensor(widths) - 1]
+
+    def _first_tokens(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> list[list[int]]:
+        """Rows slot.. hold their whole prompts; `last` [k, H]: each one's last prompt position's
+        hidden state. Each row's root, then (one-pass layouts, or the planner's bet) one read-only
+        mask group per row for the first round's marginals. Returns each one's first chunk."""
+        k, L = len(seqs), max(len(s.prompt) for s in seqs)
+        rows = slice(slot, slot + k)
         logits = self.timed(seqs, lambda: self.bf.logits(last))
         for i, s in enumerate(seqs):
-            self.cache.set_length(slot + i, lengths[i])
             s.root = int(self.targets(s, logits[i : i + 1], [0])[0])
-            s.stats.prefill_forwards = 1
         if self.prefill_group and (self.planner is None or self.planner.marginals_at_prefill(
                 k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.cfg.group
@@ -110,7 +149,7 @@ class Stepper:
             hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
                                                       self.cache, rows, lora=lora, lora_rows=lora_rows))
             for i, s in enumerate(seqs):
-                s.stats.prefill_forwards = 2
+                s.stats.prefill_forwards += 1
                 s.marg = self.group_marginals(s, hidden[i, 1:])
         return [s.emit([s.root], self.eos) for s in seqs]
 

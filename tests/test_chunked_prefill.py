@@ -1,0 +1,191 @@
+"""Chunked prefill: a prompt that joins running rows is prefilled a chunk per turn, the live rows'
+round running every turn, and the K/V it writes is bitwise the one-forward prefill's (the formats
+where a row's forward is width-invariant: int8, int4 and bf16 on the tiny models, see
+test_invariance), so greedy output equals AR and every row equals its batch-1 run."""
+
+import pytest
+import torch
+
+from selfspec.engine.cost import CostModel
+from selfspec.engine.decoder import PREFILL_FLOOR, Decoder, generate_ids, pick_chunk
+from selfspec.engine.formats import set_weights
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.sequence import SamplingParams
+
+from conftest import tiny_model
+
+V = 16
+FORMATS = ["int8", "int4", "bf16"]
+_M = {}
+
+
+def _model(fmt):
+    if fmt not in _M:
+        _M[fmt] = set_weights(tiny_model(seed=2, vocab_size=V), fmt)
+    return _M[fmt]
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, V, (n,), generator=g).tolist() for n in lengths]
+
+
+class Widths:
+    """Wraps a decoder's forward: the [rows, width] of every causal (prefill) forward it runs."""
+
+    def __init__(self, dec):
+        self.bf, self.seen = dec.stepper.bf, []
+        dec.stepper.bf = self
+
+    def __call__(self, tokens, *a, causal=False, **kw):
+        if causal:
+            self.seen.append(tuple(tokens.shape))
+        return self.bf(tokens, *a, causal=causal, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.bf, name)
+
+
+def _join(m, cfg, running, joining, *, chunk, after=1, running_params=None, seen=None):
+    """`running` prompts start; after `after` turns the `joining` ones are added (as a server
+    does). Returns the decoder, each joining prompt's K/V [layers][kv, L, D] (k, v) read when its
+    first token came, and how many tokens the running rows committed between the add and the
+    joining prompts' first tokens."""
+    dec = Decoder(m, running, cfg, batch_size=len(running) + len(joining), eos_token_id=[], prefill_chunk=chunk,
+                  params=running_params)
+    for _ in range(after):
+        dec.step()
+    seqs = [dec.add(p) for p in joining]
+    if seen is not None:
+        Widths(dec).seen = seen
+    kv, between, waiting = {}, 0, {s.index for s in seqs}
+    while dec.busy:
+        for row, piece in dec.turn():
+            if row in waiting:
+                waiting.discard(row)
+                r = dec.scheduler.live.index(dec.sequences[row]) if not dec.sequences[row].done else None
+                if r is not None:
+                    L = len(dec.prompts[row])
+                    assert dec.cache.lengths[r] == L
+                    kv[row] = [(k[r, :, :L].clone(), v[r, :, :L].clone()) for k, v in zip(dec.cache.k, dec.cache.v)]
+            elif waiting and row < len(running):
+                between += len(piece)
+    return dec, [kv.get(s.index) for s in seqs], between
+
+
+def _alone_kv(m, prompt):
+    """The K/V the one-forward prefill of `prompt` writes (a lone generation's first turn)."""
+    dec = Decoder(m, [prompt], DecodeConfig(mode="ar", max_new_tokens=2), eos_token_id=[])
+    w = Widths(dec)
+    next(iter(dec.turn()))
+    assert w.seen == [(1, len(prompt))]  # the fast path: one forward
+    L = len(prompt)
+    return [(k[0, :, :L].clone(), v[0, :, :L].clone()) for k, v in zip(dec.cache.k, dec.cache.v)]
+
+
+def _same_kv(a, b):
+    return len(a) == len(b) and all(torch.equal(ka, kb) and torch.equal(va, vb) for (ka, va), (kb, vb) in zip(a, b))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_long_prompt_joining_running_rows_is_prefilled_in_chunks_bitwise_as_in_one_forward(fmt):
+    """A 70-token prompt joins two running rows with 8-token chunks: nine chunk forwards, the
+    live rows commit tokens meanwhile, its cache row holds the one-forward prefill's K/V bit for
+    bit, and every row's greedy output equals its run alone (= AR)."""
+    m = _model(fmt)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=20)
+    running, (long,) = _prompts((5, 9)), _prompts((70,), seed=1)
+    dec, (kv,), between = _join(m, cfg, running, [long], chunk=8)
+    assert kv is not None and _same_kv(kv, _alone_kv(m, long))
+    assert dec.stats[2].prefill_forwards == 9  # ceil(70 / 8)
+    assert between >= 8  # the live rows advanced while it was prefilled (a token per row per turn)
+    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in running + [long]]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode", [dict(mode="presto", schedule="one-pass", block_length=4, budget=6),
+                                  dict(mode="linear", schedule="two-pass", block_length=6)])
+def test_speculative_rows_and_several_joining_prompts_stay_exact(fmt, mode):
+    """Three prompts join at once (40, 6 and 23 tokens, chunks of 16: the 40-token one's last 8
+    and the 6-token one share a chunk forward) while a running row finishes mid-prefill (its row
+    is freed and the prefilling rows move down); one-pass layouts take their first marginals with
+    the last chunk. Every row equals its batch-1 run, which equals AR."""
+    m = _model(fmt)
+    cfg = DecodeConfig(max_new_tokens=16, **mode)
+    running, joining = _prompts((6, 11)), _prompts((40, 6, 23), seed=3)
+    params = [SamplingParams.of(cfg), SamplingParams(max_new_tokens=3)]  # row 1 leaves while the others prefill
+    dec, kvs, between = _join(m, cfg, running, joining, chunk=16, running_params=params, seen=(seen := []))
+    assert seen == [(1, 16), (1, 16), (2, 8), (1, 16), (1, 7)]
+    assert all(_same_kv(kv, _alone_kv(m, p)) for kv, p in zip(kvs, joining))
+    assert between > 0
+    ar = DecodeConfig(mode="ar", max_new_tokens=16)
+    assert dec.outputs[1] == generate_ids(m, running[1], DecodeConfig(mode="ar", max_new_tokens=3), eos_token_id=[])[0]
+    assert [dec.outputs[i] for i in (0, 2, 3, 4)] == [generate_ids(m, p, ar, eos_token_id=[])[0]
+                                                       for p in [running[0]] + joining]
+    assert [dec.outputs[i] for i in (0, 2, 3, 4)] == [generate_ids(m, p, cfg, eos_token_id=[])[0]
+                                                       for p in [running[0]] + joining]
+
+
+def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
+    """The contrast: a chunk as long as the prompt prefills it in the turn it joins (one forward,
+    no live tokens before its first one); the default fixed chunk is PREFILL_CHUNK."""
+    m = _model("int8")
+    cfg = DecodeConfig(mode="ar", max_new_tokens=12)
+    running, (long,) = _prompts((5, 9)), _prompts((70,), seed=1)
+    dec, (kv,), between = _join(m, cfg, running, [long], chunk=70)
+    assert between == 0 and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
+    from selfspec.engine.decoder import PREFILL_CHUNK
+
+    assert Decoder(m, running, cfg).chunk_tokens() == PREFILL_CHUNK
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Decoder(m, running, cfg, prefill_chunk=0)
+
+
+def test_a_lone_prompt_and_a_batch_entering_together_are_prefilled_in_one_forward():
+    """With nothing running nobody waits: the fast path prefills whole prompts at once."""
+    m = _model("int8")
+    cfg = DecodeConfig(mode="ar", max_new_tokens=4)
+    prompts = _prompts((70, 9))
+    dec = Decoder(m, prompts, cfg, eos_token_id=[], prefill_chunk=8)
+    w = Widths(dec)
+    for _ in dec:
+        pass
+    assert w.seen == [(2, 70)]
+    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+
+
+def test_a_prompt_cancelled_while_it_is_prefilled_frees_its_row():
+    m = _model("int8")
+    cfg = DecodeConfig(mode="ar", max_new_tokens=10)
+    running, (long, other) = _prompts((5,)), _prompts((60, 7), seed=4)
+    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[], prefill_chunk=8)
+    dec.step()
+    a, b = dec.add(long), dec.add(other)
+    dec.step()
+    assert dec.scheduler.prefilling == [a, b] and dec.cancel(a) and not dec.cancel(a)
+    for _ in dec:
+        pass
+    assert a.cancelled and dec.outputs[1] == [] and not dec.scheduler.busy
+    assert dec.outputs[2] == generate_ids(m, other, cfg, eos_token_id=[])[0]
+    assert dec.outputs[0] == generate_ids(m, running[0], cfg, eos_token_id=[])[0]
+
+
+def test_plan_auto_picks_the_chunk_from_the_cost_model():
+    """fixed + per_token x rows x width: a chunk of c tokens costs at most 4 AR rounds of R live
+    rows while f + c p <= 4 (f + R p), i.e. c <= 3 f / p + 4 R: with f = 30.2 ms, p = 1 ms and one
+    live row, 94 tokens; where prefill is steep against a round (no fixed cost), the floor."""
+    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 1, 10, 0, 10_000) == 94
+    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 2, 10, 0, 10_000) == 98
+    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 1, 10, 0, 50) == 50  # all that is left
+    assert pick_chunk(CostModel.linear(per_token=1e-3), 1, 10, 0, 10_000) == PREFILL_FLOOR
+    assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
+    m = tiny_model(seed=2, vocab_size=V)  # fp32: auto's output is not checked here, only its chunks
+    cfg = DecodeConfig(max_new_tokens=6, block_length=4, budget=4)
+    dec = Decoder(m, _prompts((5,)), cfg, batch_size=2, eos_token_id=[],
+                  profile=CostModel.linear(per_token=1e-3, fixed=0.0302))
+    dec.step()
+    w = Widths(dec)
+    dec.add(_prompts((150,), seed=5)[0])
+    for _ in dec:
+        pass
+    assert w.seen == [(1, 94), (1, 56)]
