@@ -1,14 +1,18 @@
 """`python -m selfspec serve`: the OpenAI-compatible HTTP server (`selfspec.serving.openai_api`).
 
-Options are checked, the model is loaded and (plan "auto") the device's cost model measured for
-`--max-batch` rows, all before the port is bound; then uvicorn serves until SIGTERM / Ctrl-C
-drains it (exit 0). Needs the `serve` extra (Starlette, uvicorn): without it, one error line.
+Options are checked, the model is loaded, the KV cache that `--max-batch` rows may grow to is
+checked against the engine's ceiling and the machine's memory (`memory_plan`: one error line
+naming the bytes and what to lower, before the cost model is measured or any cache allocated),
+and (plan "auto") the device's cost model measured for `--max-batch` rows, all before the port is
+bound; then uvicorn serves until SIGTERM / Ctrl-C drains it (exit 0). Needs the `serve` extra
+(Starlette, uvicorn): without it, one error line.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -86,6 +90,105 @@ def _check(a) -> None:
         raise ValueError("--api-key is empty")
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The KV cache a server's rows may grow to: `per_token` bytes (K and V, every layer), a row
+    of `context` slots (the longest request the server admits: the model's context, or less where
+    `rows` such rows would pass the engine's ceiling; the server refuses a longer one) is
+    `per_row` bytes, and `total` for all `rows`; `available`: the device's free memory (None:
+    unknown)."""
+
+    per_token: int
+    rows: int
+    context: int
+    available: int | None
+
+    @property
+    def per_row(self) -> int:
+        return self.per_token * self.context
+
+    @property
+    def total(self) -> int:
+        return self.per_row * self.rows
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def memory_plan(per_token: int, rows: int, full_context: int, least_context: int, *, ceiling: int,
+                available: int | None) -> MemoryPlan:
+    """The KV cache `rows` rows may grow to, or a ValueError (one line: the bytes needed and
+    available and what to lower). `full_context`: cache slots of a request that uses the model's
+    whole context; `least_context`: of a default request (the reserved prompt and the default
+    answer length). Refused when `rows` rows cannot hold even a default request under `ceiling`
+    (the engine's MAX_CACHE_BYTES), or when the cache the server admits requests up to would not
+    fit the `available` memory."""
+    context = min(full_context, ceiling // (rows * per_token))
+    if context < least_context:
+        need = rows * least_context * per_token
+        fit = max(0, ceiling // (least_context * per_token))
+        raise ValueError(f"--max-batch {rows} rows x {least_context} tokens (a default request: prompt, answer, a "
+                         f"round's scratch) x {per_token:,} bytes of KV cache per token = {_mib(need)}, over the "
+                         f"engine's ceiling of {_mib(ceiling)}; lower --max-batch (at most {fit} rows fit) or "
+                         f"--max-tokens")
+    plan = MemoryPlan(per_token, rows, context, available)
+    if available is not None and plan.total > available:
+        fit = 0
+        for r in range(rows - 1, 0, -1):
+            if r * min(full_context, ceiling // (r * per_token)) * per_token <= available:
+                fit = r
+                break
+        lower = (f"lower --max-batch (at most {fit} rows fit)" if fit else
+                 "not even one row of the model's context fits: free memory, or serve a model with a shorter context")
+        raise ValueError(f"--max-batch {rows} rows x {context:,} tokens of context (the longest request admitted: "
+                         f"prompt + answer) x {per_token:,} bytes of KV cache per token = {_mib(plan.total)}, more "
+                         f"than the {_mib(available)} of memory available; {lower}")
+    return plan
+
+
+def memory_line(plan: MemoryPlan) -> str:
+    """The startup line's KV-cache budget: bytes per token, per row and for all rows at most."""
+    avail = "unknown" if plan.available is None else _mib(plan.available)
+    return (f"{plan.per_token:,} bytes per token, {_mib(plan.per_row)} per row of {plan.context:,} tokens (the "
+            f"longest request admitted), {_mib(plan.total)} for {plan.rows} rows at most, {avail} available")
+
+
+def available_memory(device) -> int | None:
+    """Free memory for the KV cache: a CUDA device's free bytes, else the machine's MemAvailable
+    (/proc/meminfo); None where neither can be read."""
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def server_memory(model, cfg, rows: int, max_tokens: int) -> MemoryPlan:
+    """`memory_plan` for a loaded model served with `cfg` on `rows` rows (`max_tokens`: the
+    default answer length)."""
+    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.request import MAX_CACHE_BYTES, ROUND_SCRATCH, lookahead, row_capacity, scratch
+    from selfspec.engine.sequence import SamplingParams
+    from selfspec.serving.openai_api.service import RESERVED_PROMPT
+
+    bf = BatchForward.of(model)
+    per_token = bf.cache_bytes(1, 1)
+    # the longest request: prompt + answer + lookahead = the model's context; its row holds prompt + answer + scratch
+    full = model.config.max_position_embeddings - lookahead(cfg) + min(scratch(cfg), ROUND_SCRATCH) + 1
+    least = row_capacity([[0] * RESERVED_PROMPT], cfg, SamplingParams(max_new_tokens=max_tokens))
+    device = model.get_input_embeddings().weight.device
+    return memory_plan(per_token, rows, full, min(least, full), ceiling=MAX_CACHE_BYTES,
+                       available=available_memory(device))
+
+
 def model_names(model_arg: str | None, served: str | None) -> tuple[str, tuple[str, ...]]:
     """The id clients send (`served`, else the name, else the folder's name) and the other
     spellings accepted for it (the --model argument as given)."""
@@ -115,14 +218,15 @@ def cmd_serve(a) -> int:
     cfg = _decode_config(a)  # bad options fail before the model loads
     model_id, aliases = model_names(a.model, a.served_model_name)
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device)
+    defaults = model_defaults(resolve(a.model, progress=False), a.max_tokens)
+    memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens)  # before any cache or cost model
     options = ServiceOptions(model_id=model_id, aliases=aliases, max_batch=a.max_batch, max_queue=a.max_queue,
-                             shutdown_timeout=a.shutdown_timeout,
-                             defaults=model_defaults(resolve(a.model, progress=False), a.max_tokens))
+                             shutdown_timeout=a.shutdown_timeout, defaults=defaults)
     service = Service(model, tok, cfg, options, profile=a.profile)  # plan "auto": measures the cost model here
     if a.host not in LOOPBACK and not a.api_key:
         print(f"warning: serving on {a.host} without --api-key: anyone who reaches this port can use the model",
               file=sys.stderr)
     print(f"serving {model_id} (plan {cfg.plan}, mode {cfg.mode}) on http://{a.host}:{a.port}/v1 with "
-          f"{a.max_batch} rows ({service.kv_cache_bytes / 2**20:.0f} MiB of KV cache reserved) and a queue of "
-          f"{a.max_queue}; defaults from {options.defaults.source}", file=sys.stderr)
+          f"{a.max_batch} rows ({service.kv_cache_bytes / 2**20:.0f} MiB of KV cache reserved; {memory_line(memory)}) "
+          f"and a queue of {a.max_queue}; defaults from {options.defaults.source}", file=sys.stderr)
     return serve(build_app(service, api_key=a.api_key), service, host=a.host, port=a.port, log_level=a.log_level)
