@@ -189,3 +189,22 @@ def test_plan_auto_picks_the_chunk_from_the_cost_model():
     for _ in dec:
         pass
     assert w.seen == [(1, 94), (1, 56)]
+
+
+def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():
+    """Reproducible sampling draws by output position: a sampled prompt prefilled in chunks while
+    rows run gives the tokens its seed gives alone."""
+    m = _model("int4")
+    cfg = DecodeConfig(max_new_tokens=14, mode="presto", schedule="one-pass", block_length=4, budget=6)
+    hot = SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.95)
+    running, (long,) = _prompts((7, 4)), _prompts((45,), seed=6)
+    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[], prefill_chunk=8)
+    dec.step()
+    seq = dec.add(long, params=hot, seed=11)
+    for _ in dec:
+        pass
+    assert seq.stats.prefill_forwards >= 6
+    alone = Decoder(m, [long], cfg, eos_token_id=[], params=[hot], seeds=[11])
+    for _ in alone:
+        pass
+    assert dec.outputs[2] == alone.outputs[0]
