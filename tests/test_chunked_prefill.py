@@ -196,7 +196,7 @@ def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():
     rows run gives the tokens its seed gives alone."""
     m = _model("int4")
     cfg = DecodeConfig(max_new_tokens=14, mode="presto", schedule="one-pass", block_length=4, budget=6)
-    hot = SamplingParams(max_new_tokens=14, temperature=0.9, top_p=0.95)
+    hot = SamplingParams(max_new_tokens=14, temperature=3.0)
     running, (long,) = _prompts((7, 4)), _prompts((45,), seed=6)
     dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[], prefill_chunk=8)
     dec.step()
@@ -208,3 +208,4 @@ def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():
     for _ in alone:
         pass
     assert dec.outputs[2] == alone.outputs[0]
+    assert dec.outputs[2] != generate_ids(m, long, cfg, eos_token_id=[])[0]  # a sample, not the greedy answer
