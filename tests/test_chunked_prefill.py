@@ -209,3 +209,39 @@ def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():
         pass
     assert dec.outputs[2] == alone.outputs[0]
     assert dec.outputs[2] != generate_ids(m, long, cfg, eos_token_id=[])[0]  # a sample, not the greedy answer
+
+
+def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact():
+    """Through the HTTP server (lookup mode: 256-token chunks): while one answer streams, a
+    ~700-token prompt joins; the stream keeps delivering before the long prompt's first token,
+    which comes after three chunk forwards, and both answers equal `selfspec.generate`'s (int8:
+    width-invariant, so the chunked K/V is the one-forward prefill's)."""
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    import time
+
+    import selfspec
+    from test_server import LONG, MODEL, LiveServer, stream_in_thread, wait_for
+
+    model, tok = selfspec.load(MODEL, weights="int8", progress=False)
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n\n" for i in range(60))
+    long = tok.decode(tok.encode(text)[:700])
+    srv = LiveServer(model, tok, max_batch=2, max_queue=2)
+    try:
+        log = []
+        running = stream_in_thread(srv.client(), LONG, 400, log)
+        wait_for(lambda: log, "the running request's first token")
+        sent, first, got, stats = time.perf_counter(), None, "", {}
+        for chunk in srv.client().completions.create(model=MODEL, prompt=long, max_tokens=8, temperature=0,
+                                                     stream=True):
+            first = first or time.perf_counter()
+            got += chunk.choices[0].text if chunk.choices else ""
+            stats = getattr(chunk, "selfspec", None) or stats
+        running.join(60)
+    finally:
+        srv.close()
+    assert sum(bool(sent < t < first and piece) for t, piece, _ in log) > 0  # the stream ran on meanwhile
+    assert stats["prefill_forwards"] >= 3
+    assert got == selfspec.generate(model, tok, long, max_new_tokens=8, mode="lookup").text
+    assert "".join(piece for _, piece, _ in log) == selfspec.generate(model, tok, LONG, max_new_tokens=400,
+                                                                      mode="lookup").text
