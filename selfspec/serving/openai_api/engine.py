@@ -136,7 +136,9 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return len(self.dec.scheduler.waiting) + len(self._inbox)
+        """Requests without their first token yet: queued, or prefilled a chunk per turn."""
+        sched = self.dec.scheduler
+        return len(sched.waiting) + len(getattr(sched, "prefilling", ())) + len(self._inbox)
 
     # -- the engine thread -------------------------------------------------------------------------
     def _run(self) -> None:
