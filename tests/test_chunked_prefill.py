@@ -245,3 +245,31 @@ def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact(
     assert got == selfspec.generate(model, tok, long, max_new_tokens=8, mode="lookup").text
     assert "".join(piece for _, piece, _ in log) == selfspec.generate(model, tok, LONG, max_new_tokens=400,
                                                                       mode="lookup").text
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_same_kv(fmt):
+    """Past `Stepper.piece` tokens the prompts entering together run in forwards of that many
+    columns (the exact attention's scores grow with the square of a forward's width); the K/V,
+    the first tokens and the output are the one-forward prefill's, bit for bit."""
+    m = _model(fmt)
+    prompts = _prompts((37, 9, 22), seed=5)
+    runs = {}
+    for piece in (8, 1000):
+        dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])
+        dec.start()
+        dec.stepper.piece = piece
+        widths = Widths(dec)
+        dec.step()  # the prefill turn: every prompt enters, nothing runs
+        cache = dec.stepper.cache
+        kv = [[(k[r, :, :n].clone(), v[r, :, :n].clone()) for k, v in zip(cache.k, cache.v)]
+              for r, n in enumerate(len(p) for p in prompts)]
+        for _ in dec:
+            pass
+        runs[piece] = (kv, list(dec.outputs), widths.seen)
+    (kv8, out8, seen8), (kv_all, out_all, seen_all) = runs[8], runs[1000]
+    assert seen8 == [(3, 8)] * 4 + [(3, 5)] and seen_all == [(3, 37)]  # 37 tokens: pieces of 8, 8, 8, 8, 5
+    assert out8 == out_all == [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])[0]
+                               for p in prompts]
+    assert all(torch.equal(a, b) for row8, row in zip(kv8, kv_all) for (k8, v8), (k, v) in zip(row8, row)
+               for a, b in ((k8, k), (v8, v)))
