@@ -34,15 +34,13 @@ import copy
 
 import torch
 
-from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, at, local_scores
+from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores
+from selfspec.engine.choice import MARGIN, PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice  # noqa: F401 (MARGIN: read from here)
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
-MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
-PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
-PROBE_SHARE = 0.1  # and at least enough of them that a probe's extra time is at most this share of theirs
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 
@@ -162,7 +160,7 @@ class Planner:
     # -- choose ------------------------------------------------------------------------------------------
     def choose(self, rows, cache: int, draining: bool = False) -> Option:
         """The option for these rows (`RowRound`s with their `forecast`s) over `cache` cached tokens."""
-        return _Choice(self, rows, cache, draining).best()
+        return Choice(self, rows, cache, draining).best()
 
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
@@ -276,136 +274,6 @@ class Planner:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
-
-
-class _Choice:
-    """One round's choice (`Planner.choose`): every candidate option valued for these rows."""
-
-    def __init__(self, pl: Planner, rows, cache: int, draining: bool):
-        self.pl, self.rows, self.cache, self.draining = pl, rows, cache, draining
-        self.R = len(rows)
-        self.rooms = [r.room for r in rows]
-        self.fc = [r.forecast if r.forecast is not None else Forecast() for r in rows]
-        top = max(self.rooms)
-        # draining: the round is worth the progress of the rows with the most tokens left
-        self.last = [i for i, room in enumerate(self.rooms) if room == top] if draining else None
-        self.tree_rows = [i for i, f in enumerate(self.fc) if f.kind == "tree"]
-        self.ys = [f.yields() for f in self.fc]
-        if self.tree_rows:
-            ys = [self.ys[i] for i in self.tree_rows]
-            longest = max(len(y) for y in ys)
-            pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
-        ar_seconds = pl.seconds(AR, self.R, cache)[1]
-        self.ar_value = 1.0 if draining else float(self.R)
-        self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)
-        self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
-        self.best_e, self.best_seconds = self.ar_value, ar_seconds
-        self.ar_seconds = ar_seconds
-
-    def affordable(self, seconds: float) -> bool:
-        """The ledger allows a speculative round of `seconds`: its worst case (only the bonus
-        tokens committed) loses its time over an AR round's, in AR rounds."""
-        return self.pl.ledger.may_bet(seconds / self.ar_seconds - 1.0)
-
-    def total(self, per_row: list[float]) -> float:
-        """Committed tokens of the round from each row's expectation (capped at its room)."""
-        capped = [min(e, room) for e, room in zip(per_row, self.rooms)]
-        if self.last is not None:
-            return min(capped[i] for i in self.last)
-        return sum(capped)
-
-    def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
-        width, seconds = self.pl.seconds(o, self.R, self.cache)
-        if o.speculative and not self.affordable(seconds):
-            return float("-inf")
-        if width > o.width:
-            o = Option(o.draft, o.nodes, o.groups, o.group_size, o.draft_pass, width)
-        e = self.total(per_row)
-        value = e * (1 - MARGIN) - self.rate * seconds + bonus
-        if value > self.best_value + 1e-12:
-            self.best_option, self.best_value, self.best_e, self.best_seconds = o, value, e, seconds
-        return value
-
-    def best(self) -> Option:
-        pl = self.pl
-        self._two_pass()
-        self._lookup()
-        if not self.tree_rows:  # no marginals: AR-like rounds, and now and then a probe
-            pl.since_probe += 1
-            if max(self.rooms) > 1 and not self.best_option.speculative and pl.group_sizes:
-                probe = Option(groups=1, group_size=pl.group_sizes[0])
-                cost, ar = pl.seconds(probe, self.R, self.cache)[1], pl.seconds(AR, self.R, self.cache)[1]
-                # a probe commits what AR would: its extra time is a bet, kept under PROBE_SHARE of
-                # the AR time between probes (on a CPU a group of 4 with the draft LoRA costs ~4 AR steps)
-                if pl.since_probe >= max(pl.probe_every, (cost - ar) / (PROBE_SHARE * ar)) and self.affordable(cost):
-                    pl.since_probe = 0
-                    pl.predicted = (self.total([1.0] * self.R), cost)
-                    return probe
-            return self._chosen()
-        self._trees()
-        if self.best_option.speculative:
-            pl.probe_every = PROBE_MIN
-        else:
-            pl.probe_every = min(pl.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
-        return self._chosen()
-
-    def _two_pass(self) -> None:
-        """Rounds that leave no marginals: a draft pass and a verification of each row's top-N tree."""
-        pl = self.pl
-        if max(self.rooms) <= 1 or not (pl.two_pass_yield or len(pl.last_yields) > 1):
-            return
-        for n in pl.budgets[1:]:
-            e = pl.two_pass_yield.get(n, at(pl.last_yields, n))
-            self.offer(Option("tree", n, draft_pass=True), [e if room > 1 else 1.0 for room in self.rooms])
-
-    def _lookup(self) -> None:
-        """Rows with a context chain verify its first k tokens (the others AR)."""
-        chains = [i for i, f in enumerate(self.fc) if f.kind == "lookup"]
-        if not chains:
-            return
-        longest = max(len(self.ys[i]) for i in chains) - 1
-        for k in range(1, longest + 1):
-            per_row = [at(self.ys[i], k) if self.fc[i].kind == "lookup" else 1.0 for i in range(self.R)]
-            self.offer(Option("lookup", k), per_row)
-
-    def _trees(self) -> None:
-        """Verify-only trees of the top-N nodes, and the same with m groups of G slots (one-pass),
-        whose marginals are worth `delta[G]` next round, weighted by the endpoint mass they cover."""
-        pl, v_none = self.pl, self.best_value
-        delta = {}
-        for g in pl.group_sizes:
-            ys = [f.yields(g - 1) if f.kind == "tree" else [1.0] for f in self.fc]
-            w = max(self._value_at(Option("tree", n, 1, g) if n else Option(groups=1, group_size=g),
-                                   [at(y, n) for y in ys]) for n in pl.budgets)
-            delta[g] = max(0.0, w - v_none)
-        largest = max(len(self.ys[i]) for i in self.tree_rows) - 1
-        for n in pl.budgets:
-            if n > largest:
-                break
-            per_row = [at(y, n) for y in self.ys]
-            covers = [self.fc[i].coverage(n) for i in self.tree_rows]
-            options = [Option("tree", n) if n else AR]
-            m = 1
-            while m <= n + 1:
-                options += [Option("tree" if n else "none", n, m, g) for g in reversed(pl.group_sizes)]  # ties: deeper
-                m = n + 1 if m < n + 1 and 2 * m > n + 1 else 2 * m
-            for o in options:
-                bonus = 0.0
-                if o.groups:
-                    bonus = delta[o.group_size] * sum(c[min(o.groups, len(c)) - 1] for c in covers) / len(covers)
-                self.offer(o, per_row, bonus)
-
-    def _value_at(self, o: Option, per_row: list[float]) -> float:
-        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.seconds(o, self.R, self.cache)[1]
-
-    def _chosen(self) -> Option:
-        """Move `rate` towards the predicted rate of the option chosen (the Dinkelbach update)."""
-        pl, o = self.pl, self.best_option
-        pl.predicted = (self.best_e, self.best_seconds)
-        r = self.best_e / self.best_seconds
-        old = pl.rates.get(self.draining)
-        pl.rates[self.draining] = r if old is None else 0.8 * old + 0.2 * r
-        return o
 
 
 def log2_budgets(limit: int) -> list[int]:
