@@ -66,6 +66,16 @@ def tiny_model(seed: int = 0, **overrides) -> NemotronLabsDiffusionModel:
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: a second thread only adds synchronisation (and loses badly on a busy machine).
+    A module takes it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
 @pytest.fixture
 def model():
     return tiny_model()

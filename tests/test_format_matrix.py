@@ -68,13 +68,7 @@ TOK = PieceTokenizer()
 _MODELS = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: a second thread only adds synchronisation (and loses badly on a busy machine)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
 
 def _model(fmt):

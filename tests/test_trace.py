@@ -39,13 +39,7 @@ class PieceTokenizer:
         return "".join(self.pieces[i % len(self.pieces)] for i in ids if i >= 5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The models here are tiny: a second thread only adds synchronisation (and loses badly on a busy machine)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
 
 TOK = PieceTokenizer(["a", "b", " c", "\n", "de", "f("])

@@ -12,6 +12,23 @@ PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doublin
 PROBE_SHARE = 0.1  # and at least enough of them that a probe's extra time is at most this share of theirs
 
 
+def last_rows(rooms: list[int], draining: bool) -> list[int] | None:
+    """Draining (no request waits for a row: the batch ends with its slowest rows), the rows with
+    the most tokens left, whose progress a round is worth; else None (every row's counts)."""
+    if not draining:
+        return None
+    top = max(rooms)
+    return [i for i, room in enumerate(rooms) if room == top]
+
+
+def round_value(per_row: list[float], rooms: list[int], last: list[int] | None) -> float:
+    """What a round's tokens are worth to the batch: the rows' sum (each capped at its room), or
+    the least of the `last_rows`. The planner values options and prices finished rounds by it.
+    Example: per_row [3, 1], rooms [10, 4] -> 4; draining (last [0]) -> 3."""
+    capped = [min(e, room) for e, room in zip(per_row, rooms)]
+    return sum(capped) if last is None else min(capped[i] for i in last)
+
+
 class Choice:
     """One round's choice (`Planner.choose`): every candidate option valued for these rows."""
 
@@ -20,9 +37,7 @@ class Choice:
         self.R = len(rows)
         self.rooms = [r.room for r in rows]
         self.fc = [r.forecast if r.forecast is not None else Forecast() for r in rows]
-        top = max(self.rooms)
-        # draining: the round is worth the progress of the rows with the most tokens left
-        self.last = [i for i, room in enumerate(self.rooms) if room == top] if draining else None
+        self.last = last_rows(self.rooms, draining)
         self.tree_rows = [i for i, f in enumerate(self.fc) if f.kind == "tree"]
         self.ys = [f.yields() for f in self.fc]
         if self.tree_rows:
@@ -42,11 +57,8 @@ class Choice:
         return self.pl.ledger.may_bet(seconds / self.ar_seconds - 1.0)
 
     def total(self, per_row: list[float]) -> float:
-        """Committed tokens of the round from each row's expectation (capped at its room)."""
-        capped = [min(e, room) for e, room in zip(per_row, self.rooms)]
-        if self.last is not None:
-            return min(capped[i] for i in self.last)
-        return sum(capped)
+        """Committed tokens of the round from each row's expectation (`round_value`)."""
+        return round_value(per_row, self.rooms, self.last)
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
         width, seconds = self.pl.seconds(o, self.R, self.cache)

@@ -35,7 +35,7 @@ import copy
 import torch
 
 from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores
-from selfspec.engine.choice import MARGIN, PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice  # noqa: F401 (MARGIN: read from here)
+from selfspec.engine.choice import PROBE_MIN, PROBE_SHARE, Choice, last_rows, round_value
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import Ledger
 from selfspec.engine.request import scratch
@@ -108,12 +108,13 @@ class Planner:
         """The option for this round (`rounds.Round`). Each row's forecast is what its draft step
         then reads (`RowRound.big`: the largest tree; `.drafted`: the lookup chain). While resting
         after a run of AR choices, with no marginals at hand, AR without forecasting anything."""
-        forecast_loss = self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]
         resting = self.dormant > 0 and all(r.marg is None for r in rnd.rows)
+        if resting:
+            self.dormant -= 1
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        if resting or unmeasured or not self.ledger.may_bet(forecast_loss):  # a bare AR round, nothing forecast
-            self.dormant -= resting
-            self.predicted = None
+        if resting or unmeasured or not self.ledger.may_bet(  # the forecast is a bet too
+                self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]):
+            self.predicted = None  # a bare AR round: nothing forecast
             rnd.bare = True
             return AR
         for r in rnd.rows:
@@ -233,12 +234,9 @@ class Planner:
 
     def _account(self, rnd) -> None:
         """The round into the ledger: its committed progress against AR's in the same time."""
-        R, committed = len(rnd.rows), [len(r.committed) for r in rnd.rows]
-        if rnd.draining:
-            top = max(r.room for r in rnd.rows)
-            value = float(min(c for c, r in zip(committed, rnd.rows) if r.room == top))
-        else:
-            value = float(sum(committed))
+        R = len(rnd.rows)
+        rooms = [r.room for r in rnd.rows]
+        value = round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining))
         self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
                            ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds)
 

@@ -86,7 +86,7 @@ class Round:
     model_seconds: float = 0.0  # the round's model time (every forward, both passes)
     plan_seconds: float = 0.0  # the planner's time (forecasts: charged to speculation)
     seconds: float = 0.0
-    bare: bool = False  # an AR round the planner forecast nothing for (or a fixed mode's round)
+    bare: bool = False  # plan "auto": an AR round the planner forecast nothing for (its floor's reference)
 
     @property
     def cache_len(self) -> int:
