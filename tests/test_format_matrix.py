@@ -2,7 +2,7 @@
 public front door (`selfspec.generate`), in fp32, bf16, int8 and int4.
 
 The cells cover each value of each option in each format (pairwise, not the full product): every
-mode (ar, linear, presto, lookup, auto), both schedules, every rho (none, ngram, learned), context
+mode (ar, linear, presto, lookup, auto), both schedules and PRESTO laid out per round, every rho (none, ngram, learned), context
 lookup on and off, both samplings at temperature 1 with a seed, and `trace=True`. Greedy output
 equals AR's in that format (in bf16 / int8 / int4 by construction: a row's logits do not depend on
 the round's width; bf16 included because the tiny model's rows are short, where even a CPU with
@@ -41,6 +41,8 @@ CELLS = {
                                               trace=True),
     "presto one-pass rho ngram lookup": dict(mode="presto", schedule="one-pass", rho="ngram", lookup=True),
     "presto one-pass rho ngram no lookup": dict(mode="presto", schedule="one-pass", rho="ngram", lookup=False),
+    "presto planned rho ngram": dict(mode="presto", rho="ngram"),  # no schedule: laid out per round
+    "presto planned rho learned trace": dict(mode="presto", rho="learned", trace=True),
     "auto": dict(mode="auto"),  # n-gram rho, lookup on
     "auto rho learned trace": dict(mode="auto", rho="learned", trace=True),  # lookup off with it
     "auto rho none no lookup": dict(mode="auto", rho="none", lookup=False),
@@ -48,6 +50,7 @@ CELLS = {
 SAMPLED = {
     "presto one-pass rho learned": dict(mode="presto", schedule="one-pass", rho="learned"),
     "linear two-pass": dict(mode="linear", schedule="two-pass"),
+    "presto planned": dict(mode="presto"),
     "auto rho ngram lookup": dict(mode="auto", rho="ngram", lookup=True),
     "auto rho learned trace": dict(mode="auto", rho="learned", trace=True),
 }
@@ -82,9 +85,15 @@ def _model(fmt):
     return _MODELS[fmt]
 
 
+def _planned(opts) -> bool:
+    """plan "auto": the auto mode, or PRESTO with no layout named."""
+    return opts.get("mode") == "auto" or (opts.get("mode") == "presto" and "schedule" not in opts
+                                           and "group_nodes" not in opts)
+
+
 def _run(m, opts, **kw):
     opts = {"block_length": 6, "budget": 8, "max_new_tokens": NEW, **opts, **kw}
-    if opts.get("mode") == "auto":
+    if _planned(opts):
         opts["profile"] = CostModel.flat()  # a flat cost: the planner lays out trees (and learned rho runs)
     return selfspec.generate(m, TOK, PROMPT, eos_token_id=[], **opts)
 
@@ -119,7 +128,7 @@ def test_sampling_with_a_seed_in_every_format(fmt, cell):
     _check_trace(gen, opts)
     ind = _run(m, opts, temperature=1.0, seed=7, sampling="independent").token_ids
     assert len(ind) == NEW and all(0 <= t < V and t != MASK for t in ind)
-    if opts["mode"] != "auto":  # plan auto's layouts follow the clock; a fixed mode's do not
+    if not _planned(opts):  # plan auto's layouts follow the clock; a fixed mode's do not
         assert _run(m, opts, temperature=1.0, seed=7, sampling="independent").token_ids == ind
 
 
