@@ -18,10 +18,13 @@ from dataclasses import replace
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
 from selfspec.engine.layouts import config_label, layout_label
 from selfspec.tools.bench_report import (_by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
-                                         markdown_table, prompt_kind)  # (aggregate, prompt_kind: read from here)
-from selfspec.tools.peers import llama_cpp_available
+                                         long_floor_lines, long_report, long_table, markdown_table,
+                                         prompt_kind)  # (aggregate, prompt_kind: read from here)
+from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available
 
-PEERS = ("hf", "hf-lookup", "llama.cpp")
+PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
+META = ("split", "task", "length")  # a prompt's fields the records keep (the long suite's)
+SPLITS = ("tune", "held-out")
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -40,10 +43,14 @@ def read_prompts(path: str) -> list[dict]:
                 continue
             if not isinstance(rec, dict):
                 errors.append(f"line {no}: expected an object")
+            elif "split" in rec and rec["split"] not in SPLITS:
+                errors.append(f"line {no}: 'split' must be one of {SPLITS}, got {rec['split']!r}")
             elif isinstance(rec.get("prompt"), str) and rec["prompt"]:
-                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["prompt"]})
+                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["prompt"],
+                             **{k: rec[k] for k in META if k in rec}})
             elif isinstance(rec.get("messages"), list) and rec["messages"]:
-                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["messages"]})
+                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["messages"],
+                             **{k: rec[k] for k in META if k in rec}})
             else:
                 errors.append(f"line {no}: needs a non-empty 'prompt' string or 'messages' list")
     if errors:
@@ -51,6 +58,20 @@ def read_prompts(path: str) -> list[dict]:
     if not rows:
         raise ValueError(f"{path}: no prompts")
     return rows
+
+
+def read_suite(name: str, limit: int = 0) -> list[dict]:
+    """A shipped suite's prompts (`selfspec/data`): "long" is 1k.jsonl then 3k.jsonl, each prompt
+    tagged with its length; `limit` N keeps the first N prompts of each length (0: all)."""
+    from selfspec.data import long_suite_files
+
+    if name != "long":
+        raise ValueError(f"unknown suite {name!r}; expected 'long'")
+    out = []
+    for length, path in long_suite_files().items():
+        rows = [{**p, "length": length} for p in read_prompts(path)]
+        out += rows[:limit] if limit else rows
+    return out
 
 
 def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
@@ -84,13 +105,16 @@ def label(cfg: DecodeConfig) -> str:
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
-              profile=None, gguf: str | None = None, baselines: dict | None = None, repeats: int = 1) -> list[dict]:
+              profile=None, gguf: str | None = None, baselines: dict | None = None, repeats: int = 1,
+              ignore_eos: bool = False) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
     `baselines` ({weight format: model}) add a greedy AR row in each of those formats
     (the transformers peers then run on the fp32 one when given: the checkpoint's own weights).
 
     Runs are interleaved by prompt (every row on prompt 1, then every row on prompt 2, ...), so
-    a machine that slows down or speeds up during the run shifts all rows alike.
+    a machine that slows down or speeds up during the run shifts all rows alike. Each record has
+    the time to its first token and the decode after it (`ttft_seconds`, `decode_seconds`,
+    `decode_tokens`); `ignore_eos`: every row decodes max_new_tokens (the long suite's timing).
     """
     import torch
     from tqdm import tqdm
@@ -108,19 +132,21 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     for fmt, m in (baselines or {}).items():
         runners.append(("cfg", (m, DecodeConfig(**{**base.__dict__, "mode": "ar", "plan": None, "temperature": 0.0}), fmt)))
     for name in peers:
-        if name == "llama.cpp":
-            hp = LlamaCppPeer(gguf)
+        if name in LLAMA_PEERS:
+            hp = LlamaCppPeer(gguf, prompt_lookup=10 if name == "llama.cpp-lookup" else 0)
         else:
             hp = HFPeer((baselines or {}).get("fp32", model), prompt_lookup=10 if name == "hf-lookup" else 0)
         runners += [("peer", (hp, t)) for t in temps]
-    eos = eos_ids(model)
-    for kind, r in runners:  # warm-up: first prompt, a few tokens, every row
+    eos = set() if ignore_eos else eos_ids(model)
+    no_eos = {"eos_token_id": []} if ignore_eos else {}
+    warm = encoded[0][:256]
+    for kind, r in runners:  # warm-up: (the start of) the first prompt, a few tokens, every row
         if kind == "cfg":
-            for _ in Decoder(r[0], [encoded[0]], replace(r[1], max_new_tokens=warmup_tokens),
-                             profile=profile if r[1].plan == "auto" else None):
+            for _ in Decoder(r[0], [warm], replace(r[1], max_new_tokens=warmup_tokens),
+                             profile=profile if r[1].plan == "auto" else None, **no_eos):
                 pass
         else:
-            r[0].run(encoded[0], max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
+            r[0].run(warm, max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
                      eos=eos, seed=seed)
     records = [[] for _ in runners]
     bar = tqdm(total=len(runners) * len(prompts) * repeats, desc="bench", file=sys.stderr, disable=not progress)
@@ -135,17 +161,26 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             if kind == "cfg":
                 m, cfg, _ = r
                 gen = torch.Generator(device=m.get_input_embeddings().weight.device).manual_seed(seed)
-                dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.plan == "auto" else None)
-                for _ in dec:
-                    pass
+                dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.plan == "auto" else None,
+                              **no_eos)
+                t0 = first = time.perf_counter()
+                for n, _ in enumerate(dec):
+                    if n == 0:
+                        first = time.perf_counter()  # the first yield is the prefill's first token
+                end = time.perf_counter()
                 out, st = dec.outputs[0], dec.stats[0]
-                rec = {"id": p["id"], "token_ids": out, **{k: getattr(st, k) for k in (
+                rec = {"id": p["id"], "token_ids": out, "ttft_seconds": first - t0, "decode_seconds": end - first,
+                       "decode_tokens": max(0, len(out) - 1), **{k: getattr(st, k) for k in (
                     "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                     "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
             else:
                 out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
                                     top_k=base.top_k, eos=eos, seed=seed)
                 rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
+                if getattr(r[0], "first_token_seconds", None) is not None:
+                    rec.update(ttft_seconds=r[0].first_token_seconds, decode_seconds=sec - r[0].first_token_seconds,
+                               decode_tokens=max(0, len(out) - 1))
+            rec.update({k: p[k] for k in META if k in p})
             runs[i].append(rec)
             bar.update(1)
         for i, rs in enumerate(runs):
@@ -206,7 +241,11 @@ def cmd_bench(a) -> int:
     from selfspec.checkpoint.model import default_model_dir
     from selfspec.loading import load
 
-    batch = bool(a.batch_sizes)
+    batch, suite = bool(a.batch_sizes), a.suite
+    if suite and (batch or a.prompts):
+        raise ValueError("--suite runs its own prompts one at a time (not with --prompts or --batch-sizes)")
+    if a.max_new_tokens is None:
+        a.max_new_tokens = 96 if suite else 64
     if a.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
     if batch and (a.full or any(b < 1 for b in a.batch_sizes)):
@@ -215,7 +254,7 @@ def cmd_bench(a) -> int:
         a.modes = ["ar", "auto"] if batch else (
             ["ar", "auto", "lookup", "linear", "presto", "hybrid"] if a.full else ["ar", "auto", "lookup"])
     if a.limit is None:
-        a.limit = 16 if batch else 32 if a.full else 8
+        a.limit = 0 if suite else 16 if batch else 32 if a.full else 8
     allowed = MODES if batch else MODES + ("hybrid",)
     for m in a.modes:
         if m not in allowed:
@@ -228,21 +267,38 @@ def cmd_bench(a) -> int:
         if s not in ("auto",) + SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; expected some of {('auto',) + SCHEDULES}")
     model_dir = a.model or default_model_dir()
-    prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
-    prompts = read_prompts(prompts_path)
-    prompts = prompts[: a.limit] if a.limit else prompts
+    notes = []
+    if suite:  # the shipped suite: `limit` prompts of each length
+        from selfspec.data import long_suite_files
+
+        prompts_path = os.path.dirname(long_suite_files()["1k"])
+        prompts = read_suite(suite, a.limit)
+    else:
+        prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
+        prompts = read_prompts(prompts_path)
+        prompts = prompts[: a.limit] if a.limit else prompts
     gguf = a.gguf
     default_peers = a.peers is None
     if default_peers:  # transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
-        a.peers = ["hf"] if batch else ["hf"] + (["hf-lookup"] if a.full else []) + (
-            ["llama.cpp"] if llama_cpp_available() and _default_gguf(a) else [])
+        llama = list(LLAMA_PEERS if suite else LLAMA_PEERS[:1])
+        if not llama_cpp_available():
+            llama = []
+            notes.append("llama.cpp rows skipped: llama-cpp-python is not installed (pip install llama-cpp-python)")
+        elif not _default_gguf(a) and not gguf:
+            llama = []
+            notes.append("llama.cpp rows skipped: no GGUF for this model (--gguf FILE)")
+        a.peers = ["hf"] if batch else llama if suite else ["hf"] + (["hf-lookup"] if a.full else []) + llama
+        notes = notes if suite else []  # the other grids name llama.cpp only when it runs, as before
     for name in a.peers:
         if name not in (("hf",) if batch else PEERS):
             raise ValueError(f"unknown peer {name!r}{' for batches' if batch else ''}; expected some of "
                              f"{('hf',) if batch else PEERS}")
-    if batch and a.temperature is None and "--temperatures" not in a.argv:
+    if (batch or suite) and a.temperature is None and "--temperatures" not in a.argv:
         a.temperatures = [0.0]
-    if "llama.cpp" in a.peers:
+    if set(LLAMA_PEERS) & set(a.peers):
+        if not llama_cpp_available():  # asked for by name: an error before the model loads
+            raise ValueError(f"the {sorted(set(LLAMA_PEERS) & set(a.peers))[0]} peer needs llama-cpp-python (pip "
+                             "install llama-cpp-python; it compiles from source, ~20 min on 2 cores)")
         gguf = gguf or _default_gguf(a)
         if not gguf or not os.path.isfile(gguf):
             raise ValueError("the llama.cpp peer needs the model's GGUF: --gguf FILE (found by itself for the default model)")
@@ -281,11 +337,16 @@ def cmd_bench(a) -> int:
         # grid that row is the reference on those weights (and keeps the default under 5 min)
         a.peers = [p for p in a.peers if p != "hf"]
     baselines = {f: load(a.model, weights=f, device=a.device)[0] for f in (a.compare_weights or []) if f != weights}
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
-                     baselines=baselines, repeats=a.repeats)
-    table = markdown_table(rows)
-    floor = floor_lines(rows)
+                     baselines=baselines, repeats=a.repeats, ignore_eos=bool(suite))
+    if suite:  # per length and split: time to first token, decode tok/s, greedy equality; floor per length
+        table, floor = long_table(rows), long_floor_lines(rows)
+    else:
+        table, floor = markdown_table(rows), floor_lines(rows)
     table += "".join("\n\n" + line for line in floor[:1]) + "".join("\n" + line for line in floor[1:])
+    table += "".join(("\n\n" if i == 0 else "\n") + f"note: {n}" for i, n in enumerate(notes))
     print(table)
     from selfspec.tools.bench_plot import plot
 
@@ -297,8 +358,10 @@ def cmd_bench(a) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
         "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts), "wall_seconds": round(time.time() - t0, 1),
-        "rows": rows, "plots": pngs,
+        "rows": rows, "plots": pngs, "notes": notes,
     }
+    if suite:
+        result["suite"] = {"name": suite, "eos": "off: every row decodes max_new_tokens", "groups": long_report(rows)}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -316,6 +379,11 @@ def add_bench_parser(sub, add_common_args) -> None:
     b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
+    b.add_argument("--suite", default=None, choices=["long"],
+                   help="a shipped suite instead of --prompts: long = 8 prompts of ~1,000 and 8 of ~3,000 tokens "
+                        "(edit code, answer with quotes, summarise, multi-turn chat; half tune, half held-out), "
+                        "96 new tokens, eos off, T=0; reports time to first token and decode tok/s per length and "
+                        "split (--limit N: the first N of each length)")
     b.add_argument("--full", action="store_true",
                    help="the full grid: every mode, both schedules, budgets 8 and 32, 32 prompts (tens of minutes on "
                         "the default model on 2 CPU cores; ~9 min on pystdlib-nld-9m)")
@@ -338,7 +406,7 @@ def add_bench_parser(sub, add_common_args) -> None:
     b.add_argument("--budgets", nargs="+", type=int, default=[8, 32])
     b.add_argument("--limit", type=int, default=None,
                    help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "
-                        "on 2 CPU cores; --full: 32; 0 = all)")
+                        "on 2 CPU cores; --full: 32; --suite: all, N = the first N of each length; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
     b.add_argument("--repeats", type=int, default=1,
                    help="run every row this many times per prompt, in mirrored order (A B C C B A), times summed: "
@@ -348,4 +416,4 @@ def add_bench_parser(sub, add_common_args) -> None:
                         "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "
                         "twice in mirrored order (A B C C B A) against drift; "
                         "--profile then takes a batch cost profile")
-    b.set_defaults(func=cmd_bench, max_new_tokens=64, temperature=None)
+    b.set_defaults(func=cmd_bench, max_new_tokens=None, temperature=None)  # max_new_tokens: 64 (--suite: 96)

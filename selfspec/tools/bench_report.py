@@ -1,5 +1,6 @@
 """The bench's report: a row's figures from its per-prompt records, speedups per prompt kind, the
-worst prompt against AR, the Markdown table and the floor lines (`bench.py` runs the rows)."""
+worst prompt against AR, the Markdown table and the floor lines (`bench.py` runs the rows); for the
+long-context suite, the same per length and split with time to first token and decode tok/s."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def _summed(runs: list[dict]) -> dict:
     out = dict(runs[0])
     for rec in runs[1:]:
         for k, v in rec.items():
-            if k in ("id", "token_ids"):
+            if k in ("id", "token_ids") or isinstance(v, str):  # ids and the prompt's fields (split, ...)
                 continue
             out[k] = ({**out[k], **{n: out[k].get(n, 0) + c for n, c in v.items()}} if isinstance(v, dict)
                       else out[k] + v)
@@ -119,3 +120,80 @@ def _by_kind(rows: list[dict]) -> None:
         for k, v in r["by_kind"].items():
             base = ar["by_kind"][k]["tokens_per_second"] if ar else 0
             v["speedup_vs_ar"] = v["tokens_per_second"] / base if base else None
+
+
+def decode_figures(records: list[dict]) -> dict:
+    """Time to first token (mean per run, s) and decode tok/s (tokens after the first / time after
+    the first) of a row's records; None where the records have no such timing (hf peers)."""
+    timed = [x for x in records if x.get("ttft_seconds") is not None]
+    runs = sum(x.get("repeats", 1) for x in timed)
+    dsec = sum(x["decode_seconds"] for x in timed)
+    return {"ttft_seconds": sum(x["ttft_seconds"] for x in timed) / runs if runs else None,
+            "decode_tokens_per_second": sum(x["decode_tokens"] for x in timed) / dsec if timed and dsec > 0 else None}
+
+
+def _subrows(rows: list[dict], keep) -> list[dict]:
+    """The rows re-aggregated over the records `keep` accepts (speedups against AR recomputed)."""
+    out = []
+    for r in rows:
+        recs = [x for x in r["records"] if keep(x)]
+        if recs:
+            out.append({**{k: r[k] for k in ("label", "mode", "temperature")}, "records": recs, **aggregate(recs),
+                        **decode_figures(recs)})
+    for r in out:
+        ar = next((x for x in out if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
+        r["speedup_vs_ar"] = r["tokens_per_second"] / ar["tokens_per_second"] if ar and ar["tokens_per_second"] else None
+        d, ad = r["decode_tokens_per_second"], ar and ar["decode_tokens_per_second"]
+        r["decode_vs_ar"] = d / ad if d is not None and ad else None
+    return out
+
+
+def _groups(rows: list[dict]) -> list[tuple[str, str]]:
+    """The (length, split) pairs of the records, in suite order (1k before 3k, tune before held-out)."""
+    seen = {(x.get("length", "-"), x.get("split", "-")) for r in rows for x in r["records"]}
+    order = {"tune": 0, "held-out": 1}
+    return sorted(seen, key=lambda g: (int(g[0].rstrip("k")) if g[0].rstrip("k").isdigit() else 0, order.get(g[1], 2)))
+
+
+def long_report(rows: list[dict]) -> list[dict]:
+    """Per (length, split) and row: prompts, time to first token, decode tok/s and its ratio to AR's,
+    end-to-end tok/s and its ratio, greedy equality with AR (results.json's "suite")."""
+    out = []
+    for length, split in _groups(rows):
+        for r in _subrows(rows, lambda x: (x.get("length", "-"), x.get("split", "-")) == (length, split)):
+            out.append({"length": length, "split": split, "label": r["label"], "mode": r["mode"],
+                        "temperature": r["temperature"], "prompts": r["prompts"], "ttft_seconds": r["ttft_seconds"],
+                        "decode_tokens_per_second": r["decode_tokens_per_second"], "decode_vs_ar": r["decode_vs_ar"],
+                        "tokens_per_second": r["tokens_per_second"], "speedup_vs_ar": r["speedup_vs_ar"],
+                        "matches_ar": r["matches_ar"], "plan_hist": r["plan_hist"]})
+    return out
+
+
+def long_table(rows: list[dict]) -> str:
+    """The long suite's Markdown table: one line per length, split and row."""
+    f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    lines = ["| length | split | row | T | prompts | first token s | decode tok/s | decode vs AR | tok/s | vs AR | = AR |",
+             "|" + "---|" * 11]
+    for g in long_report(rows):
+        same = f"{g['matches_ar']}/{g['prompts']}" if g["temperature"] == 0 else "sampled"
+        lines.append(f"| {g['length']} | {g['split']} | {g['label']} | {g['temperature']:g} | {g['prompts']} | "
+                     f"{f(g['ttft_seconds'])} | {f(g['decode_tokens_per_second'], 1)} | {f(g['decode_vs_ar'])}x | "
+                     f"{f(g['tokens_per_second'], 1)} | {f(g['speedup_vs_ar'])}x | {same} |")
+    return "\n".join(lines)
+
+
+def long_floor_lines(rows: list[dict]) -> list[str]:
+    """`floor_lines` for each length (both splits; per task, and the worst prompt), with auto's
+    decode tok/s against AR's and the split the worst prompt is in."""
+    out = []
+    for length in dict.fromkeys(g[0] for g in _groups(rows)):
+        sub = _subrows(rows, lambda x: x.get("length", "-") == length)
+        _by_kind(sub)
+        _worst(sub)
+        autos = [r for r in sub if r["mode"] == "auto"]
+        for line, r in zip(floor_lines(sub), [r for r in autos if r.get("speedup_vs_ar") is not None]):
+            w = r.get("worst_vs_ar")
+            split = next((x.get("split") for x in r["records"] if w and x["id"] == w["id"]), None)
+            line = f"~{length} tokens: {line}" + (f" ({split})" if split else "")
+            out.append(line + (f"; decode {r['decode_vs_ar']:.2f}x" if r.get("decode_vs_ar") is not None else ""))
+    return out

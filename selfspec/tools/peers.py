@@ -1,4 +1,5 @@
-"""Peers on the same weights: transformers' own `generate`, greedy and with prompt lookup.
+"""Peers on the same weights: transformers' own `generate`, greedy and with prompt lookup; and
+llama.cpp on the original GGUF, plain and with its prompt-lookup decoding.
 
 The checkpoint's backbone is a `Ministral3Model` and its head a plain linear layer, so
 `Ministral3ForCausalLM` with those two modules *is* the model's AR reading, with no copy of the
@@ -10,6 +11,24 @@ from __future__ import annotations
 import time
 
 import torch
+
+LLAMA_PEERS = ("llama.cpp", "llama.cpp-lookup")  # the bench's names for LlamaCppPeer, plain and prompt lookup
+
+
+class _FirstToken:
+    """A `generate` streamer that only notes when the first new token arrives (the first `put` is
+    the prompt)."""
+
+    def __init__(self):
+        self.puts, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
 
 
 def causal_lm(model):
@@ -34,6 +53,7 @@ class HFPeer:
         self.prompt_lookup = prompt_lookup
         self.device = model.get_input_embeddings().weight.device
         self.mask_id = int(model.config.mask_token_id)
+        self.first_token_seconds: float | None = None  # of the last run
 
     def label(self) -> str:
         return "hf-generate" + (f"/lookup={self.prompt_lookup}" if self.prompt_lookup else "")
@@ -51,12 +71,15 @@ class HFPeer:
         if self.prompt_lookup:
             kw["prompt_lookup_num_tokens"] = self.prompt_lookup
         torch.manual_seed(seed)
+        first = _FirstToken()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = self.lm.generate(ids, **kw)
+            out = self.lm.generate(ids, streamer=first, **kw)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0
+        sec = time.perf_counter() - t0
+        self.first_token_seconds = None if first.at is None else first.at - t0
+        return out[0, ids.shape[1]:].tolist(), sec
 
 
 class LlamaCppPeer:
@@ -65,27 +88,39 @@ class LlamaCppPeer:
     It runs the quantized weights (Q4_1 / Q8_0 for the default model) with its own kernels, so
     its greedy tokens may differ from the fp32 reference; the bench reports how often they match.
     Sampling: temperature / top-p / top-k as given, min-p off, no repetition penalty.
+    `prompt_lookup` > 0: llama-cpp-python's prompt-lookup decoding (`LlamaPromptLookupDecoding`,
+    that many tokens drafted from the context), the row "llama.cpp-lookup".
     """
 
-    def __init__(self, gguf_path: str, *, threads: int | None = None):
+    def __init__(self, gguf_path: str, *, threads: int | None = None, prompt_lookup: int = 0):
         try:
             from llama_cpp import Llama
+            draft = None
+            if prompt_lookup:
+                from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+                draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         except ImportError:
-            raise ValueError("the llama.cpp peer needs llama-cpp-python (pip install llama-cpp-python; it "
-                             "compiles from source, ~20 min on 2 cores)") from None
+            raise ValueError(f"the {LLAMA_PEERS[bool(prompt_lookup)]} peer needs llama-cpp-python (pip install "
+                             "llama-cpp-python; it compiles from source, ~20 min on 2 cores)") from None
+        self.prompt_lookup = prompt_lookup
+        self.first_token_seconds: float | None = None  # of the last run
         self.llm = Llama(model_path=gguf_path, n_ctx=4096, n_threads=threads or torch.get_num_threads(),
-                         verbose=False)
+                         verbose=False, draft_model=draft)
 
     def label(self) -> str:
-        return "llama.cpp"
+        return LLAMA_PEERS[bool(self.prompt_lookup)]
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
             eos: set[int], seed: int) -> tuple[list[int], float]:
         self.llm.set_seed(seed)
         out: list[int] = []
+        self.first_token_seconds = None
         t0 = time.perf_counter()
         for tok in self.llm.generate(prompt_ids, temp=temperature, top_p=top_p, top_k=top_k or 0, min_p=0.0,
                                      repeat_penalty=1.0, reset=True):
+            if not out:
+                self.first_token_seconds = time.perf_counter() - t0
             out.append(int(tok))
             if tok in eos or len(out) >= max_new_tokens:
                 break
