@@ -4,9 +4,9 @@
     model, tok = selfspec.load("pystdlib-nld-9m", weights="int8")
 
 `weights`: "auto" (the default on a CPU: the fastest format that is exact and passes the quality
-check on this device, measured once and cached; `engine.formats`), "fp32", "bf16", "int8" or
-"int4". `$SELFSPEC_WEIGHTS` sets the default. `dtype` still names the floating-point type of a
-plain load (float16 on a GPU, say); with int8 / int4 it must not be given (they run bf16
+check on this device, measured once and cached; `engine.formats`), "fp32", "bf16", "int8",
+"int4" or "w4a8". `$SELFSPEC_WEIGHTS` sets the default. `dtype` still names the floating-point type
+of a plain load (float16 on a GPU, say); with int8 / int4 / w4a8 it must not be given (they run bf16
 activations). On CUDA the default is the dtype's own (bf16).
 """
 
@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from selfspec.checkpoint.model import load as load_checkpoint
-from selfspec.checkpoint.quant import FORMATS
+from selfspec.checkpoint.quant import FORMATS, INT_FORMATS
 
 WEIGHTS = ("auto",) + FORMATS
 _BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -36,10 +36,10 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
     fmt = resolve_weights(weights, dtype, device, device_map)
     from selfspec.engine.formats import choose, set_weights
 
-    quantized = fmt in ("auto", "int8", "int4")
+    quantized = fmt in ("auto",) + INT_FORMATS
     model, tok = load_checkpoint(path, dtype=torch.float32 if quantized or fmt == "fp32" else dtype or fmt_dtype(fmt),
                                  device=device, device_map=device_map, max_memory=max_memory, draft_lora=draft_lora)
-    named = fmt in ("bf16", "int8", "int4")  # "auto" only picks formats that passed the probe
+    named = fmt in ("bf16",) + INT_FORMATS  # "auto" only picks formats that passed the probe
     if fmt == "auto":
         fmt = choose(model, torch.tensor(_probe_ids(tok, model)), progress=progress)
     if fmt is not None:
@@ -58,7 +58,7 @@ def _check_invariant(model, fmt: str) -> None:
     if all(p.device.type == "cpu" for p in model.parameters()) and not invariant(model):
         warnings.warn(f"weights={fmt!r}: on this CPU a row's logits are not bitwise the same at every round "
                       f"width, so greedy output equals AR's only where no near-tie falls between widths; "
-                      f"weights='int4' or 'int8' (or 'auto') are exact by construction here", stacklevel=3)
+                      f"weights='int4', 'w4a8' or 'int8' (or 'auto') are exact by construction here", stacklevel=3)
 
 
 def resolve_weights(weights, dtype, device, device_map) -> str | None:
@@ -74,7 +74,7 @@ def resolve_weights(weights, dtype, device, device_map) -> str | None:
         want = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
         if _BY_DTYPE.get(want) != weights:
             raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree; give one of them")
-    if on_gpu and weights in ("auto", "int8", "int4"):
+    if on_gpu and weights in ("auto",) + INT_FORMATS:
         if weights == "auto":
             return None
         raise ValueError(f"weights={weights!r} runs on torch's CPU kernels; use fp32 or bf16 on a GPU")

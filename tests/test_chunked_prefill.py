@@ -15,7 +15,7 @@ from selfspec.engine.sequence import SamplingParams
 from conftest import tiny_model
 
 V = 16
-FORMATS = ["int8", "int4", "bf16"]
+FORMATS = ["int8", "int4", "w4a8", "bf16"]
 _M = {}
 
 
@@ -275,7 +275,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
                for a, b in ((k8, k), (v8, v)))
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
 def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(fmt):
     """Pieces of 8 columns for a 37-token prompt: every layout's greedy output equals AR's in the
     format (fp32 too, where the pieces' K/V need not be the one forward's bits: AR reads the same)."""

@@ -26,7 +26,7 @@ from conftest import tiny_model
 
 V, MASK = 16, 4
 NEW = 10
-FORMATS = ["fp32", "bf16", "int8", "int4"]
+FORMATS = ["fp32", "bf16", "int8", "int4", "w4a8"]
 PROMPT = [5, 9, 7, 5, 9, 7, 11, 5, 9]  # repeats: lookup and the n-gram rho have something to find
 
 # name -> (options, what the cell checks besides running)

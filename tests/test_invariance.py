@@ -17,7 +17,7 @@ from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
 
-FORMATS = ["bf16", "int8", "int4"]
+FORMATS = ["bf16", "int8", "int4", "w4a8"]
 NEG = float("-inf")
 
 

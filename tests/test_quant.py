@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from selfspec.checkpoint.quant import INT4_GROUP, Int4Weight, Int8Weight, int4_fits, matmul, quantize
+from selfspec.kernels.w4a8 import W4A8Weight, W8A8Weight
 from selfspec.engine.formats import set_weights
 from selfspec.engine.forward import FastForward
 
@@ -52,7 +53,8 @@ def test_a_weight_already_on_a_q4_1_grid_is_reproduced():
     assert float((err / d).max()) < 0.5  # never a neighbouring level
 
 
-@pytest.mark.parametrize("fmt,k", [("bf16", 64), ("int8", 64), ("int4", 64), ("int8", 1536), ("int4", 1536)])
+@pytest.mark.parametrize("fmt,k", [("bf16", 64), ("int8", 64), ("int4", 64), ("int8", 1536), ("int4", 1536),
+                                   ("w4a8", 576), ("w4a8", 1536)])
 def test_every_weight_kernel_gives_a_row_the_same_bits_at_any_number_of_rows(fmt, k):
     """int8 / int4 at the default model's widest reduction too; bf16 only at small k: CPUs with
     native bf16 dot products reduce a long row in another order for one row than for many
@@ -72,13 +74,14 @@ def test_int4_takes_only_the_shapes_its_kernel_takes_and_falls_back_to_int8():
         quantize(_w(), "int3")
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
 def test_a_model_in_a_format_runs_it(fmt):
     m = set_weights(tiny_model(), fmt)
     ff = FastForward.of(m)
     assert ff.weights == fmt and ff.exact == (fmt != "fp32")
-    packed = (Int8Weight, Int4Weight) if fmt in ("int8", "int4") else (torch.Tensor,)
-    assert isinstance(ff.layers[0].wo, packed) and isinstance(ff.head, packed)
+    packed = {"int8": (Int8Weight,), "int4": (Int4Weight, Int8Weight), "w4a8": (W4A8Weight,)}.get(fmt, (torch.Tensor,))
+    head = {"int8": Int8Weight, "int4": (Int4Weight, Int8Weight), "w4a8": W8A8Weight}.get(fmt, torch.Tensor)
+    assert isinstance(ff.layers[0].wo, packed) and isinstance(ff.head, head)
     m.to(torch.float32)  # the packed weights are stale now: the model's own weights run
     assert FastForward.of(m).weights == "fp32"
 

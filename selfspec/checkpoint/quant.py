@@ -12,7 +12,12 @@
   already on such a grid (the default model comes from a Q4_1 GGUF: blocks of 32 with a scale and
   a minimum) is reproduced up to the bf16 rounding of its scales and zeros.
 
-Both kernels run their fast paths with bf16 activations only, and a row's output does not depend
+* w4a8: 4-bit weights on GGUF's Q4_1 grid (groups of 32, fp16 scale and minimum) times
+  activations quantized to int8 per block of 32, integer dot products (`selfspec.kernels.w4a8`:
+  a C kernel built on first use, or the same bits in torch ops without a compiler). One pass over
+  the weights for all rows: 16 rows cost far less than 4 passes of int4.
+
+The int8 and int4 kernels run their fast paths with bf16 activations only, and a row's output does not depend
 on how many other rows share the call (bitwise; `tests/test_quant.py`). Weights are quantized at
 load from the checkpoint's own weights: nothing new is stored, any NLD checkpoint works, and no
 file depends on the packed layout of one torch version.
@@ -24,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-FORMATS = ("fp32", "bf16", "int8", "int4")
+from selfspec.kernels import w4a8
+
+FORMATS = ("fp32", "bf16", "int8", "int4", "w4a8")
+INT_FORMATS = ("int8", "int4", "w4a8")  # packed at load for CPU kernels; bf16 activations
 INT4_GROUP = 32
 
 
@@ -91,9 +99,10 @@ def int4_fits(w: torch.Tensor, group: int = INT4_GROUP) -> bool:
     return w.dim() == 2 and w.shape[1] % group == 0 and w.shape[0] % 16 == 0
 
 
-def quantize(w: torch.Tensor, fmt: str):
+def quantize(w: torch.Tensor, fmt: str, *, head: bool = False):
     """A Linear weight [out, in] in format `fmt`: a tensor (fp32, bf16) or a quantized weight.
-    A shape the int4 kernel cannot take falls back to int8 (a tiny model's odd projection)."""
+    A shape the int4 kernel cannot take falls back to int8 (a tiny model's odd projection); w4a8
+    keeps an output head (`head`) at 8 bits."""
     if fmt == "fp32":
         return w.detach().float()
     if fmt == "bf16":
@@ -102,6 +111,10 @@ def quantize(w: torch.Tensor, fmt: str):
         return quantize_int8(w)
     if fmt == "int4":
         return quantize_int4(w) if int4_fits(w) else quantize_int8(w)
+    if fmt == "w4a8":
+        if not w4a8.fits(w):
+            return quantize_int8(w)
+        return w4a8.pack8(w) if head else w4a8.pack(w)
     raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
 
 

@@ -6,9 +6,11 @@
     int8   int8 per-channel weights (`checkpoint.quant`), bf16 activations
     int4   int4 weights in groups of 32 (int8 where the kernel cannot take a shape: the tied
            output head of the default model), bf16 activations
+    w4a8   4-bit weights (Q4_1's grid) times activations quantized per block of 32 to int8
+           (`selfspec.kernels.w4a8`: integer dot products, one pass over the weights for all rows)
 
-bf16, int8 and int4 run the width-invariant forward on a CPU: attention sums exactly
-(`attention.py`) and the int8 / int4 kernels are bitwise the same for a row at any number of
+bf16, int8, int4 and w4a8 run the width-invariant forward on a CPU: attention sums exactly
+(`attention.py`) and the int8 / int4 / w4a8 kernels are bitwise the same for a row at any number of
 rows, so a row's logits do not depend on the round's width, tree or batch, and greedy output
 equals AR greedy output by construction. bf16's `F.linear` is invariant only on CPUs without
 native bf16 dot products (`invariant` probes it; "auto" drops a format that fails, and
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.checkpoint.quant import FORMATS, quantize
+from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, quantize
 from selfspec.engine.cost import cache_dir, device_key, model_key
 from selfspec.engine.forward import FastForward, weights_key
 
@@ -66,10 +68,10 @@ def set_weights(model, fmt: str):
     if fmt == "fp32":
         return model.to(torch.float32)
     packed = None
-    if fmt in ("int8", "int4"):
+    if fmt in INT_FORMATS:
         if any(p.device.type != "cpu" for p in model.parameters()):
             raise ValueError(f"{fmt} weights run on torch's CPU kernels; this model is not on the CPU")
-        packed = {name: quantize(w, fmt) for name, w in _linears(model)}
+        packed = {name: quantize(w, fmt, head=name == "diffusion_head.weight") for name, w in _linears(model)}
     model.to(torch.bfloat16)
     if packed is not None:
         model.__dict__["selfspec_weights"] = Quantized(fmt, packed, weights_key(model))
@@ -136,7 +138,7 @@ def passes(r: dict) -> bool:
 
 def _cache_path(model) -> str:
     key = hashlib.sha1(f"{device_key(torch.device('cpu'))}|{model_key(model)}|{torch.__version__}|"
-                       f"{_weights_digest(model)}".encode()).hexdigest()[:20]
+                       f"{_weights_digest(model)}|{','.join(FORMATS)}".encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"{key}-formats.json")
 
 

@@ -58,7 +58,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_weights_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4"],
+    p.add_argument("--weights", default=None, choices=["auto", "fp32", "bf16", "int8", "int4", "w4a8"],
                    help="weight format (default auto on a CPU: the fastest exact format that passes the quality "
                         "check here, measured once; $SELFSPEC_WEIGHTS sets the default)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 for a plain load (default: the "

@@ -1,0 +1,111 @@
+"""Build the C kernels once per machine with its own compiler, and load them with ctypes.
+
+    lib = load("w4a8")      # a ctypes.CDLL, or None when there is no compiler (the caller falls back)
+
+The source is plain C (no torch headers: it compiles in about a second) with `-march=native`,
+so the library is built where it runs: the cache key is the source, the compiler, the flags and
+the CPU's model and flags. OpenMP comes from the libgomp torch has already loaded (same soname),
+so the kernel's threads are torch's. `SELFSPEC_NO_KERNELS=1` skips the build (the fallbacks run).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC"]
+_loaded: dict[str, ctypes.CDLL | None] = {}
+_errors: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def kernel_dir() -> str:
+    base = os.environ.get("SELFSPEC_CACHE")
+    if not base:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "selfspec")
+    return os.path.join(base, "kernels")
+
+
+def compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return shutil.which(cc)
+    return None
+
+
+def _cpu() -> str:
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line
+                elif line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    return model + flags
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled kernel `name` (`<name>.c` beside this file), built now if needed; None when it
+    cannot be built here (`error(name)` says why)."""
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _build(name)
+        return _loaded[name]
+
+
+def error(name: str) -> str | None:
+    return _errors.get(name)
+
+
+def compile_c(cc: str, src: str, out: str, flags: list[str]) -> str | None:
+    """Compile `src` into the shared library `out`; the compiler's complaint, or None."""
+    res = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=300)
+    return None if res.returncode == 0 else f"{cc} failed: {res.stderr.strip()[-800:]}"
+
+
+def _build(name: str) -> ctypes.CDLL | None:
+    if os.environ.get("SELFSPEC_NO_KERNELS"):
+        _errors[name] = "SELFSPEC_NO_KERNELS is set"
+        return None
+    cc = compiler()
+    if cc is None:
+        _errors[name] = "no C compiler (cc, gcc or clang) on PATH"
+        return None
+    src = os.path.join(HERE, f"{name}.c")
+    with open(src, "rb") as f:
+        code = f.read()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        _errors[name] = f"{cc} --version failed: {e}"
+        return None
+    key = hashlib.sha1(code + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
+    out = os.path.join(kernel_dir(), f"{name}-{key}.so")
+    if not os.path.isfile(out):
+        os.makedirs(kernel_dir(), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=kernel_dir())
+        os.close(fd)
+        print(f"selfspec: building the {name} kernel with {os.path.basename(cc)} (once per machine)", file=sys.stderr)
+        err = compile_c(cc, src, tmp, FLAGS)
+        if err:
+            os.unlink(tmp)
+            _errors[name] = err
+            return None
+        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
+    try:
+        import torch  # noqa: F401  (its libgomp first: the kernel shares torch's OpenMP runtime)
+        return ctypes.CDLL(out)
+    except OSError as e:
+        _errors[name] = f"loading {out} failed: {e}"
+        return None

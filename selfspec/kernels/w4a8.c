@@ -1,0 +1,297 @@
+/* w4a8: 4-bit weights (groups of 32, an fp16 scale and minimum each, as GGUF's Q4_1) times
+ * activations quantized per row and block of 32 to int8. Plain C, no torch headers: built by
+ * `selfspec/kernels/build.py` with the machine's C compiler and called through ctypes.
+ *
+ * Numerics (`w4a8.py` holds the same in torch, the fallback; tests compare the bits):
+ *   activations, per row r and block b of 32 inputs:
+ *     amax = max |x|, d = amax / 127, xq = rint(x * (127 / amax)) (0 when amax is 0)
+ *     c = d * (float) sum(xq)
+ *   weights, per output n and block b: w = q * s + m with q in 0..15
+ *   y[r, n] = sum over b = 0, 1, ... in this order of
+ *               ((float) isum * s) * d  +  m * c        isum = sum_i q_i * xq_i, an exact int32
+ * Integer sums are exact in any order; the float steps are one fixed sequence per output element,
+ * the same whatever the number of rows: a row's output is bitwise independent of the others.
+ * Built with -ffp-contract=off so that no multiply and add fuse into an FMA the fallback lacks.
+ *
+ * Packed weight layout, per tile of 16 outputs and block of 32 inputs (320 bytes, contiguous over
+ * the blocks of a tile): 256 bytes of nibbles, then 16 fp16 scales, then 16 fp16 minimums. In the
+ * nibbles, 64-byte chunk c (0..3) holds inputs 8c..8c+7 of the block: byte 4j + i has input 8c + i
+ * of output j in its low nibble and input 8c + 4 + i in its high nibble (what VNNI's 4-byte dot
+ * product per 32-bit lane wants).
+ *
+ * w8a8 (an output head, where 4 bits cost too much quality): int8 weights with one fp32 scale per
+ * output, the same activations; y[r, n] = s_n * (sum over b in order of (float) isum * d), isum
+ * exact. Per tile and block 512 bytes: chunk c (0..7) holds inputs 4c..4c+3, byte 4j + i is
+ * weight + 128 of output j, input 4c + i (unsigned, for VNNI; the 128 * sum(xq) is taken off). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define TILE 16
+#define BLOCK 32
+#define TILE_BYTES 320
+#define MAX_ROWS 8
+typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) { bits = sign; }
+        else {  /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+const char *w4a8_isa(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return "avx512-vnni";
+#elif defined(__AVX2__)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+
+/* x [M, K] fp32 or bf16 -> xq [M, K] int8, d [M, K/32], c [M, K/32] */
+void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, float *d, float *c) {
+    int64_t nb = K / BLOCK;
+    float xb[BLOCK];
+    for (int64_t r = 0; r < M; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            if (x_bf16) {
+                const uint16_t *src = (const uint16_t *)x + r * K + b * BLOCK;
+                for (int i = 0; i < BLOCK; i++) { uint32_t u = (uint32_t)src[i] << 16; memcpy(xb + i, &u, 4); }
+            } else {
+                memcpy(xb, (const float *)x + r * K + b * BLOCK, sizeof xb);
+            }
+            int8_t *qb = xq + r * K + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++) { float a = fabsf(xb[i]); amax = a > amax ? a : amax; }
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < BLOCK; i++) { int v = (int)rintf(xb[i] * inv); qb[i] = (int8_t)v; sum += v; }
+            d[r * nb + b] = amax / 127.0f;
+            c[r * nb + b] = d[r * nb + b] * (float)sum;
+        }
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* acc += w (unsigned bytes) . x (4 signed bytes broadcast from memory): gcc does not fold the
+ * broadcast into the instruction by itself, and a separate broadcast costs a third of the loop */
+#define DPBUSD_BCAST(acc, w, x) __asm__("vpdpbusd %[xm]%{1to16%}, %[wv], %[av]" : [av] "+v"(acc) : [wv] "v"(w), [xm] "m"(x))
+static inline __attribute__((always_inline)) void tile_rows(
+        const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const float *c, int64_t K, int R,
+        float *acc_out /* [R][16] */) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++, w += TILE_BYTES) {
+        __m512i ilo[MAX_ROWS], ihi[MAX_ROWS];  /* two chains per row: half the dependent latency */
+        for (int r = 0; r < R; r++) { ilo[r] = _mm512_setzero_si512(); ihi[r] = _mm512_setzero_si512(); }
+        for (int ch = 0; ch < 4; ch++) {
+            __m512i raw = _mm512_loadu_si512((const void *)(w + 64 * ch));
+            __m512i lo = _mm512_and_si512(raw, low);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            for (int r = 0; r < R; r++) {
+                const unaligned_i32 *xr = (const unaligned_i32 *)(xq + r * K + b * BLOCK + 8 * ch);
+                DPBUSD_BCAST(ilo[r], lo, xr[0]);
+                DPBUSD_BCAST(ihi[r], hi, xr[1]);
+            }
+        }
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 256)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 288)));
+        for (int r = 0; r < R; r++) {
+            __m512i isum = _mm512_add_epi32(ilo[r], ihi[r]);
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum), s), _mm512_set1_ps(d[r * nb + b]));
+            __m512 u = _mm512_mul_ps(m, _mm512_set1_ps(c[r * nb + b]));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(t, u));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc_out + 16 * r, acc[r]);
+}
+#else
+static inline void tile_rows(const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const float *c,
+                             int64_t K, int R, float *acc_out) {
+    float acc[MAX_ROWS][TILE];
+    memset(acc, 0, sizeof acc);
+    for (int64_t b = 0; b < nb; b++, w += TILE_BYTES) {
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = xq + r * K + b * BLOCK;
+            int32_t isum[TILE];
+            for (int j = 0; j < TILE; j++) {
+                int32_t s = 0;
+                for (int ch = 0; ch < 4; ch++) {
+                    const uint8_t *p = w + 64 * ch + 4 * j;
+                    for (int i = 0; i < 4; i++)
+                        s += (int32_t)(p[i] & 15) * xr[8 * ch + i] + (int32_t)(p[i] >> 4) * xr[8 * ch + 4 + i];
+                }
+                isum[j] = s;
+            }
+            const uint16_t *sh = (const uint16_t *)(w + 256), *mh = (const uint16_t *)(w + 288);
+            float dr = d[r * nb + b], cr = c[r * nb + b];
+            for (int j = 0; j < TILE; j++) {
+                float t = ((float)isum[j] * half_to_float(sh[j])) * dr;
+                float u = half_to_float(mh[j]) * cr;
+                acc[r][j] = acc[r][j] + (t + u);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) memcpy(acc_out + 16 * r, acc[r], sizeof acc[r]);
+}
+#endif
+
+/* y [M, N] = the packed weight [N, K] times the quantized rows; bf16 out when out_bf16, else fp32.
+ * The packed weight has ceil(N / 16) tiles; rows past N in the last one are padding, not written. */
+void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_t K, const uint8_t *packed,
+             int64_t N, void *y, int out_bf16, int threads) {
+    int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;  /* the last tile may be zero-padded */
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const uint8_t *w = packed + t * nb * TILE_BYTES;
+        float acc[MAX_ROWS * TILE];
+        for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
+            const int8_t *xr = xq + r0 * K;
+            const float *dr = d + r0 * nb, *cr = c + r0 * nb;
+            switch (R) {  /* constant row counts: the accumulators stay in registers */
+#define ROWS_CASE(n) case n: if (n <= MAX_ROWS) tile_rows(w, nb, xr, dr, cr, K, n, acc); break;
+                ROWS_CASE(8) ROWS_CASE(7) ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
+                default: tile_rows(w, nb, xr, dr, cr, K, 1, acc); break;
+#undef ROWS_CASE
+            }
+            int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
+            for (int r = 0; r < R; r++) {
+                if (out_bf16) {
+                    uint16_t *yr = (uint16_t *)y + (r0 + r) * N + t * TILE;
+                    for (int j = 0; j < cols; j++) yr[j] = float_to_bf16(acc[r * TILE + j]);
+                } else {
+                    memcpy((float *)y + (r0 + r) * N + t * TILE, acc + r * TILE, cols * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* One call per matmul: quantize x's rows, then multiply. */
+int w4a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int64_t N, void *y,
+                int out_bf16, int threads) {
+    int64_t nb = K / BLOCK;
+    int8_t *xq = (int8_t *)malloc((size_t)(M * K));
+    float *d = (float *)malloc((size_t)(M * nb) * sizeof(float)), *c = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    if (!xq || !d || !c) { free(xq); free(d); free(c); return 1; }
+    w4a8_quantize(x, x_bf16, M, K, xq, d, c);
+    w4a8_mm(xq, d, c, M, K, packed, N, y, out_bf16, threads);
+    free(xq); free(d); free(c);
+    return 0;
+}
+
+#define TILE_BYTES8 512
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline __attribute__((always_inline)) void tile_rows8(
+        const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const int32_t *sx, int64_t K, int R,
+        float *acc_out) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += TILE_BYTES8) {
+        __m512i i0[MAX_ROWS], i1[MAX_ROWS];
+        for (int r = 0; r < R; r++) { i0[r] = _mm512_setzero_si512(); i1[r] = _mm512_setzero_si512(); }
+        for (int ch = 0; ch < 8; ch += 2) {
+            __m512i w0 = _mm512_loadu_si512((const void *)(w + 64 * ch));
+            __m512i w1 = _mm512_loadu_si512((const void *)(w + 64 * ch + 64));
+            for (int r = 0; r < R; r++) {
+                const unaligned_i32 *xr = (const unaligned_i32 *)(xq + r * K + b * BLOCK + 4 * ch);
+                DPBUSD_BCAST(i0[r], w0, xr[0]);
+                DPBUSD_BCAST(i1[r], w1, xr[1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(i0[r], i1[r]), _mm512_set1_epi32(128 * sx[r * nb + b]));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d[r * nb + b])));
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc_out + 16 * r, acc[r]);
+}
+#else
+static inline void tile_rows8(const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const int32_t *sx,
+                              int64_t K, int R, float *acc_out) {
+    float acc[MAX_ROWS][TILE];
+    memset(acc, 0, sizeof acc);
+    for (int64_t b = 0; b < nb; b++, w += TILE_BYTES8) {
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = xq + r * K + b * BLOCK;
+            for (int j = 0; j < TILE; j++) {
+                int32_t s = 0;
+                for (int ch = 0; ch < 8; ch++)
+                    for (int i = 0; i < 4; i++) s += ((int32_t)w[64 * ch + 4 * j + i] - 128) * xr[4 * ch + i];
+                acc[r][j] = acc[r][j] + (float)s * d[r * nb + b];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) memcpy(acc_out + 16 * r, acc[r], sizeof acc[r]);
+}
+#endif
+
+int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, const float *scales,
+                int64_t N, void *y, int out_bf16, int threads) {
+    int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
+    int8_t *xq = (int8_t *)malloc((size_t)(M * K));
+    float *d = (float *)malloc((size_t)(M * nb) * sizeof(float)), *c = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    int32_t *sx = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    if (!xq || !d || !c || !sx) { free(xq); free(d); free(c); free(sx); return 1; }
+    w4a8_quantize(x, x_bf16, M, K, xq, d, c);
+    for (int64_t i = 0; i < M * nb; i++) {
+        int32_t s = 0;
+        for (int k = 0; k < BLOCK; k++) s += xq[i * BLOCK + k];
+        sx[i] = s;
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const uint8_t *w = packed + t * nb * TILE_BYTES8;
+        float acc[MAX_ROWS * TILE];
+        int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
+        for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
+            const int8_t *xr = xq + r0 * K;
+            const float *dr = d + r0 * nb;
+            const int32_t *sr = sx + r0 * nb;
+            switch (R) {
+#define ROWS_CASE(n) case n: if (n <= MAX_ROWS) tile_rows8(w, nb, xr, dr, sr, K, n, acc); break;
+                ROWS_CASE(8) ROWS_CASE(7) ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
+                default: tile_rows8(w, nb, xr, dr, sr, K, 1, acc); break;
+#undef ROWS_CASE
+            }
+            for (int r = 0; r < R; r++) {
+                for (int j = 0; j < cols; j++) {
+                    float v = acc[r * TILE + j] * scales[t * TILE + j];
+                    if (out_bf16) ((uint16_t *)y)[(r0 + r) * N + t * TILE + j] = float_to_bf16(v);
+                    else ((float *)y)[(r0 + r) * N + t * TILE + j] = v;
+                }
+            }
+        }
+    }
+    free(xq); free(d); free(c); free(sx);
+    return 0;
+}
