@@ -1,8 +1,9 @@
 """`python -m selfspec serve`: the OpenAI-compatible HTTP server (`selfspec.serving.openai_api`).
 
-Options are checked, the model is loaded, the KV cache that `--max-batch` rows may grow to is
-checked against the engine's ceiling and the machine's memory (`memory_plan`: one error line
-naming the bytes and what to lower, before the cost model is measured or any cache allocated),
+Options are checked, the model is loaded, the KV cache that `--max-batch` rows may grow to (of
+`--max-context` tokens each when given) is checked against the engine's ceiling and the machine's
+memory (`memory_plan`: one error line naming the bytes and what to lower, before the cost model is
+measured or any cache allocated),
 and (plan "auto") the device's cost model measured for `--max-batch` rows, all before the port is
 bound; then uvicorn serves until SIGTERM / Ctrl-C drains it (exit 0). Needs the `serve` extra
 (Starlette, uvicorn): without it, one error line.
@@ -47,6 +48,11 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--max-tokens", type=int, default=None,
                    help="answer length for requests that name none (default: the model's generation_config.json "
                         "max_new_tokens, else 256; shortened to fit the context)")
+    s.add_argument("--max-context", type=int, default=None,
+                   help="tokens per request (prompt + answer) each of the --max-batch rows holds: the KV cache is "
+                        "planned for --max-batch x --max-context and refused at startup when it does not fit the "
+                        "memory; a longer request is a 400 (default: the model's context, clipped where --max-batch "
+                        "such rows would pass the engine's 8 GiB ceiling)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _add_decoding_args(s)
     s.set_defaults(func=cmd_serve)
@@ -86,6 +92,8 @@ def _check(a) -> None:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {a.shutdown_timeout}")
     if a.max_tokens is not None and a.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
+    if a.max_context is not None and a.max_context < 2:
+        raise ValueError(f"--max-context must be >= 2 tokens (a prompt and an answer), got {a.max_context}")
     if a.api_key is not None and not a.api_key.strip():
         raise ValueError("--api-key is empty")
 
@@ -96,12 +104,14 @@ class MemoryPlan:
     of `context` slots (the longest request the server admits: the model's context, or less where
     `rows` such rows would pass the engine's ceiling; the server refuses a longer one) is
     `per_row` bytes, and `total` for all `rows`; `available`: the device's free memory (None:
-    unknown)."""
+    unknown); `max_context`: the `--max-context` tokens a row's `context` slots hold (None: not
+    given)."""
 
     per_token: int
     rows: int
     context: int
     available: int | None
+    max_context: int | None = None
 
     @property
     def per_row(self) -> int:
@@ -117,13 +127,17 @@ def _mib(n: int) -> str:
 
 
 def memory_plan(per_token: int, rows: int, full_context: int, least_context: int, *, ceiling: int,
-                available: int | None) -> MemoryPlan:
+                available: int | None, max_context: int | None = None) -> MemoryPlan:
     """The KV cache `rows` rows may grow to, or a ValueError (one line: the bytes needed and
     available and what to lower). `full_context`: cache slots of a request that uses the model's
-    whole context; `least_context`: of a default request (the reserved prompt and the default
-    answer length). Refused when `rows` rows cannot hold even a default request under `ceiling`
-    (the engine's MAX_CACHE_BYTES), or when the cache the server admits requests up to would not
-    fit the `available` memory."""
+    whole context (with `max_context`: of a request of `max_context` tokens); `least_context`: of
+    a default request (the reserved prompt and the default answer length). Refused when `rows` rows
+    cannot hold even a default request under `ceiling` (the engine's MAX_CACHE_BYTES), or when the
+    cache the server admits requests up to would not fit the `available` memory. `max_context`
+    given: `rows` rows of exactly `full_context` slots, refused over the ceiling or the memory
+    (never clipped: the server promises that length to every row)."""
+    if max_context is not None:
+        return _fixed_plan(per_token, rows, full_context, max_context, ceiling=ceiling, available=available)
     context = min(full_context, ceiling // (rows * per_token))
     if context < least_context:
         need = rows * least_context * per_token
@@ -147,11 +161,34 @@ def memory_plan(per_token: int, rows: int, full_context: int, least_context: int
     return plan
 
 
+def _fixed_plan(per_token: int, rows: int, slots: int, max_context: int, *, ceiling: int,
+                available: int | None) -> MemoryPlan:
+    """`--max-batch` x `--max-context`: `rows` rows of `slots` cache slots (`max_context` tokens and
+    a round's scratch), refused in one line naming the bytes needed and the limit it passes."""
+    plan = MemoryPlan(per_token, rows, slots, available, max_context)
+    limit = ceiling if available is None else min(ceiling, available)
+    if plan.total <= limit:
+        return plan
+    over = (f"the {_mib(available)} of memory available" if limit == available else
+            f"the engine's ceiling of {_mib(ceiling)}" + ("" if available is None else f" ({_mib(available)} available)"))
+    scratch = slots - max_context
+    rows_fit = limit // (slots * per_token)
+    tokens_fit = max(0, limit // (rows * per_token) - scratch)
+    lower = ((f"lower --max-batch (at most {rows_fit} rows of {max_context:,} tokens fit)" if rows_fit else
+              f"no row of {max_context:,} tokens fits") +
+             (f" or --max-context (at most {tokens_fit:,} tokens for {rows} rows)" if tokens_fit >= 2 else ""))
+    raise ValueError(f"--max-batch {rows} rows x --max-context {max_context:,} tokens (+{scratch} slots of a round's "
+                     f"scratch) x {per_token:,} bytes of KV cache per token = {_mib(plan.total)} needed, more than "
+                     f"{over}; {lower}")
+
+
 def memory_line(plan: MemoryPlan) -> str:
     """The startup line's KV-cache budget: bytes per token, per row and for all rows at most."""
     avail = "unknown" if plan.available is None else _mib(plan.available)
-    return (f"{plan.per_token:,} bytes per token, {_mib(plan.per_row)} per row of {plan.context:,} tokens (the "
-            f"longest request admitted), {_mib(plan.total)} for {plan.rows} rows at most, {avail} available")
+    row = (f"{plan.max_context:,} tokens (--max-context; {plan.context:,} cache slots)" if plan.max_context else
+           f"{plan.context:,} tokens (the longest request admitted)")
+    return (f"{plan.per_token:,} bytes per token, {_mib(plan.per_row)} per row of {row}, "
+            f"{_mib(plan.total)} for {plan.rows} rows at most, {avail} available")
 
 
 def available_memory(device) -> int | None:
@@ -171,9 +208,9 @@ def available_memory(device) -> int | None:
     return None
 
 
-def server_memory(model, cfg, rows: int, max_tokens: int) -> MemoryPlan:
+def server_memory(model, cfg, rows: int, max_tokens: int, max_context: int | None = None) -> MemoryPlan:
     """`memory_plan` for a loaded model served with `cfg` on `rows` rows (`max_tokens`: the
-    default answer length)."""
+    default answer length; `max_context`: tokens per request, prompt + answer, when given)."""
     from selfspec.engine.batch_forward import BatchForward
     from selfspec.engine.request import MAX_CACHE_BYTES, ROUND_SCRATCH, lookahead, row_capacity, scratch
     from selfspec.engine.sequence import SamplingParams
@@ -184,9 +221,16 @@ def server_memory(model, cfg, rows: int, max_tokens: int) -> MemoryPlan:
     # the longest request: prompt + answer + lookahead = the model's context; its row holds prompt + answer + scratch
     full = model.config.max_position_embeddings - lookahead(cfg) + min(scratch(cfg), ROUND_SCRATCH) + 1
     least = row_capacity([[0] * RESERVED_PROMPT], cfg, SamplingParams(max_new_tokens=max_tokens))
+    if max_context is not None:
+        limit = model.config.max_position_embeddings - lookahead(cfg)
+        if max_context > limit:
+            raise ValueError(f"--max-context {max_context:,} is over the model's context: max_position_embeddings "
+                             f"{model.config.max_position_embeddings:,}, less {lookahead(cfg)} positions for drafting, "
+                             f"leaves at most {limit:,} tokens per request")
+        full = max_context + min(scratch(cfg), ROUND_SCRATCH) + 1  # row_capacity of max_context tokens
     device = model.get_input_embeddings().weight.device
     return memory_plan(per_token, rows, full, min(least, full), ceiling=MAX_CACHE_BYTES,
-                       available=available_memory(device))
+                       available=available_memory(device), max_context=max_context)
 
 
 def model_names(model_arg: str | None, served: str | None) -> tuple[str, tuple[str, ...]]:
@@ -219,9 +263,9 @@ def cmd_serve(a) -> int:
     model_id, aliases = model_names(a.model, a.served_model_name)
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device)
     defaults = model_defaults(resolve(a.model, progress=False), a.max_tokens)
-    memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens)  # before any cache or cost model
+    memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens, a.max_context)  # before any cache or cost model
     options = ServiceOptions(model_id=model_id, aliases=aliases, max_batch=a.max_batch, max_queue=a.max_queue,
-                             shutdown_timeout=a.shutdown_timeout, defaults=defaults)
+                             shutdown_timeout=a.shutdown_timeout, defaults=defaults, max_context=a.max_context)
     service = Service(model, tok, cfg, options, profile=a.profile)  # plan "auto": measures the cost model here
     if a.host not in LOOPBACK and not a.api_key:
         print(f"warning: serving on {a.host} without --api-key: anyone who reaches this port can use the model",

@@ -37,6 +37,7 @@ class ServiceOptions:
     max_queue: int = 64
     shutdown_timeout: float = 30.0
     defaults: Defaults = Defaults()
+    max_context: int | None = None  # tokens a request may have, prompt + max_tokens (--max-context); None: the model's
 
     def __post_init__(self):
         if type(self.max_batch) is not int or self.max_batch < 1:
@@ -47,6 +48,8 @@ class ServiceOptions:
             raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}")
         if not self.model_id:
             raise ValueError("the served model needs a non-empty name")
+        if self.max_context is not None and (type(self.max_context) is not int or self.max_context < 2):
+            raise ValueError(f"max_context must be an integer >= 2, got {self.max_context!r}")
 
 
 class Service:
@@ -63,10 +66,20 @@ class Service:
             eos_token_id = model.config.eos_token_id
             if eos_token_id is None:
                 eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        limit = model.config.max_position_embeddings - lookahead(cfg)
+        if options.max_context is not None and options.max_context > limit:
+            raise ValueError(f"max_context {options.max_context} is over the model's context ({limit} tokens a request "
+                             f"with this layout's drafting lookahead)")
+        new = options.defaults.max_tokens
+        prompt = RESERVED_PROMPT
+        if options.max_context is not None:  # no request outgrows max_context: reserve no more than that
+            new = min(new, options.max_context - 1)
+            prompt = max(1, min(prompt, options.max_context - new))
+
         def make_decoder() -> Decoder:
             dec = Decoder(model, [], cfg, batch_size=options.max_batch, eos_token_id=eos_token_id, profile=profile)
             try:  # the whole cache now, not while a burst of requests waits for its first tokens
-                dec.reserve(prompt_tokens=RESERVED_PROMPT, max_new_tokens=options.defaults.max_tokens)
+                dec.reserve(prompt_tokens=prompt, max_new_tokens=new)
             except ValueError as e:
                 log.warning("the KV cache is not reserved at startup (%s); it grows with the requests", e)
             return dec
@@ -127,9 +140,17 @@ class Service:
                                  f"lower max_tokens", "max_tokens", "kv_cache_limit")
 
     def _params(self, req: GenerationRequest, n_prompt: int) -> SamplingParams:
-        d, limit = self.options.defaults.params, self.model.config.max_position_embeddings
+        d, limit, cap = self.options.defaults.params, self.model.config.max_position_embeddings, self.options.max_context
         room = limit - n_prompt - lookahead(self.cfg)
+        if cap is not None:
+            room = min(room, cap - n_prompt)  # startup checked cap + lookahead <= limit
         want = req.max_tokens if req.max_tokens is not None else min(d.max_new_tokens, room)
+        if cap is not None and (want > room or room < 1):
+            raise errors.invalid(
+                f"this server's maximum context is {cap} tokens per request (prompt + max_tokens, --max-context); the "
+                f"prompt has {n_prompt} and {want if req.max_tokens is not None else 'at least 1'} more were asked "
+                f"for: shorten the prompt or lower max_tokens",
+                "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         if want > room or room < 1:
             raise errors.invalid(
                 f"this model's maximum context length is {limit} tokens; the prompt has {n_prompt} and "
