@@ -93,16 +93,20 @@ def _build(name: str) -> ctypes.CDLL | None:
     key = hashlib.sha1(code + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
     out = os.path.join(kernel_dir(), f"{name}-{key}.so")
     if not os.path.isfile(out):
-        os.makedirs(kernel_dir(), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=kernel_dir())
-        os.close(fd)
         print(f"selfspec: building the {name} kernel with {os.path.basename(cc)} (once per machine)", file=sys.stderr)
-        err = compile_c(cc, src, tmp, FLAGS)
-        if err:
-            os.unlink(tmp)
-            _errors[name] = err
+        try:
+            os.makedirs(kernel_dir(), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=kernel_dir())
+            os.close(fd)
+            err = compile_c(cc, src, tmp, FLAGS)
+            if err:
+                os.unlink(tmp)
+                _errors[name] = err
+                return None
+            os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
+        except (OSError, subprocess.SubprocessError) as e:
+            _errors[name] = f"building in {kernel_dir()} failed: {e}"
             return None
-        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
     try:
         import torch  # noqa: F401  (its libgomp first: the kernel shares torch's OpenMP runtime)
         return ctypes.CDLL(out)
