@@ -119,6 +119,6 @@ def test_plan_auto_equals_ar_in_every_format_on_flat_and_steep_costs(fmt):
 def test_the_exact_path_is_the_one_that_runs_and_its_tree_mask_is_the_runtimes():
     m = set_weights(tiny_model(), "bf16")
     bf = BatchForward.of(m)
-    assert bf.ff.exact and bf.new_cache(1, 8).dtype == torch.float64 and bf.ff.act == torch.float32
+    assert bf.ff.exact and bf.new_cache(1, 8).dtype == torch.int16 and bf.ff.act == torch.float32
     block, _ = tree_block(torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1]))
     assert torch.equal(block, additive(torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)))

@@ -22,6 +22,14 @@ times sqrt(hidden). Elementwise ops (exp, round, the division) are deterministic
 the projections before and after are bf16 / int8 / int4 kernels that are bitwise invariant in the
 number of rows (tested per op and for the whole forward: `tests/test_invariance.py`).
 
+The cache keeps K and V compact: per token and key head, the 64 grid integers as
+int16 times one power of two (2^shift, shift >= 0, the smallest that fits the token's largest
+value in 15 bits: `kernels.attn16.compress`). A token whose values fit stays exact on the grid; a larger one keeps 15
+significant bits, as a block float. Decompressed (`from_block16`) they are integers on the same
+grid again, within the bounds the grid was made for, so every sum above stays exact: what the
+rounding costs is measured as any weight format's quality is (`formats.measure`), never paid in
+exactness. 2 bytes a value plus 1 a token and head (against 8 as float64).
+
 Cost: the two matmuls run in float64 on small tensors, about what bf16 SDPA costs at one query
 row on a CPU, more for wide rounds (`benchmarks/formats.py`).
 """
@@ -32,6 +40,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from selfspec.kernels import attn16
 
 EXACT = 52  # bits an exact float64 partial sum may use (of 53)
 P_BITS = 20  # P = round(exp(s - max) * 2^20): weights below 2^-21 of the largest key's are dropped
@@ -69,16 +79,19 @@ def on_grid(x: torch.Tensor, exponent: int) -> torch.Tensor:
     return torch.round(x.double() * 2.0 ** exponent)
 
 
-def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, grid: Grid,
+def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid,
                     dtype: torch.dtype) -> torch.Tensor:
     """q [R, H, w, D], k [R, KV, S, D] on the grid of 2^-qk and v [R, KV, S, D] on the grid of
     2^-v, all float64 integers (`on_grid`; the runtime's RoPE lands q and k there), mask
     [R, 1, w, S] (or [w, S] for one row) additive float64 or None -> [R, H, w, D] in `dtype`.
+    k and v may also come compact, as (int16 [R, KV, S, D], shift int8 [R, KV, S]) from the cache
+    (`kernels.attn16.compress`): read in place by `kernels.attn16`, the same exact sums.
 
     Heads share their key head in groups of H / KV (grouped-query attention)."""
     R, H, w, D = q.shape
-    kv = k.shape[1]
-    s = torch.matmul(q.reshape(R, kv, (H // kv) * w, D), k.transpose(-1, -2))  # [R, KV, g * w, S]: exact
+    kv = (k[0] if isinstance(k, tuple) else k).shape[1]
+    qg = q.reshape(R, kv, (H // kv) * w, D)
+    s = attn16.scores(qg, *k) if isinstance(k, tuple) else torch.matmul(qg, k.transpose(-1, -2))  # exact
     if mask is not None:  # broadcast over the heads of a group
         mask = mask.view(-1, 1, 1, w, mask.shape[-1])
         s = (s.view(R, kv, H // kv, w, -1) + mask).view(R, kv, (H // kv) * w, -1)
@@ -86,4 +99,5 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     top = s.amax(-1, keepdim=True)
     s.sub_(top - grid.shift).exp_().round_()  # P: integers up to 2^P_BITS
     den = s.sum(-1, keepdim=True).mul_(2.0 ** grid.v)  # exact: integers times a power of two
-    return torch.matmul(s, v).div_(den).to(dtype).view(R, H, w, D)  # P @ V: exact integers, one division
+    pv = attn16.weighted(s, *v) if isinstance(v, tuple) else torch.matmul(s, v)  # P @ V: exact integers
+    return pv.div_(den).to(dtype).view(R, H, w, D)  # one division

@@ -87,8 +87,9 @@ class BatchForward:
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """Exact attention keeps K and V on float64 grids (`attention.on_grid`)."""
-        return torch.float64 if self.ff.exact else self.ff.dtype
+        """Exact attention keeps K and V compact: int16 on its grids with a shift per token and head
+        (`kernels.attn16.compress`)."""
+        return torch.int16 if self.ff.exact else self.ff.dtype
 
     def new_cache(self, rows: int, capacity: int) -> BatchKVCache:
         ff = self.ff

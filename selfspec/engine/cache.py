@@ -10,11 +10,17 @@ one): preallocated for the request (and grown when a server's new request needs 
 written in place, committed by gathering the accepted rows into place (no per-forward
 concatenation, no per-round allocation that grows with the context). Cache lengths change only
 through its methods.
+
+An int16 cache (the exact formats') is compact: K and V as int16 mantissas with one shift per
+token and key head (`kernels.attn16.compress`); `write` returns them as they are stored, for the
+exact attention to read in place.
 """
 
 from __future__ import annotations
 
 import torch
+
+from selfspec.kernels import attn16
 
 
 class BatchKVCache:
@@ -35,10 +41,21 @@ class BatchKVCache:
         self.dtype = dtype
         self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
+        # compact (int16): the shifts of K and V, per [row, kv head, slot]
+        self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=torch.int8) for d in self.devices
+                       for _ in range(2)] if self.block16 else []
         self.lengths = [0] * self.shape[0]
         # per-request buffers the forward writes (the one-row mask): they live with the request, so
         # generations running in other threads on the same model never see each other's writes
         self.scratch: dict = {}
+
+    @property
+    def block16(self) -> bool:
+        """K and V as int16 with a shift per token and head (the exact formats' cache)."""
+        return self.dtype == torch.int16
+
+    def _buffers(self) -> list:
+        return [*self.k, *self.v, *self.shifts]
 
     @property
     def rows(self) -> int:
@@ -51,12 +68,18 @@ class BatchKVCache:
     @torch.inference_mode()
     def write(self, layer: int, rows: slice, starts: list[int], k: torch.Tensor, v: torch.Tensor):
         """Store row r's new K/V [R, kv, q, D] at slots starts[r].. and return views [R, kv, S, D]
-        of the rows' slots 0..S-1, S = max(starts) + q (the caller's mask hides what a row may not see)."""
+        of the rows' slots 0..S-1, S = max(starts) + q (the caller's mask hides what a row may not see);
+        a compact cache returns (int16 K, shifts) and (int16 V, shifts) views instead."""
         q = k.shape[2]
         kb, vb = self.k[layer][rows], self.v[layer][rows]
         end = max(starts) + q
         if end > self.capacity:
             raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
+        if self.block16:  # compressed into place, read in place by the exact attention (`kernels.attn16`)
+            ksb, vsb = self.shifts[2 * layer][rows], self.shifts[2 * layer + 1][rows]
+            attn16.store(k, starts, kb, ksb)
+            attn16.store(v, starts, vb, vsb)
+            return (kb[:, :, :end], ksb[:, :, :end]), (vb[:, :, :end], vsb[:, :, :end])
         if len(starts) == 1:  # one row: a plain slice, no index tensor
             kb[:, :, starts[0] : end] = k
             vb[:, :, starts[0] : end] = v
@@ -82,9 +105,8 @@ class BatchKVCache:
         n, start = len(accepted), self.lengths[row]
         if n and list(accepted) != list(range(n)):
             idx = torch.tensor(accepted, dtype=torch.long) + start
-            for bufs in (self.k, self.v):
-                for buf in bufs:
-                    buf[row, :, start : start + n] = buf[row].index_select(1, idx.to(buf.device))
+            for buf in self._buffers():
+                buf[row, :, start : start + n] = buf[row].index_select(1, idx.to(buf.device))
         self.lengths[row] = start + n
 
     @torch.inference_mode()
@@ -92,9 +114,8 @@ class BatchKVCache:
         """Row `src`'s prefix into row `dst` (keeps the live rows contiguous when one leaves);
         keep=True leaves `src` as it was (a copy: rows that share a prefix)."""
         n = self.lengths[src]
-        for bufs in (self.k, self.v):
-            for buf in bufs:
-                buf[dst, :, :n] = buf[src, :, :n]
+        for buf in self._buffers():
+            buf[dst, :, :n] = buf[src, :, :n]
         self.lengths[dst] = n
         if not keep:
             self.lengths[src] = 0
@@ -141,9 +162,9 @@ class BatchKVCache:
         cap = max(capacity, 2 * self.capacity) if capacity > self.capacity else self.capacity
         n = max(rows, self.rows)
         self.shape = (n, self.shape[1], cap, self.shape[3])
-        for bufs in (self.k, self.v):
+        for bufs in (self.k, self.v, self.shifts):
             for i, old in enumerate(bufs):
-                new = torch.zeros(self.shape, device=old.device, dtype=old.dtype)
+                new = torch.zeros(self.shape[: old.dim()], device=old.device, dtype=old.dtype)
                 new[: old.shape[0], :, : old.shape[2]] = old
                 bufs[i] = new
         self.lengths += [0] * (n - len(self.lengths))
@@ -159,5 +180,7 @@ class BatchKVCache:
 
     @staticmethod
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:
-        """Bytes such a cache allocates (K and V, every layer), for checks before allocating."""
-        return 2 * layers * rows * n_kv * capacity * head_dim * torch.empty((), dtype=dtype).element_size()
+        """Bytes such a cache allocates (K and V, every layer, and a compact cache's shifts), for
+        checks before allocating."""
+        per_slot = head_dim * torch.empty((), dtype=dtype).element_size() + (1 if dtype == torch.int16 else 0)
+        return 2 * layers * rows * n_kv * capacity * per_slot

@@ -241,7 +241,8 @@ def cache_dir() -> str:
 def default_path(model) -> str:
     want = identity(model)
     key = hashlib.sha1("|".join(want[k] for k in ("device", "model", "dtype", "weights")).encode()).hexdigest()[:20]
-    return os.path.join(cache_dir(), f"{key}-cost2.json")
+    # cost3: measured over the compact int16 cache and the w4a8 kernels (earlier files timed float64 caches)
+    return os.path.join(cache_dir(), f"{key}-cost3.json")
 
 
 # -- the one way to get a cost model ------------------------------------------------------------------

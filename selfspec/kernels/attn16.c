@@ -1,0 +1,126 @@
+/* The exact attention's two matmuls over the compact cache (int16 with a power-of-two shift per
+ * key and head), read in place: no float64 copy of the cache is made.
+ *
+ *   scores[r, h, i, j] = 2^ks[r, h, j] * sum_d q[r, h, i, d] * k[r, h, j, d]
+ *   out[r, h, i, d]    = sum_j p[r, h, i, j] * 2^vs[r, h, j] * v[r, h, j, d]
+ *
+ * Every product and partial sum is an integer below 2^53 (the attention grid's bounds,
+ * `engine/attention.py`), so float64 arithmetic is exact in any order: the results are the
+ * same bits as torch's float64 matmul over the decompressed cache (`selfspec/kernels/attn16.py`),
+ * whatever the threads, the vector width or the order of the sums. */
+#pragma GCC optimize("fp-contract=fast")  /* exact sums: fused or not, the same bits */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+
+#define D_MAX 256
+#define QCHUNK 4
+
+/* q [R, KV, G, D] contiguous; k rows at k + r*krs + h*khs + j*D (int16), shifts at
+ * ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous. */
+void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *k,
+                   int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
+                   double *scores, int threads) {
+    int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    for (int64_t rh = 0; rh < R * KV; rh++) {
+        for (int64_t jb = 0; jb < nj; jb++) {
+            int64_t r = rh / KV, h = rh % KV;
+            const double *qh = q + rh * G * D;
+            const int16_t *kh = k + r * krs + h * khs;
+            const int8_t *sh = ks + r * srs + h * shs;
+            double *out = scores + rh * G * S;
+            double kd[D_MAX];
+            int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
+            for (; j < j1; j++) {
+                const int16_t *kj = kh + j * D;
+                for (int64_t d = 0; d < D; d++) kd[d] = (double)kj[d];
+                double scale = ldexp(1.0, sh[j]);
+                for (int64_t i = 0; i < G; i++) {
+                    const double *qi = qh + i * D;
+                    double acc = 0.0;
+                    #pragma omp simd reduction(+:acc)
+                    for (int64_t d = 0; d < D; d++) acc += qi[d] * kd[d];  /* exact: any order, FMA or not */
+                    out[i * S + j] = acc * scale;
+                }
+            }
+        }
+    }
+}
+
+/* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */
+void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
+               int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+    int64_t nq = (G + QCHUNK - 1) / QCHUNK;
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    for (int64_t rh = 0; rh < R * KV; rh++) {
+        for (int64_t qc = 0; qc < nq; qc++) {
+            int64_t r = rh / KV, h = rh % KV;
+            const int16_t *vh = v + r * vrs + h * vhs;
+            const int8_t *sh = vs + r * srs + h * shs;
+            int64_t i0 = qc * QCHUNK, i1 = i0 + QCHUNK < G ? i0 + QCHUNK : G, n = i1 - i0;
+            double acc[QCHUNK][D_MAX];
+            double vd[D_MAX];
+            memset(acc, 0, sizeof acc);
+            const double *ph = p + rh * G * S;
+            for (int64_t j = 0; j < S; j++) {
+                const int16_t *vj = vh + j * D;
+                double scale = ldexp(1.0, sh[j]);
+                for (int64_t d = 0; d < D; d++) vd[d] = (double)vj[d] * scale;
+                for (int64_t i = 0; i < n; i++) {
+                    double pij = ph[(i0 + i) * S + j];
+                    if (pij == 0.0) continue;  /* a masked or negligible key: adds exactly nothing */
+                    for (int64_t d = 0; d < D; d++) acc[i][d] += pij * vd[d];
+                }
+            }
+            for (int64_t i = 0; i < n; i++) memcpy(out + (rh * G + i0 + i) * D, acc[i], D * sizeof(double));
+        }
+    }
+}
+
+/* Store new K or V rows x [R, KV, q, D] (float64 grid integers; strided, last dim contiguous) compactly at slots
+ * starts[r] .. starts[r] + q - 1 of cache rows r: per key and head, shift = the exponent of
+ * frexp(max |x|) less 15 (at least 0), m = rint(x * 2^-shift) clamped to +-32767. The same
+ * numbers as `attn16.py`'s `compress`. */
+void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
+                  int64_t D, const int64_t *starts, int16_t *m, int64_t mrs, int64_t mhs, int8_t *sh, int64_t srs,
+                  int64_t shs) {
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t h = 0; h < KV; h++) {
+            for (int64_t t = 0; t < q; t++) {
+                const double *xt = x + r * xrs + h * xhs + t * xts;
+                double top = 0.0;
+                for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
+                int e = 0;
+                frexp(top, &e);
+                int s = e - 15 > 0 ? e - 15 : 0;
+                double f = ldexp(1.0, -s);
+                int64_t slot = starts[r] + t;
+                int16_t *mt = m + r * mrs + h * mhs + slot * D;
+                for (int64_t d = 0; d < D; d++) {
+                    double v = nearbyint(xt[d] * f);
+                    v = v > 32767.0 ? 32767.0 : (v < -32767.0 ? -32767.0 : v);
+                    mt[d] = (int16_t)v;
+                }
+                sh[r * srs + h * shs + slot] = (int8_t)s;
+            }
+        }
+    }
+}
+
+/* m [R, KV, S, D] int16 (strided rows and heads) and shifts -> out [R, KV, S, D] float64, contiguous:
+ * m * 2^shift, for a wide round's matmuls (many queries read each key: a float64 GEMM pays). */
+void attn16_decompress(const int16_t *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
+                       const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads) {
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    for (int64_t rh = 0; rh < R * KV; rh++) {
+        for (int64_t j = 0; j < S; j++) {
+            int64_t r = rh / KV, h = rh % KV;
+            const int16_t *mj = m + r * mrs + h * mhs + j * D;
+            double f = ldexp(1.0, sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = (double)mj[d] * f;
+        }
+    }
+}

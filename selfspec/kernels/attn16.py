@@ -1,0 +1,129 @@
+"""The exact attention's matmuls over the compact cache, read in place (`attn16.c`).
+
+    s = scores(q, k, k_shift)      # q [R, KV, G, D] float64 grid integers, k [R, KV, S, D] int16
+    o = weighted(p, v, v_shift)    # p [R, KV, G, S] float64 integers -> [R, KV, G, D]
+
+Both are exact integer sums in float64 (the grid's bounds keep them below 2^53), so the C kernel
+and the torch fallback (decompress, then `torch.matmul`) give the same bits. Up to `DIRECT_MAX`
+queries per key head (AR and narrow rounds: a decode step) the kernel reads the int16 cache in
+place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key
+many times, decompress into a reused buffer in one C pass and run torch's GEMM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from selfspec.kernels import build
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGS = [_P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int]
+
+
+_STORE = [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I]
+_DECOMPRESS = [_P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _P, ctypes.c_int]
+DIRECT_MAX = 4  # queries per key head read in place; wider rounds decompress once and run a GEMM
+_scratch = threading.local()
+
+
+def _fn(name: str):
+    lib = build.load("attn16")
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    if fn.argtypes is None:
+        fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS}.get(name, _ARGS)
+        fn.restype = None
+    return fn
+
+
+MANTISSA = 15  # bits of a compact value's magnitude (int16)
+
+
+def compress(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grid integers x [..., D] (float64) -> (int16 [..., D], shift int8 [...]) with
+    x ~= m * 2^shift: shift the least that fits the row's largest |x| below 2^15, rounding half to
+    even. Example: [40000., -3., 1.] -> shift 1, m [20000, -2, 0] (3 / 2 = 1.5 -> 2, 1 / 2 -> 0)."""
+    top = x.abs().amax(-1)
+    shift = (torch.frexp(top).exponent - MANTISSA).clamp_(min=0)
+    m = torch.round(x * torch.exp2(-shift.double())[..., None]).clamp_(-(2 ** MANTISSA - 1), 2 ** MANTISSA - 1)
+    return m.to(torch.int16), shift.to(torch.int8)
+
+
+def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False):
+    """Write x [R, KV, q, D] (float64 grid integers) compressed into cache views m [R, KV, cap, D]
+    (int16) and shift [R, KV, cap] at slots starts[r] .. starts[r] + q - 1 of each row."""
+    fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else _fn("attn16_store")
+    if fn is None:
+        c, s = compress(x)
+        q = x.shape[2]
+        for r, st in enumerate(starts):
+            m[r, :, st : st + q] = c[r]
+            shift[r, :, st : st + q] = s[r]
+        return
+    R, KV, q, D = x.shape
+    st = (ctypes.c_int64 * R)(*starts)
+    fn(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), R, KV, q, D, ctypes.addressof(st), m.data_ptr(),
+       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1))
+
+
+def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """int16 m [..., D] and shifts [...] -> the float64 integers m * 2^shift."""
+    return m.double() * torch.exp2(shift.double())[..., None]
+
+
+def _wide(m: torch.Tensor, shift: torch.Tensor, slot: int) -> torch.Tensor:
+    """m * 2^shift [R, KV, S, D] float64 in this thread's reused buffer `slot` (0: K, 1: V): a
+    fresh allocation this size would cost page faults every layer."""
+    R, KV, S, D = m.shape
+    bufs = getattr(_scratch, "bufs", None)
+    if bufs is None:
+        bufs = _scratch.bufs = [torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)]
+    if bufs[slot].numel() < m.numel():
+        bufs[slot] = torch.empty(max(m.numel(), 2 * bufs[slot].numel()), dtype=torch.float64)
+    out = bufs[slot][: m.numel()].view(R, KV, S, D)
+    _fn("attn16_decompress")(m.data_ptr(), R, KV, S, D, m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0),
+                             shift.stride(1), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.int16 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+            and shift.stride(-1) == 1 and x.shape[-1] <= 256)
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
+    """q [R, KV, G, D] float64, k [R, KV, S, D] int16 (a view of the cache), shift [R, KV, S]
+    int8 -> [R, KV, G, S] float64: q @ (k * 2^shift)^T, exact."""
+    fn = None if fallback or not _ok(k, shift) else _fn("attn16_scores")
+    if fn is None:
+        return torch.matmul(q, decompress(k, shift).transpose(-1, -2))
+    if q.shape[2] > DIRECT_MAX:
+        return torch.matmul(q, _wide(k, shift, 0).transpose(-1, -2))
+    R, KV, G, D = q.shape
+    S = k.shape[2]
+    q = q.contiguous()
+    out = torch.empty(R, KV, G, S, dtype=torch.float64)
+    fn(q.data_ptr(), R, KV, G, D, k.data_ptr(), k.stride(0), k.stride(1), shift.data_ptr(), shift.stride(0),
+       shift.stride(1), S, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
+    """p [R, KV, G, S] float64, v [R, KV, S, D] int16, shift [R, KV, S] -> [R, KV, G, D] float64:
+    p @ (v * 2^shift), exact."""
+    fn = None if fallback or not _ok(v, shift) else _fn("attn16_pv")
+    if fn is None:
+        return torch.matmul(p, decompress(v, shift))
+    if p.shape[2] > DIRECT_MAX:
+        return torch.matmul(p, _wide(v, shift, 1))
+    R, KV, G, S = p.shape
+    D = v.shape[-1]
+    p = p.contiguous()
+    out = torch.empty(R, KV, G, D, dtype=torch.float64)
+    fn(p.data_ptr(), R, KV, G, D, v.data_ptr(), v.stride(0), v.stride(1), shift.data_ptr(), shift.stride(0),
+       shift.stride(1), S, out.data_ptr(), torch.get_num_threads())
+    return out

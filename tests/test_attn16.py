@@ -1,0 +1,63 @@
+"""The compact exact cache: K and V as int16 with a power-of-two shift per token and head. The C
+kernels (store, scores, weighted sums; read in place or decompressed for wide rounds) give the
+bits of the torch fallback, a token's values round-trip within half its step, and whole forwards
+stay width-invariant over it (test_invariance, test_format_matrix run on this cache)."""
+
+import pytest
+import torch
+
+from selfspec.kernels import attn16, build
+
+needs_kernel = pytest.mark.skipif(attn16._fn("attn16_scores") is None,
+                                  reason=f"no C kernel here: {build.error('attn16')}")
+
+
+def _grid_ints(*shape, bits=17, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.round(torch.randn(*shape, generator=g, dtype=torch.float64) * 2.0 ** bits)
+    if shape[-2] > 2:
+        x[..., 0, :] = 0.0  # an all-zero key: shift 0
+        x[..., 1, :3] = 2.0 ** 15  # just past 15 bits: shift 1
+    return x
+
+
+def test_compress_keeps_small_values_exact_and_large_ones_within_half_a_step():
+    x = _grid_ints(2, 3, 40, 64)
+    m, s = attn16.compress(x)
+    back = attn16.decompress(m, s)
+    small = x.abs().amax(-1) < 2 ** 15
+    assert torch.equal(back[small], x[small])  # fits 15 bits: no rounding at all
+    step = torch.exp2(s.double())[..., None]
+    assert bool(((back - x).abs() <= step / 2).all())
+    assert int(m.abs().max()) <= 2 ** 15 - 1 and int(s.min()) >= 0
+
+
+def test_the_docstring_example():
+    m, s = attn16.compress(torch.tensor([[40000.0, -3.0, 1.0]], dtype=torch.float64))
+    assert s.tolist() == [1] and m.tolist() == [[20000, -2, 0]]
+
+
+@needs_kernel
+@pytest.mark.parametrize("R,q", [(1, 1), (1, 7), (3, 4)])
+def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q):
+    x = _grid_ints(R, q, 3, 64, seed=R + q).transpose(1, 2)  # the forward's strided K / V
+    starts = [2 + 3 * r for r in range(R)]
+    bufs = [torch.zeros(R, 3, 32, 64, dtype=torch.int16), torch.zeros(R, 3, 32, dtype=torch.int8)]
+    ref = [b.clone() for b in bufs]
+    attn16.store(x, starts, *bufs)
+    attn16.store(x, starts, *ref, fallback=True)
+    assert torch.equal(bufs[0], ref[0]) and torch.equal(bufs[1], ref[1])
+    assert int(bufs[0][:, :, :2].abs().sum()) == 0  # nothing before the starts
+
+
+@needs_kernel
+@pytest.mark.parametrize("G", [1, 3, attn16.DIRECT_MAX, attn16.DIRECT_MAX + 1, 48])  # in place, and decompressed
+def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G):
+    R, KV, S, D = 2, 3, 300, 64
+    m, s = attn16.compress(_grid_ints(R, KV, S + 20, D))
+    k, ks = m[:, :, :S], s[:, :, :S]  # views of a larger cache, as the runtime passes them
+    q = _grid_ints(R, KV, G, D, bits=14, seed=1)
+    assert torch.equal(attn16.scores(q, k, ks), attn16.scores(q, k, ks, fallback=True))
+    p = torch.round(torch.rand(R, KV, G, S, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 ** 20)
+    p[..., ::5] = 0.0  # masked keys
+    assert torch.equal(attn16.weighted(p, k, ks), attn16.weighted(p, k, ks, fallback=True))
