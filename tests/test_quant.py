@@ -113,3 +113,42 @@ def test_a_format_asked_for_by_name_warns_where_this_cpu_breaks_its_invariance(m
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         selfspec.load("pystdlib-nld-9m", weights="int4", progress=False)
+
+
+def test_auto_picks_the_fastest_format_that_is_invariant_and_close_to_fp32():
+    from selfspec.engine.formats import _pick
+
+    report = {"fp32": {"seconds": 0.05, "invariant": False, "agreement": 1.0, "kl": 0.0},
+              "bf16": {"seconds": 0.001, "invariant": False, "agreement": 0.99, "kl": 0.0},  # fastest, not exact
+              "int4": {"seconds": 0.012, "invariant": True, "agreement": 0.96, "kl": 0.002},
+              "w4a8": {"seconds": 0.010, "invariant": True, "agreement": 0.97, "kl": 0.004},
+              "int8": {"seconds": 0.002, "invariant": True, "agreement": 0.80, "kl": 0.3}}  # too far from fp32
+    assert _pick(report) == "w4a8"
+    report["w4a8"]["seconds"] = 0.02
+    assert _pick(report) == "int4"
+
+
+def test_measuring_the_formats_times_rounds_and_checks_each_one(monkeypatch):
+    """`measure` on a tiny model: every candidate gets a round time, its invariance and its
+    agreement with fp32; the round time reads a width-8 forward as well as a width-1 one."""
+    from selfspec.engine import formats
+
+    widths = []
+    real = formats._round_seconds
+
+    def spy(model, cached=128):
+        from selfspec.engine.batch_forward import BatchForward
+
+        orig = BatchForward.__call__
+        monkeypatch.setattr(BatchForward, "__call__", lambda self, toks, *a, **k: (widths.append(toks.shape[1]),
+                                                                                     orig(self, toks, *a, **k))[1])
+        try:
+            return real(model, cached=16)
+        finally:
+            monkeypatch.setattr(BatchForward, "__call__", orig)
+
+    monkeypatch.setattr(formats, "_round_seconds", spy)
+    report = formats.measure(tiny_model(), torch.arange(5, 40) % 60 + 4, candidates=("fp32", "int4", "w4a8"),
+                             progress=False)
+    assert set(report) == {"fp32", "int4", "w4a8"} and {1, 8} <= set(widths)
+    assert report["w4a8"]["invariant"] and report["int4"]["invariant"] and report["w4a8"]["seconds"] > 0

@@ -16,7 +16,7 @@ equals AR greedy output by construction. bf16's `F.linear` is invariant only on 
 native bf16 dot products (`invariant` probes it; "auto" drops a format that fails, and
 `selfspec.load(weights="bf16")` warns there). On CUDA only fp32 / bf16 / fp16 exist, with SDPA.
 
-"auto" (`choose`): the format with the fastest one-token forward on this device among those
+"auto" (`choose`): the format with the fastest rounds (widths 1 and 8) on this device among those
 whose forward is width-invariant and whose quality check passes: top-1 agreement with fp32 of at
 least `MIN_AGREEMENT` over a built-in probe text (teacher-forced) and a mean KL below `MAX_KL`.
 Measured once per device, model and torch version (~20 s for the default model on 2 CPU cores,
@@ -138,7 +138,7 @@ def passes(r: dict) -> bool:
 
 def _cache_path(model) -> str:
     key = hashlib.sha1(f"{device_key(torch.device('cpu'))}|{model_key(model)}|{torch.__version__}|"
-                       f"{_weights_digest(model)}|{','.join(FORMATS)}".encode()).hexdigest()[:20]
+                       f"{_weights_digest(model)}|{','.join(FORMATS)}|rounds".encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"{key}-formats.json")
 
 
@@ -150,7 +150,7 @@ def _weights_digest(model) -> str:
 
 
 def measure(model, probe_ids: torch.Tensor, *, candidates=FORMATS, progress: bool = True) -> dict:
-    """Per format: seconds of a one-token forward over 128 cached tokens (median of 5), whether a
+    """Per format: seconds of a round (`_round_seconds`: widths 1 and 8 over 128 cached tokens), whether a
     row's logits are bitwise the same alone, in a width-6 tree and beside another row, and the
     top-1 agreement and mean KL against fp32 on the probe text (teacher-forced)."""
     from tqdm import tqdm
@@ -164,7 +164,7 @@ def measure(model, probe_ids: torch.Tensor, *, candidates=FORMATS, progress: boo
         if ref is None:
             ref = logits if fmt == "fp32" else _logits(set_weights(clone(model), "fp32"), ids)
         lp, lq = ref.log_softmax(-1), logits.log_softmax(-1)
-        out[fmt] = {"seconds": _one_token_seconds(m), "invariant": invariant(m),
+        out[fmt] = {"seconds": _round_seconds(m), "invariant": invariant(m),
                     "agreement": round(float((lp.argmax(-1) == lq.argmax(-1)).float().mean()), 4),
                     "kl": round(float((lp.exp() * (lp - lq)).sum(-1).mean()), 5)}
     return out
@@ -179,20 +179,29 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     return bf.logits(h[0]).float()
 
 
-def _one_token_seconds(model, cached: int = 128) -> float:
+def _round_seconds(model, cached: int = 128) -> float:
+    """The mean of a width-1 and a width-8 forward's seconds over `cached` tokens (fastest of 7
+    each, after a warm-up): a decode step and a typical verification round, since `auto` runs both
+    (a format that is fast at one row only, like torch's int4 kernel past 4 rows, is not the
+    fastest for speculation)."""
     from selfspec.engine.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
-    cache = bf.new_cache(1, cached + 2)
+    cache = bf.new_cache(1, cached + 10)
     ids = torch.arange(cached) % 100 + 5
     bf(ids[None], torch.arange(cached)[None], cache, slice(0, 1), causal=True)
     cache.set_length(0, cached)
-    times = []
-    for _ in range(6):
-        t0 = time.perf_counter()
-        bf.logits(bf(torch.tensor([[7]]), torch.zeros(1, 1, dtype=torch.long), cache, slice(0, 1))[0])
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[2]
+    out = []
+    for w in (1, 8):
+        toks, pos = (torch.arange(w) + 7)[None], torch.arange(w)[None]
+        block = torch.full((w, w), float("-inf")).triu(1)[None]
+        times = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            bf.logits(bf(toks, pos, cache, slice(0, 1), block=block)[0])
+            times.append(time.perf_counter() - t0)
+        out.append(min(times[1:]))
+    return sum(out) / 2
 
 
 def invariant(model) -> bool:
