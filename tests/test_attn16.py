@@ -61,3 +61,38 @@ def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G):
     p = torch.round(torch.rand(R, KV, G, S, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 ** 20)
     p[..., ::5] = 0.0  # masked keys
     assert torch.equal(attn16.weighted(p, k, ks), attn16.weighted(p, k, ks, fallback=True))
+
+
+def test_the_fixed_exponential_rounds_like_exp_and_is_the_same_in_c_and_torch():
+    x = torch.cat([torch.linspace(-3, 20 * 0.6931471805599453, 50001, dtype=torch.float64),
+                   torch.tensor([float("-inf"), -1.0, -1.0 - 1e-12, 0.0])])
+    ref = torch.where(x >= -1.0, torch.round(torch.exp(x)), torch.zeros_like(x))
+    fast, slow = attn16.exp_round(x.clone()), attn16.exp_round(x.clone(), fallback=True)
+    assert torch.equal(slow, ref)  # the same integers as exp on these points
+    if attn16._fn("attn16_exp_round") is not None:
+        assert torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "one row", "batch"])
+def test_softmax_weights_are_the_fallbacks_bits_and_do_not_depend_on_where_a_score_sits(mask_kind):
+    R, KV, w, S = 2, 3, 2, 61
+    G = 3 * w
+    s = torch.randn(R, KV, G, S, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2.0 ** 30
+    mask = None
+    if mask_kind == "one row":
+        R, s = 1, s[:1].contiguous()
+        mask = torch.zeros(w, S + 4, dtype=torch.float64)[:, :S]  # a view of a wider buffer, as MaskBuffer's
+        mask[:, ::3] = float("-inf")
+    elif mask_kind == "batch":
+        mask = torch.zeros(R, 1, w, S, dtype=torch.float64)
+        mask[..., 1::4] = float("-inf")
+    args = (w, 2.0 ** -28, 20 * 0.6931471805599453, 1024.0)
+    p, den = attn16.weights(s.clone(), mask, *args)
+    p2, den2 = attn16.weights(s.clone(), mask, *args, fallback=True)
+    assert torch.equal(p, p2) and torch.equal(den, den2)
+    assert float(p.max()) == 2.0 ** 20 and torch.equal(den, p.sum(-1, keepdim=True) * 1024.0)
+    # row (r, head 1, query 2: token 0) alone, at offset 0 of its own tensor: the same weights
+    r = R - 1
+    one_mask = None if mask is None else (mask[0:1] if mask.dim() == 2 else mask[r : r + 1, :, 0:1])
+    alone, _ = attn16.weights(s[r : r + 1, 1:2, 2:3].clone(), one_mask, 1, *args[1:])
+    assert torch.equal(alone[0, 0, 0], p[r, 1, 2])

@@ -12,7 +12,9 @@ cannot matter:
   and multiplied in float64: every product and partial sum of a score is an integer below 2^53,
   so the score is exact;
 * P = round(exp(score * scale - max + p ln 2)) is an integer up to 2^p, a function of the row's
-  own scores only (the max over its visible keys is exact; elementwise ops are deterministic);
+  own scores only (the max over its visible keys is exact; the exponential is a fixed sequence
+  of IEEE operations, `kernels.attn16.exp_round`, the same in C and in torch wherever the score
+  sits in the tensor);
 * V lies on a grid of 2^-b (`Grid.v`): P @ V and the sum of P are integers below 2^53: exact;
 * out = (P @ V) / (sum P * 2^b), one correctly rounded division.
 
@@ -92,12 +94,6 @@ def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid
     kv = (k[0] if isinstance(k, tuple) else k).shape[1]
     qg = q.reshape(R, kv, (H // kv) * w, D)
     s = attn16.scores(qg, *k) if isinstance(k, tuple) else torch.matmul(qg, k.transpose(-1, -2))  # exact
-    if mask is not None:  # broadcast over the heads of a group
-        mask = mask.view(-1, 1, 1, w, mask.shape[-1])
-        s = (s.view(R, kv, H // kv, w, -1) + mask).view(R, kv, (H // kv) * w, -1)
-    s.mul_(grid.scale)
-    top = s.amax(-1, keepdim=True)
-    s.sub_(top - grid.shift).exp_().round_()  # P: integers up to 2^P_BITS
-    den = s.sum(-1, keepdim=True).mul_(2.0 ** grid.v)  # exact: integers times a power of two
+    s, den = attn16.weights(s, mask, w, grid.scale, grid.shift, 2.0 ** grid.v)  # P: integers up to 2^P_BITS
     pv = attn16.weighted(s, *v) if isinstance(v, tuple) else torch.matmul(s, v)  # P @ V: exact integers
     return pv.div_(den).to(dtype).view(R, H, w, D)  # one division

@@ -7,8 +7,13 @@
  * Every product and partial sum is an integer below 2^53 (the attention grid's bounds,
  * `engine/attention.py`), so float64 arithmetic is exact in any order: the results are the
  * same bits as torch's float64 matmul over the decompressed cache (`selfspec/kernels/attn16.py`),
- * whatever the threads, the vector width or the order of the sums. */
-#pragma GCC optimize("fp-contract=fast")  /* exact sums: fused or not, the same bits */
+ * whatever the threads, the vector width or the order of the sums.
+ *
+ * attn16_weights turns a row's scores into its integer softmax weights in place (mask, scale,
+ * max, exponential, rounding, their sum); its exponential is a fixed sequence of IEEE multiplies
+ * and adds (built with -ffp-contract=off), which `attn16.py` repeats in torch ops, so the
+ * fallback gives the same bits (libm's and torch's own exp need not agree in the last bit, and
+ * torch's vector body and scalar tail need not either). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,5 +127,76 @@ void attn16_decompress(const int16_t *m, int64_t R, int64_t KV, int64_t S, int64
             double f = ldexp(1.0, sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
             for (int64_t d = 0; d < D; d++) o[d] = (double)mj[d] * f;
         }
+    }
+}
+
+
+/* P = rint(e^x) for x <= 20 ln 2, 0 where x < -1 (e^-1 < 0.5; also -inf, a masked key), as
+ * `attn16.exp_round`: k = rint(x / ln 2), r = (x - k ln2_hi) - k ln2_lo, e^r by Horner's rule
+ * (degree 13, |r| <= 0.35), times 2^k (exact, built from its bits), then rint. Branch-free, so
+ * that the loops over keys vectorize. */
+#define LN2_HI 6.93147180369123816490e-01
+#define LN2_LO 1.90821492927058770002e-10
+#define INV_LN2 1.44269504088896338700e+00
+#define C2 (1.0 / 2)
+#define C3 (1.0 / 6)
+#define C4 (1.0 / 24)
+#define C5 (1.0 / 120)
+#define C6 (1.0 / 720)
+#define C7 (1.0 / 5040)
+#define C8 (1.0 / 40320)
+#define C9 (1.0 / 362880)
+#define C10 (1.0 / 3628800)
+#define C11 (1.0 / 39916800)
+#define C12 (1.0 / 479001600)
+#define C13 (1.0 / 6227020800.0)
+typedef union { double d; int64_t i; } bits64;
+
+static inline double exp_round1(double x) {
+    double xc = x >= -1.0 ? x : -1.0;
+    double k = nearbyint(xc * INV_LN2);
+    double r = (xc - k * LN2_HI) - k * LN2_LO;
+    double p = C13;
+    p = p * r + C12; p = p * r + C11; p = p * r + C10; p = p * r + C9; p = p * r + C8; p = p * r + C7;
+    p = p * r + C6; p = p * r + C5; p = p * r + C4; p = p * r + C3; p = p * r + C2; p = p * r + 1.0;
+    p = p * r + 1.0;
+    bits64 t;
+    t.i = ((int64_t)k + 1023) << 52;
+    double e = nearbyint(p * t.d);
+    return x >= -1.0 ? e : 0.0;
+}
+
+void attn16_exp_round(double *x, int64_t n) {  /* in place */
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] = exp_round1(x[i]);
+}
+
+/* s [R, KV, G, S] contiguous scores (G = heads per key head x w; query i is token i % w) ->
+ * in place, P = rint(e^(s' - (max s' - shift))) with s' = (s + mask[r * mrs + t * mts + j]) * scale
+ * (no mask: NULL), and den [R, KV, G] = sum P * vscale: `engine.attention.exact_attention`'s
+ * numbers, step for step. */
+void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int64_t w, const double *mask,
+                    int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *den, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t row = 0; row < R * KV * G; row++) {
+        int64_t r = row / (KV * G), t = (row % G) % w;
+        double *sr = s + row * S;
+        const double *mt = mask ? mask + r * mrs + t * mts : NULL;
+        double top = -INFINITY;
+        if (mt) {
+            for (int64_t j = 0; j < S; j++) sr[j] = sr[j] + mt[j];
+        }
+        for (int64_t j = 0; j < S; j++) {
+            sr[j] = sr[j] * scale;
+            top = sr[j] > top ? sr[j] : top;
+        }
+        double c = top - shift, sum = 0.0;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < S; j++) {
+            double p = exp_round1(sr[j] - c);
+            sr[j] = p;
+            sum += p;  /* integers below 2^53: exact in any order */
+        }
+        den[row] = sum * vscale;
     }
 }

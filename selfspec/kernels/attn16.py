@@ -25,6 +25,9 @@ _ARGS = [_P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int]
 
 _STORE = [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I]
 _DECOMPRESS = [_P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _P, ctypes.c_int]
+_D = ctypes.c_double
+_WEIGHTS = [_P, _I, _I, _I, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
+_EXP = [_P, _I]
 DIRECT_MAX = 4  # queries per key head read in place; wider rounds decompress once and run a GEMM
 _scratch = threading.local()
 
@@ -35,7 +38,8 @@ def _fn(name: str):
         return None
     fn = getattr(lib, name)
     if fn.argtypes is None:
-        fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS}.get(name, _ARGS)
+        fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
+                       "attn16_exp_round": _EXP}.get(name, _ARGS)
         fn.restype = None
     return fn
 
@@ -127,3 +131,53 @@ def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback:
     fn(p.data_ptr(), R, KV, G, D, v.data_ptr(), v.stride(0), v.stride(1), shift.data_ptr(), shift.stride(0),
        shift.stride(1), S, out.data_ptr(), torch.get_num_threads())
     return out
+
+
+# e^x as a fixed sequence of IEEE operations (`attn16.c`'s det_exp_round, the same bits)
+LN2_HI, LN2_LO, INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
+EXP_C = (1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
+         1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0)
+
+
+def exp_round(x: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
+    """rint(e^x) of float64 x (in place where the C kernel runs), 0 where x < -1 (e^-1 < 0.5) or
+    x = -inf: k = rint(x / ln 2), r = (x - k ln2_hi) - k ln2_lo, e^r by Horner's rule, times 2^k.
+    Not torch.exp: its vector body and scalar tail (and libm) need not agree in the last bit, and
+    the exact attention's weights must be the same function of a score wherever it sits."""
+    fn = None if fallback or not x.is_contiguous() or x.device.type != "cpu" else _fn("attn16_exp_round")
+    if fn is not None:
+        fn(x.data_ptr(), x.numel())
+        return x
+    xc = x.clamp(min=-1.0)
+    k = torch.round(xc * INV_LN2)
+    r = (xc - k * LN2_HI) - k * LN2_LO
+    p = torch.full_like(r, EXP_C[13])
+    for c in EXP_C[12::-1]:
+        p = p * r + c
+    two_k = ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return torch.where(x >= -1.0, torch.round(p * two_k), torch.zeros_like(x))
+
+
+def weights(s: torch.Tensor, mask: torch.Tensor | None, w: int, scale: float, shift: float, vscale: float, *,
+            fallback: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores s [R, KV, G, S] float64 (G = heads per key head x w) -> (P, den): the integer softmax
+    weights P = rint(e^(s' - (max s' - shift))), s' = (s + mask) * scale, and den = sum P * vscale
+    [R, KV, G, 1]; in place in one C call where it runs. mask: [R, 1, w, S] or [w, S] additive, or None."""
+    R, KV, G, S = s.shape
+    fn = None if fallback or not s.is_contiguous() or s.dtype != torch.float64 else _fn("attn16_weights")
+    if fn is not None and (mask is None or (mask.dtype == torch.float64 and mask.stride(-1) == 1)):
+        den = torch.empty(R, KV, G, 1, dtype=torch.float64)
+        if mask is None:
+            mp, mrs, mts = None, 0, 0
+        elif mask.dim() == 2:
+            mp, mrs, mts = mask.data_ptr(), 0, mask.stride(0)
+        else:
+            mp, mrs, mts = mask.data_ptr(), (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(2)
+        fn(s.data_ptr(), R, KV, G, S, w, mp, mrs, mts, scale, shift, vscale, den.data_ptr(), torch.get_num_threads())
+        return s, den
+    if mask is not None:  # broadcast over the heads of a group
+        s = (s.view(R, KV, G // w, w, S) + mask.view(-1, 1, 1, w, S)).view(R, KV, G, S)
+    s = s * scale
+    top = s.amax(-1, keepdim=True)
+    p = exp_round(s - (top - shift), fallback=True)
+    return p, p.sum(-1, keepdim=True) * vscale
