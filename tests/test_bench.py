@@ -157,7 +157,13 @@ def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar
         assert r["rows"] == 5 and r["rows_equal_ar"] == 5 and r["temperature"] == 0.0
         assert r["tokens_per_second"] > 0 and r["speedup_vs_batched_ar"] is not None
     assert got[("ar", 3)]["plan_hist"] == {"ar": sum(len(o) for o in got[("ar", 3)]["token_ids"]) - 5}
-    assert "x batched AR" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "x batched AR" in out
+    floor = [line for line in out.splitlines() if line.startswith("auto / batched AR at B = ")]
+    assert [line.split(":")[0] for line in floor] == ["auto / batched AR at B = 1, T = 0", "auto / batched AR at B = 3, T = 0"]
+    for line, b in zip(floor, (1, 3)):  # each line carries that batch size's ratio from the results
+        assert line.endswith(f"{got[('auto', b)]['speedup_vs_batched_ar']:.2f}x")
+    assert floor[0] in (tmp_path / "o" / "table.md").read_text()
 
 
 def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(monkeypatch):

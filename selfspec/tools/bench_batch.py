@@ -143,6 +143,17 @@ def batch_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def batch_floor_lines(rows: list[dict]) -> list[str]:
+    """One line per batch size and temperature: plan auto against batched AR (a batch is timed
+    whole, so there is no worst prompt to name; the rows' greedy equality is in the table)."""
+    out = []
+    for r in rows:
+        if r["mode"] == "auto" and r.get("speedup_vs_batched_ar") is not None:
+            out.append(f"auto / batched AR at B = {r['batch_size']}, T = {r['temperature']:g}: "
+                       f"{r['speedup_vs_batched_ar']:.2f}x")
+    return out
+
+
 def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: str) -> int:
     """The bench's --batch-sizes run: table on stdout, results.json and table.md in `out`, one JSON summary line."""
     import json
@@ -162,7 +173,8 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
                            max_new_tokens=a.max_new_tokens, temperatures=temps, peers=tuple(a.peers), seed=a.seed,
                            profile=a.profile, base=base)
     table = batch_table(rows)
-    print(table)
+    floor = batch_floor_lines(rows)
+    print(table + "\n\n" + "\n".join(floor))
     result = {"command": "python -m selfspec " + " ".join(a.argv),
               "settings": {k: v for k, v in vars(a).items() if k not in ("func", "argv")},
               "dtype": str(model.dtype), "device": str(model.device),
@@ -174,7 +186,7 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(table + "\n")
+        f.write(table + "\n\n" + "\n".join(floor) + "\n")
     keep = ("label", "temperature", "tokens_per_second", "speedup_vs_batched_ar", "speedup_vs_ar_b1", "speedup_vs_hf",
             "rows_equal_ar", "tau", "plan_hist")
     print(json.dumps({"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
