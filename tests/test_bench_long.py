@@ -18,7 +18,7 @@ import pytest
 
 import selfspec
 from selfspec.data import LONG_LENGTHS, NOMINAL_TOKENS, SPLITS, long_suite_files
-from selfspec.tools.bench import read_prompts, read_suite
+from selfspec.tools.bench_prompts import read_prompts, read_suite
 from selfspec.tools.bench_report import _summed, long_floor_lines, long_report, long_table
 from selfspec.tools.cli import main
 

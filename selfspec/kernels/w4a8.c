@@ -37,6 +37,12 @@
 #define TILE_BYTES 320
 #define MAX_ROWS 8
 typedef int32_t unaligned_i32 __attribute__((aligned(1), may_alias));
+/* FN(w, nb, xr, dr, ARG, K, R, acc) with R a constant (the accumulators stay in registers) */
+#define ROWS_CASE(FN, ARG, n) case n: if (n <= MAX_ROWS) FN(w, nb, xr, dr, ARG, K, n, acc); break;
+#define ROWS_SWITCH(R, FN, ARG) switch (R) { \
+    ROWS_CASE(FN, ARG, 8) ROWS_CASE(FN, ARG, 7) ROWS_CASE(FN, ARG, 6) ROWS_CASE(FN, ARG, 5) \
+    ROWS_CASE(FN, ARG, 4) ROWS_CASE(FN, ARG, 3) ROWS_CASE(FN, ARG, 2) \
+    default: FN(w, nb, xr, dr, ARG, K, 1, acc); break; }
 
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -74,8 +80,9 @@ const char *w4a8_isa(void) {
 #endif
 }
 
-/* x [M, K] fp32 or bf16 -> xq [M, K] int8, d [M, K/32], c [M, K/32] */
-void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, float *d, float *c) {
+/* x [M, K] fp32 or bf16 -> xq [M, K] int8, d [M, K/32], and where not NULL c [M, K/32] (w4a8's
+ * d * sum(xq)) and sx [M, K/32] (w8a8's sum(xq)) */
+void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, float *d, float *c, int32_t *sx) {
     int64_t nb = K / BLOCK;
     float xb[BLOCK];
     for (int64_t r = 0; r < M; r++) {
@@ -93,7 +100,8 @@ void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, 
             int sum = 0;
             for (int i = 0; i < BLOCK; i++) { int v = (int)rintf(xb[i] * inv); qb[i] = (int8_t)v; sum += v; }
             d[r * nb + b] = amax / 127.0f;
-            c[r * nb + b] = d[r * nb + b] * (float)sum;
+            if (c) c[r * nb + b] = d[r * nb + b] * (float)sum;
+            if (sx) sx[r * nb + b] = sum;
         }
     }
 }
@@ -176,12 +184,7 @@ void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_
             int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
             const int8_t *xr = xq + r0 * K;
             const float *dr = d + r0 * nb, *cr = c + r0 * nb;
-            switch (R) {  /* constant row counts: the accumulators stay in registers */
-#define ROWS_CASE(n) case n: if (n <= MAX_ROWS) tile_rows(w, nb, xr, dr, cr, K, n, acc); break;
-                ROWS_CASE(8) ROWS_CASE(7) ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
-                default: tile_rows(w, nb, xr, dr, cr, K, 1, acc); break;
-#undef ROWS_CASE
-            }
+            ROWS_SWITCH(R, tile_rows, cr);
             int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
             for (int r = 0; r < R; r++) {
                 if (out_bf16) {
@@ -202,7 +205,7 @@ int w4a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     int8_t *xq = (int8_t *)malloc((size_t)(M * K));
     float *d = (float *)malloc((size_t)(M * nb) * sizeof(float)), *c = (float *)malloc((size_t)(M * nb) * sizeof(float));
     if (!xq || !d || !c) { free(xq); free(d); free(c); return 1; }
-    w4a8_quantize(x, x_bf16, M, K, xq, d, c);
+    w4a8_quantize(x, x_bf16, M, K, xq, d, c, NULL);
     w4a8_mm(xq, d, c, M, K, packed, N, y, out_bf16, threads);
     free(xq); free(d); free(c);
     return 0;
@@ -258,15 +261,10 @@ int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
                 int64_t N, void *y, int out_bf16, int threads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
     int8_t *xq = (int8_t *)malloc((size_t)(M * K));
-    float *d = (float *)malloc((size_t)(M * nb) * sizeof(float)), *c = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    float *d = (float *)malloc((size_t)(M * nb) * sizeof(float));
     int32_t *sx = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
-    if (!xq || !d || !c || !sx) { free(xq); free(d); free(c); free(sx); return 1; }
-    w4a8_quantize(x, x_bf16, M, K, xq, d, c);
-    for (int64_t i = 0; i < M * nb; i++) {
-        int32_t s = 0;
-        for (int k = 0; k < BLOCK; k++) s += xq[i * BLOCK + k];
-        sx[i] = s;
-    }
+    if (!xq || !d || !sx) { free(xq); free(d); free(sx); return 1; }
+    w4a8_quantize(x, x_bf16, M, K, xq, d, NULL, sx);
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *w = packed + t * nb * TILE_BYTES8;
@@ -277,12 +275,7 @@ int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
             const int8_t *xr = xq + r0 * K;
             const float *dr = d + r0 * nb;
             const int32_t *sr = sx + r0 * nb;
-            switch (R) {
-#define ROWS_CASE(n) case n: if (n <= MAX_ROWS) tile_rows8(w, nb, xr, dr, sr, K, n, acc); break;
-                ROWS_CASE(8) ROWS_CASE(7) ROWS_CASE(6) ROWS_CASE(5) ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2)
-                default: tile_rows8(w, nb, xr, dr, sr, K, 1, acc); break;
-#undef ROWS_CASE
-            }
+            ROWS_SWITCH(R, tile_rows8, sr);
             for (int r = 0; r < R; r++) {
                 for (int j = 0; j < cols; j++) {
                     float v = acc[r * TILE + j] * scales[t * TILE + j];
@@ -292,6 +285,6 @@ int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
             }
         }
     }
-    free(xq); free(d); free(c); free(sx);
+    free(xq); free(d); free(sx);
     return 0;
 }

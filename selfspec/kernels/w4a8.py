@@ -168,6 +168,25 @@ def isa() -> str:
     return lib.w4a8_isa().decode()
 
 
+def _linear(x: torch.Tensor, name: str, weights: tuple, ref, shape: tuple[int, int], fallback: bool, dtype):
+    """x [..., K] through the C entry point `name` (its weight tensors `weights`), or through `ref`
+    (the same bits in torch) when it cannot run or `fallback`; [..., N] in `dtype`."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"{name[:4]} gives bf16 or fp32, not {dtype}")
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    fn = None if fallback else kernel(name)
+    if fn is None:
+        y = ref(x2).to(dtype)
+    else:
+        x2 = (x2 if x2.dtype in (torch.bfloat16, torch.float32) else x2.float()).contiguous()
+        y = torch.empty(x2.shape[0], shape[0], dtype=dtype)
+        if fn(x2.data_ptr(), int(x2.dtype == torch.bfloat16), x2.shape[0], k, *(w.data_ptr() for w in weights),
+              shape[0], y.data_ptr(), int(dtype == torch.bfloat16), torch.get_num_threads()):
+            raise MemoryError(f"{name[:4]}: out of memory for the quantized activations")
+    return y.reshape(*lead, shape[0])
+
+
 @dataclass(frozen=True)
 class W4A8Weight:
     """A weight [N, K] packed for the w4a8 kernel (`pack`)."""
@@ -177,22 +196,8 @@ class W4A8Weight:
 
     def __call__(self, x: torch.Tensor, *, fallback: bool = False, dtype=torch.bfloat16) -> torch.Tensor:
         """x [..., K] -> [..., N] in `dtype` (bf16, or fp32: the kernel's sums before rounding)."""
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
-        fn = None if fallback else kernel()
-        if dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"w4a8 gives bf16 or fp32, not {dtype}")
-        if fn is None:
-            y = reference(x2, self.packed, self.shape).to(dtype)
-        else:
-            if x2.dtype not in (torch.bfloat16, torch.float32):
-                x2 = x2.float()
-            x2 = x2.contiguous()
-            y = torch.empty(x2.shape[0], self.shape[0], dtype=dtype)
-            if fn(x2.data_ptr(), int(x2.dtype == torch.bfloat16), x2.shape[0], k, self.packed.data_ptr(),
-                  self.shape[0], y.data_ptr(), int(dtype == torch.bfloat16), torch.get_num_threads()):
-                raise MemoryError("w4a8: out of memory for the quantized activations")
-        return y.reshape(*lead, self.shape[0])
+        return _linear(x, "w4a8_linear", (self.packed,), lambda x2: reference(x2, self.packed, self.shape),
+                       self.shape, fallback, dtype)
 
     def dequantize(self) -> torch.Tensor:
         q, s, m = unpack(self.packed, self.shape)
@@ -210,21 +215,8 @@ class W8A8Weight:
     shape: tuple[int, int]
 
     def __call__(self, x: torch.Tensor, *, fallback: bool = False, dtype=torch.bfloat16) -> torch.Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
-        fn = None if fallback else kernel("w8a8_linear")
-        if dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"w8a8 gives bf16 or fp32, not {dtype}")
-        if fn is None:
-            y = reference8(x2, self.packed, self.scale, self.shape).to(dtype)
-        else:
-            x2 = (x2 if x2.dtype in (torch.bfloat16, torch.float32) else x2.float()).contiguous()
-            y = torch.empty(x2.shape[0], self.shape[0], dtype=dtype)
-            if fn(x2.data_ptr(), int(x2.dtype == torch.bfloat16), x2.shape[0], k, self.packed.data_ptr(),
-                  self.scale.data_ptr(), self.shape[0], y.data_ptr(), int(dtype == torch.bfloat16),
-                  torch.get_num_threads()):
-                raise MemoryError("w8a8: out of memory for the quantized activations")
-        return y.reshape(*lead, self.shape[0])
+        return _linear(x, "w8a8_linear", (self.packed, self.scale),
+                       lambda x2: reference8(x2, self.packed, self.scale, self.shape), self.shape, fallback, dtype)
 
     def dequantize(self) -> torch.Tensor:
         return _unpack8(self.packed, self.shape).float() * self.scale[:, None]

@@ -20,60 +20,10 @@ from selfspec.engine.layouts import config_label, layout_label
 from selfspec.tools.bench_report import (_by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
                                          long_floor_lines, long_report, long_table, markdown_table,
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
+from selfspec.tools.bench_prompts import META, read_prompts, read_suite
 from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available
 
 PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
-META = ("split", "task", "length")  # a prompt's fields the records keep (the long suite's)
-SPLITS = ("tune", "held-out")
-
-
-def read_prompts(path: str) -> list[dict]:
-    """JSONL with {"prompt": str} or {"messages": [...]} per line; every bad line is reported."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"prompt file {path} not found")
-    rows, errors = [], []
-    with open(path, encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                errors.append(f"line {no}: not JSON ({e.msg})")
-                continue
-            if not isinstance(rec, dict):
-                errors.append(f"line {no}: expected an object")
-            elif "split" in rec and rec["split"] not in SPLITS:
-                errors.append(f"line {no}: 'split' must be one of {SPLITS}, got {rec['split']!r}")
-            elif isinstance(rec.get("prompt"), str) and rec["prompt"]:
-                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["prompt"],
-                             **{k: rec[k] for k in META if k in rec}})
-            elif isinstance(rec.get("messages"), list) and rec["messages"]:
-                rows.append({"id": rec.get("id", f"line{no}"), "prompt": rec["messages"],
-                             **{k: rec[k] for k in META if k in rec}})
-            else:
-                errors.append(f"line {no}: needs a non-empty 'prompt' string or 'messages' list")
-    if errors:
-        raise ValueError(f"{path}: " + "; ".join(errors[:10]) + (f" (+{len(errors) - 10} more)" if len(errors) > 10 else ""))
-    if not rows:
-        raise ValueError(f"{path}: no prompts")
-    return rows
-
-
-def read_suite(name: str, limit: int = 0) -> list[dict]:
-    """A shipped suite's prompts (`selfspec/data`): "long" is 1k.jsonl then 3k.jsonl, each prompt
-    tagged with its length; `limit` N keeps the first N prompts of each length (0: all)."""
-    from selfspec.data import long_suite_files
-
-    if name != "long":
-        raise ValueError(f"unknown suite {name!r}; expected 'long'")
-    out = []
-    for length, path in long_suite_files().items():
-        rows = [{**p, "length": length} for p in read_prompts(path)]
-        out += rows[:limit] if limit else rows
-    return out
-
-
 def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
     out = []
     if "ar" in modes:

@@ -234,7 +234,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.cmd == "collect":
         if a.prompt_file:
-            from selfspec.tools.bench import read_prompts
+            from selfspec.tools.bench_prompts import read_prompts
 
             prompts = [p["prompt"] for p in read_prompts(a.prompt_file) if isinstance(p["prompt"], str)]
         else:
