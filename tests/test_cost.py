@@ -164,3 +164,26 @@ def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_mode
         keys.append(device_key(torch.device("cpu")))
     assert keys[0] != keys[1] == keys[2]
     assert "AMD EPYC" in keys[0] and "avx512_bf16" in keys[1]
+
+
+def test_a_changed_kernel_source_is_measured_again_not_judged_by_its_predecessors_times(tmp_path, monkeypatch):
+    """The cost model and the weight-format choice are cached per machine; a kernel whose source
+    changed (a new vector path) must get new files, and SELFSPEC_NO_KERNELS (the torch twins) others."""
+    import shutil
+
+    from selfspec.engine import formats
+    from selfspec.kernels import build
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))
+    m = tiny_model()
+    before = (default_path(m), formats._cache_path(m))
+    src = tmp_path / "kernels"
+    shutil.copytree(build.HERE, src, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.setattr(build, "HERE", str(src))
+    assert (default_path(m), formats._cache_path(m)) == before  # the same sources: the same files
+    with open(src / "w4a8.c", "a") as f:
+        f.write("\n/* a changed kernel */\n")
+    changed = (default_path(m), formats._cache_path(m))
+    assert changed[0] != before[0] and changed[1] != before[1]
+    monkeypatch.setenv("SELFSPEC_NO_KERNELS", "1")
+    assert default_path(m) not in (before[0], changed[0])

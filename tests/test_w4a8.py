@@ -91,22 +91,40 @@ def test_without_a_compiler_the_fallback_runs_and_says_so(monkeypatch):
     assert torch.equal(w(x), w(x, fallback=True))
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), ":").split(":", 1)[1].split())
+    except OSError:
+        return set()
+
+
+# each vector path of w4a8.c, built for a CPU that has it: (-march, the isa it reports, the CPU flags it needs)
+BUILDS = [("x86-64", "scalar", set()), ("haswell", "avx2", {"avx2", "f16c", "fma"}),
+          ("icelake-server", "avx512-vnni", {"avx512f", "avx512bw", "avx512_vnni"})]
+
+
 @needs_kernel
-def test_a_build_without_avx512_gives_the_same_bits(tmp_path):
-    """The portable C path (what a CPU without AVX-512 VNNI runs) against this machine's build."""
-    out = str(tmp_path / "w4a8_portable.so")
-    flags = [f for f in build.FLAGS if f != "-march=native"] + ["-march=x86-64"]
+@pytest.mark.parametrize("march,isa,needs", BUILDS, ids=[b[1] for b in BUILDS])
+def test_every_vector_path_gives_the_torch_fallbacks_bits(tmp_path, march, isa, needs):
+    """The scalar, AVX2 and AVX-512 VNNI paths (what other CPUs run) against the torch fallback,
+    at row counts below, at and past each path's rows per pass."""
+    if not needs <= _cpu_flags():
+        pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
+    out = str(tmp_path / f"w4a8_{isa}.so")
+    flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
     err = build.compile_c(build.compiler(), os.path.join(build.HERE, "w4a8.c"), out, flags)
     assert err is None, err
     lib = ctypes.CDLL(out)
     lib.w4a8_isa.restype = ctypes.c_char_p
-    assert lib.w4a8_isa() == b"scalar"
+    assert lib.w4a8_isa() == isa.encode()
     for w in _packs(64, 576):
         name = "w8a8_linear" if isinstance(w, w4a8.W8A8Weight) else "w4a8_linear"
         fn = getattr(lib, name)
         fn.argtypes = w4a8._ARGS8 if name == "w8a8_linear" else w4a8._ARGS
-        x = _x(11, 576)
-        y = torch.empty(11, 64)
-        extra = [w.scale.data_ptr()] if name == "w8a8_linear" else []
-        assert fn(x.data_ptr(), 1, 11, 576, w.packed.data_ptr(), *extra, 64, y.data_ptr(), 0, 2) == 0
-        assert torch.equal(y, w(x, dtype=torch.float32)), name
+        for m in (1, 3, 4, 5, 8, 11):
+            x = _x(m + 1, 576)[1:]  # row 1 of _x: a block of zeros
+            y = torch.empty(m, 64)
+            extra = [w.scale.data_ptr()] if name == "w8a8_linear" else []
+            assert fn(x.data_ptr(), 1, m, 576, w.packed.data_ptr(), *extra, 64, y.data_ptr(), 0, 2) == 0
+            assert torch.equal(y, w(x, dtype=torch.float32, fallback=True)), (name, m)

@@ -240,7 +240,10 @@ def cache_dir() -> str:
 
 def default_path(model) -> str:
     want = identity(model)
-    key = hashlib.sha1("|".join(want[k] for k in ("device", "model", "dtype", "weights")).encode()).hexdigest()[:20]
+    from selfspec.kernels.build import sources_key
+
+    parts = [want[k] for k in ("device", "model", "dtype", "weights")] + [sources_key()]
+    key = hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
     # cost3: measured over the compact int16 cache and the w4a8 kernels (earlier files timed float64 caches)
     return os.path.join(cache_dir(), f"{key}-cost3.json")
 

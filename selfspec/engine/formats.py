@@ -38,6 +38,7 @@ import torch
 from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, quantize
 from selfspec.engine.cost import cache_dir, device_key, model_key
 from selfspec.engine.forward import FastForward, weights_key
+from selfspec.kernels.build import sources_key
 
 MIN_AGREEMENT = 0.9
 MAX_KL = 0.1
@@ -138,7 +139,7 @@ def passes(r: dict) -> bool:
 
 def _cache_path(model) -> str:
     key = hashlib.sha1(f"{device_key(torch.device('cpu'))}|{model_key(model)}|{torch.__version__}|"
-                       f"{_weights_digest(model)}|{','.join(FORMATS)}|rounds".encode()).hexdigest()[:20]
+                       f"{_weights_digest(model)}|{','.join(FORMATS)}|rounds|{sources_key()}".encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"{key}-formats.json")
 
 

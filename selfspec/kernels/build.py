@@ -68,6 +68,17 @@ def error(name: str) -> str | None:
     return _errors.get(name)
 
 
+def sources_key() -> str:
+    """A digest of every kernel source beside this file and whether kernels are off: measurements
+    cached per machine (the weight-format choice, the cost model) are keyed by it, so a kernel
+    that changes (a new vector path) is measured again instead of judged by its predecessor's times."""
+    h = hashlib.sha1(os.environ.get("SELFSPEC_NO_KERNELS", "").encode())
+    for name in sorted(f for f in os.listdir(HERE) if f.endswith(".c")):
+        with open(os.path.join(HERE, name), "rb") as f:
+            h.update(name.encode() + f.read())
+    return h.hexdigest()[:12]
+
+
 def compile_c(cc: str, src: str, out: str, flags: list[str]) -> str | None:
     """Compile `src` into the shared library `out`; the compiler's complaint, or None."""
     res = subprocess.run([cc, *flags, src, "-o", out, "-lm"], capture_output=True, text=True, timeout=300)
