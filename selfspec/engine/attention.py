@@ -82,7 +82,7 @@ def on_grid(x: torch.Tensor, exponent: int) -> torch.Tensor:
 
 
 def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid,
-                    dtype: torch.dtype) -> torch.Tensor:
+                    dtype: torch.dtype, *, heads_last: bool = False) -> torch.Tensor:
     """q [R, H, w, D], k [R, KV, S, D] on the grid of 2^-qk and v [R, KV, S, D] on the grid of
     2^-v, all float64 integers (`on_grid`; the runtime's RoPE lands q and k there), mask
     [R, 1, w, S] (or [w, S] for one row) additive float64 or None -> [R, H, w, D] in `dtype`.
@@ -96,4 +96,6 @@ def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid
     s = attn16.scores(qg, *k) if isinstance(k, tuple) else torch.matmul(qg, k.transpose(-1, -2))  # exact
     s, den = attn16.weights(s, mask, w, grid.scale, grid.shift, 2.0 ** grid.v)  # P: integers up to 2^P_BITS
     pv = attn16.weighted(s, *v) if isinstance(v, tuple) else torch.matmul(s, v)  # P @ V: exact integers
+    if heads_last and dtype == torch.bfloat16:  # [R, w, H x D]: what o_proj reads, in one C call
+        return attn16.out(pv, den, w)
     return pv.div_(den).to(dtype).view(R, H, w, D)  # one division

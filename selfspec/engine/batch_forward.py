@@ -143,12 +143,19 @@ class BatchForward:
                     masks[dev] = batch_mask(lengths, block, mask_dtype).to(dev)
             return masks[dev]
 
-        def attend(i, dev, qs, ks, vs):
+        def attend(i, dev, qs, ks, vs, fused=None):
             if ff.exact:  # q, k and v come on the grid already (the RoPE tables carry its scale)
+                if fused is not None:  # a narrow round: stored and attended in one C call where it runs
+                    g = ff.grids[i]
+                    a = cache.write_attend(i, rows, starts, fused, ff.n_heads, mask_on(dev), g.scale, g.shift,
+                                           2.0 ** g.v)
+                    if a is not None:
+                        return a
                 kc, vc = cache.write(i, rows, starts, ks, vs)
-                return exact_attention(qs, kc, vc, mask_on(dev), ff.grids[i], ff.dtype)
+                return exact_attention(qs, kc, vc, mask_on(dev), ff.grids[i], ff.dtype, heads_last=True)
             kc, vc = cache.write(i, rows, starts, ks, vs)
             return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=mask_on(dev), is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 
+        attend.reads_fused = True
         return ff.layers_forward(tokens, h, positions, attend, lora, lora_rows)

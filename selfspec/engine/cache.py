@@ -89,6 +89,21 @@ class BatchKVCache:
             vb.scatter_(2, idx, v)
         return kb[:, :, :end], vb[:, :, :end]
 
+    def write_attend(self, layer: int, rows: slice, starts: list[int], x: torch.Tensor, nq: int, mask, scale: float,
+                     shift: float, vscale: float) -> torch.Tensor | None:
+        """A compact cache's narrow round in one C call (`kernels.attn16.direct`): row r's new K and
+        V (the key and value heads of x [R, q, nq + 2 kv, D], float64 grid integers) stored at slots
+        starts[r].., and the layer's exact attention over slots 0 .. max(starts) + q - 1 ->
+        bf16 [R, q, nq D]; None, with nothing written, where that call does not run (then `write`
+        and `engine.attention.exact_attention` do the same in steps)."""
+        if not self.block16:
+            return None
+        end = max(starts) + x.shape[1]
+        if end > self.capacity:
+            raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
+        return attn16.direct(x, nq, starts, self.k[layer][rows], self.shifts[2 * layer][rows], self.v[layer][rows],
+                             self.shifts[2 * layer + 1][rows], mask, scale, shift, vscale)
+
     def _index(self, starts: list[int], shape, device) -> torch.Tensor:
         """The scatter index of a forward's writes, made once for all its layers (one per device kept)."""
         key = (tuple(starts), tuple(shape))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from selfspec.checkpoint.quant import matmul
 from selfspec.engine.attention import grid_for
+from selfspec.kernels import layer as kl
 
 
 # Fused q/k/v and gate/up copies save kernel calls, which matters for tiny models only, and
@@ -148,7 +149,11 @@ class FastForward:
 
     def _rope(self, positions: torch.Tensor, device) -> Rope:
         """The tables' rows for `positions` (flat), each [n, D], on `device`."""
-        need = int(positions.max()) + 1
+        p = positions.reshape(-1).to(device)
+        return Rope(*(t[p] for t in self._full_tables(int(positions.max()) + 1, device)))
+
+    def _full_tables(self, need: int, device) -> Rope:
+        """The tables for positions 0 .. at least need - 1, each [n, D], on `device`."""
         tab = self._tab
         if tab is None or tab[0] < need or device not in tab[1]:
             with self._lock:
@@ -159,8 +164,7 @@ class FastForward:
                 if device not in tab[1]:
                     tab = (tab[0], {**tab[1], device: Rope(*(t.to(device) for t in tab[1]["base"]))})
                 self._tab = tab
-        p = positions.reshape(-1).to(device)
-        return Rope(*(t[p] for t in tab[1][device]))
+        return tab[1][device]
 
     def tables(self, positions: torch.Tensor, device) -> tuple:
         """RoPE for query columns at `positions` [R, q]. Plain: a `Rope` broadcastable to
@@ -194,6 +198,8 @@ class FastForward:
         on = lora is not None and lora_rows is not None
         if on:
             h = lora.embed(tokens, h, lora_rows)
+        if self.exact:
+            return self._exact_layers(h, positions, attend, lora if on else None, lora_rows)
         h = h.to(self.act)
         mm, tables = self.dtype, {}
         for i, w in enumerate(self.layers):
@@ -226,6 +232,57 @@ class FastForward:
                 d = lora.add_deltas(i, ("down_proj",), m, (d,), lora_rows)[0]
             h = h + d
         return _rms(h, self.norm.to(h.device), self.eps)
+
+    def _exact_layers(self, h: torch.Tensor, positions: torch.Tensor, attend, lora, lora_rows) -> torch.Tensor:
+        """`layers_forward` in the exact formats: the steps between the matmuls are `kernels.layer`'s
+        (one C call each where torch runs several ops; the same bits from its torch twins), on rows
+        flattened to [R q, ...]: RMSNorm into bf16, RoPE onto the attention grids, the residual
+        added in place with the next norm, the MLP's gate. `attend` may return [R, q, heads x D]
+        (`attention.exact_attention(heads_last=True)`) or [R, heads, q, D]; one marked
+        `reads_fused` also gets the q / k / v heads as one tensor [R, q, heads, D] (`fused=`)."""
+        R, q, H = (int(n) for n in h.shape)
+        M, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
+        h = h.reshape(M, H).to(torch.float32, copy=True)  # the residual stream, updated in place
+        tables, vscale = {}, 2.0 ** self.grids[0].v
+        last = len(self.layers) - 1
+        x = None
+        for i, w in enumerate(self.layers):
+            dev = self.devices[i]
+            if h.device != dev:
+                h, x = h.to(dev), None if x is None else x.to(dev)
+            if dev not in tables:
+                need = int(positions.max()) + 1
+                tables[dev] = (positions.reshape(-1).to(dev), self._full_tables(need, dev))
+            pos, tab = tables[dev]
+            if x is None:
+                x = kl.rms(h, w.ln1, self.eps)
+            qkv = matmul(x, w.qkv[0])
+            if lora is not None:  # in place into the fused output
+                lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x.view(R, q, H),
+                                self._split((qkv.view(R, q, -1),)), lora_rows)
+            xs = kl.rope(qkv, pos, tab, nh, nkv, vscale).view(R, q, nh + 2 * nkv, D)
+            qs, ks, vs = (t.transpose(1, 2) for t in xs.split((nh, nkv, nkv), 2))
+            a = attend(i, dev, qs, ks, vs, fused=xs) if getattr(attend, "reads_fused", False) else \
+                attend(i, dev, qs, ks, vs)
+            a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
+            o = matmul(a.reshape(M, -1).to(self.dtype), w.wo)
+            if lora is not None:
+                o = lora.add_delta(i, a, o.view(R, q, -1), lora_rows).reshape(M, H)
+            x = kl.add_rms(h, o, w.ln2, self.eps)
+            g, u = matmul(x, w.gate_up[0]).chunk(2, -1)
+            if lora is not None:
+                F_ = g.shape[-1]
+                g, u = (t.reshape(M, F_) for t in lora.add_deltas(
+                    i, ("gate_proj", "up_proj"), x.view(R, q, H), (g.view(R, q, F_), u.view(R, q, F_)), lora_rows))
+            m = kl.silu_mul(g, u)
+            d = matmul(m, w.down)
+            if lora is not None:
+                d = lora.add_deltas(i, ("down_proj",), m.view(R, q, -1), (d.view(R, q, H),), lora_rows)[0].reshape(M, H)
+            if i < last:
+                x = kl.add_rms(h, d, self.layers[i + 1].ln1.to(dev), self.eps)
+            else:
+                x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
+        return x.view(R, q, H)
 
     def _split(self, qkv: tuple) -> tuple:
         if len(qkv) == 3:

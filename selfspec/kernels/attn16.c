@@ -21,7 +21,14 @@
 #include <omp.h>
 
 #define D_MAX 256
+
+static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly ldexp(1.0, e), without the call */
+    union { double d; int64_t i; } t;
+    t.i = ((int64_t)e + 1023) << 52;
+    return t.d;
+}
 #define QCHUNK 4
+#define PAR_MIN 262144  /* multiply-adds below which a step runs on one thread: a team costs ~10 us to wake */
 
 /* q [R, KV, G, D] contiguous; k rows at k + r*krs + h*khs + j*D (int16), shifts at
  * ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous. */
@@ -29,7 +36,7 @@ void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D,
                    int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
                    double *scores, int threads) {
     int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
-    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t jb = 0; jb < nj; jb++) {
             int64_t r = rh / KV, h = rh % KV;
@@ -42,7 +49,7 @@ void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D,
             for (; j < j1; j++) {
                 const int16_t *kj = kh + j * D;
                 for (int64_t d = 0; d < D; d++) kd[d] = (double)kj[d];
-                double scale = ldexp(1.0, sh[j]);
+                double scale = pow2(sh[j]);
                 for (int64_t i = 0; i < G; i++) {
                     const double *qi = qh + i * D;
                     double acc = 0.0;
@@ -59,7 +66,7 @@ void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D,
 void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
                int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
     int64_t nq = (G + QCHUNK - 1) / QCHUNK;
-    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t qc = 0; qc < nq; qc++) {
             int64_t r = rh / KV, h = rh % KV;
@@ -72,7 +79,7 @@ void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, con
             const double *ph = p + rh * G * S;
             for (int64_t j = 0; j < S; j++) {
                 const int16_t *vj = vh + j * D;
-                double scale = ldexp(1.0, sh[j]);
+                double scale = pow2(sh[j]);
                 for (int64_t d = 0; d < D; d++) vd[d] = (double)vj[d] * scale;
                 for (int64_t i = 0; i < n; i++) {
                     double pij = ph[(i0 + i) * S + j];
@@ -101,7 +108,7 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
                 int e = 0;
                 frexp(top, &e);
                 int s = e - 15 > 0 ? e - 15 : 0;
-                double f = ldexp(1.0, -s);
+                double f = pow2(-s);
                 int64_t slot = starts[r] + t;
                 int16_t *mt = m + r * mrs + h * mhs + slot * D;
                 for (int64_t d = 0; d < D; d++) {
@@ -119,12 +126,12 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
  * m * 2^shift, for a wide round's matmuls (many queries read each key: a float64 GEMM pays). */
 void attn16_decompress(const int16_t *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
                        const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads) {
-    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t j = 0; j < S; j++) {
             int64_t r = rh / KV, h = rh % KV;
             const int16_t *mj = m + r * mrs + h * mhs + j * D;
-            double f = ldexp(1.0, sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
+            double f = pow2(sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
             for (int64_t d = 0; d < D; d++) o[d] = (double)mj[d] * f;
         }
     }
@@ -177,7 +184,7 @@ void attn16_exp_round(double *x, int64_t n) {  /* in place */
  * numbers, step for step. */
 void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int64_t w, const double *mask,
                     int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *den, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * S * 16 >= PAR_MIN)
     for (int64_t row = 0; row < R * KV * G; row++) {
         int64_t r = row / (KV * G), t = (row % G) % w;
         double *sr = s + row * S;
@@ -199,4 +206,66 @@ void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int6
         }
         den[row] = sum * vscale;
     }
+}
+
+/* pv [R, KV, J * w, D], den [R, KV, J * w] float64 (head kv * J + j, query t at row j * w + t)
+ * -> out [R, w, KV * J * D] bf16 = (float)(pv / den) rounded to nearest even (the heads side by
+ * side, what o_proj reads; torch's .to(bfloat16) of a float64 goes through fp32 the same way) */
+static inline uint16_t to_bf16(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
+    return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);
+}
+
+void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int64_t J, int64_t w, int64_t D,
+                uint16_t *out) {
+    int64_t H = KV * J;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t kv = 0; kv < KV; kv++)
+            for (int64_t g = 0; g < J * w; g++) {
+                int64_t j = g / w, t = g % w, row = (r * KV + kv) * J * w + g;
+                const double *src = pv + row * D;
+                uint16_t *dst = out + ((r * w + t) * H + kv * J + j) * D;
+                for (int64_t d = 0; d < D; d++) dst[d] = to_bf16(src[d] / den[row]);
+            }
+}
+
+/* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
+ * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at
+ * slots starts[r] .. of cache rows r (attn16_store), then the scores against slots 0 .. S - 1
+ * (attn16_scores), the softmax weights (attn16_weights), the weighted values (attn16_pv) and the
+ * output in bf16 (attn16_out): the same calls, in the same order, as `attn16.py`'s steps one by
+ * one, so the same bits. Scratch is this thread's, reused (a fresh allocation of a long context's
+ * scores would page-fault every layer). Returns nonzero when scratch cannot be had. */
+static __thread double *direct_buf = NULL;
+static __thread size_t direct_cap = 0;
+
+int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV, int64_t D, const int64_t *starts,
+                  int64_t S, int16_t *kc, int16_t *vc, int64_t crs, int64_t chs, int8_t *ks, int8_t *vs,
+                  int64_t srs, int64_t shs, const double *mask, int64_t mrs, int64_t mts, double scale,
+                  double shift, double vscale, uint16_t *out, int threads) {
+    int64_t heads = nq + 2 * KV, J = nq / KV, G = J * w;
+    size_t need = (size_t)(R * KV * G) * (size_t)(S + 2 * D + 1);
+    if (need > direct_cap) {
+        double *buf = (double *)realloc(direct_buf, need * sizeof(double));
+        if (!buf) return 1;
+        direct_buf = buf;
+        direct_cap = need;
+    }
+    double *qg = direct_buf, *sc = qg + R * KV * G * D, *pv = sc + R * KV * G * S, *den = pv + R * KV * G * D;
+    int64_t xrs = w * heads * D, xts = heads * D;
+    attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs);
+    attn16_store(x + (nq + KV) * D, xrs, D, xts, R, KV, w, D, starts, vc, crs, chs, vs, srs, shs);
+    for (int64_t r = 0; r < R; r++)  /* q [R, nq, w, D] -> [R, KV, J w, D]: head kv J + j, query t at row j w + t */
+        for (int64_t kv = 0; kv < KV; kv++)
+            for (int64_t g = 0; g < G; g++)
+                memcpy(qg + ((r * KV + kv) * G + g) * D, x + r * xrs + (g % w) * xts + (kv * J + g / w) * D,
+                       D * sizeof(double));
+    attn16_scores(qg, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads);
+    attn16_weights(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads);
+    attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+    attn16_out(pv, den, R, KV, J, w, D, out);
+    return 0;
 }

@@ -28,6 +28,8 @@ _DECOMPRESS = [_P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _P, ctypes.c_int]
 _D = ctypes.c_double
 _WEIGHTS = [_P, _I, _I, _I, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
 _EXP = [_P, _I]
+_OUT = [_P, _P, _I, _I, _I, _I, _I, _P]
+_DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
 DIRECT_MAX = 4  # queries per key head read in place; wider rounds decompress once and run a GEMM
 _scratch = threading.local()
 
@@ -39,8 +41,8 @@ def _fn(name: str):
     fn = getattr(lib, name)
     if fn.argtypes is None:
         fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
-                       "attn16_exp_round": _EXP}.get(name, _ARGS)
-        fn.restype = None
+                       "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT}.get(name, _ARGS)
+        fn.restype = ctypes.c_int if name == "attn16_direct" else None
     return fn
 
 
@@ -167,13 +169,8 @@ def weights(s: torch.Tensor, mask: torch.Tensor | None, w: int, scale: float, sh
     fn = None if fallback or not s.is_contiguous() or s.dtype != torch.float64 else _fn("attn16_weights")
     if fn is not None and (mask is None or (mask.dtype == torch.float64 and mask.stride(-1) == 1)):
         den = torch.empty(R, KV, G, 1, dtype=torch.float64)
-        if mask is None:
-            mp, mrs, mts = None, 0, 0
-        elif mask.dim() == 2:
-            mp, mrs, mts = mask.data_ptr(), 0, mask.stride(0)
-        else:
-            mp, mrs, mts = mask.data_ptr(), (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(2)
-        fn(s.data_ptr(), R, KV, G, S, w, mp, mrs, mts, scale, shift, vscale, den.data_ptr(), torch.get_num_threads())
+        fn(s.data_ptr(), R, KV, G, S, w, *_mask_args(mask), scale, shift, vscale, den.data_ptr(),
+           torch.get_num_threads())
         return s, den
     if mask is not None:  # broadcast over the heads of a group
         s = (s.view(R, KV, G // w, w, S) + mask.view(-1, 1, 1, w, S)).view(R, KV, G, S)
@@ -181,3 +178,53 @@ def weights(s: torch.Tensor, mask: torch.Tensor | None, w: int, scale: float, sh
     top = s.amax(-1, keepdim=True)
     p = exp_round(s - (top - shift), fallback=True)
     return p, p.sum(-1, keepdim=True) * vscale
+
+
+def _mask_args(mask: torch.Tensor | None) -> tuple:
+    """(pointer, row stride, query stride) of a [R, 1, w, S] or [w, S] additive mask for the C kernels."""
+    if mask is None:
+        return None, 0, 0
+    if mask.dim() == 2:
+        return mask.data_ptr(), 0, mask.stride(0)
+    return mask.data_ptr(), (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(2)
+
+
+def out(pv: torch.Tensor, den: torch.Tensor, w: int, *, fallback: bool = False) -> torch.Tensor:
+    """pv [R, KV, J w, D] and den [R, KV, J w, 1] float64 (key head kv's J query heads, w queries
+    each) -> pv / den in bf16 as [R, w, KV J D]: the heads side by side, what o_proj reads."""
+    R, KV, G, D = pv.shape
+    J = G // w
+    fn = None if fallback or not (pv.is_contiguous() and den.is_contiguous() and pv.is_cpu) else _fn("attn16_out")
+    if fn is None:
+        return (pv / den).to(torch.bfloat16).view(R, KV * J, w, D).transpose(1, 2).reshape(R, w, KV * J * D)
+    o = torch.empty(R, w, KV * J * D, dtype=torch.bfloat16)
+    fn(pv.data_ptr(), den.data_ptr(), R, KV, J, w, D, o.data_ptr())
+    return o
+
+
+def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift: torch.Tensor, v: torch.Tensor,
+           vshift: torch.Tensor, mask: torch.Tensor | None, scale: float, shift: float, vscale: float):
+    """One layer's exact attention for a narrow round in one C call, or None where it cannot run (no
+    kernel, a wide round, layouts it does not read): x [R, w, nq + 2 KV, D] float64 (q, k and v heads
+    on their grids); the new K and V stored at slots starts[r] .. of the cache views k / v [R, KV,
+    cap, D] (int16) with their shifts [R, KV, cap]; then `scores`, `weights`, `weighted` and `out`
+    over slots 0 .. max(starts) + w - 1, the same calls in the same order (the same bits) ->
+    bf16 [R, w, nq D]. mask as `weights` takes it."""
+    R, w, heads, D = x.shape
+    KV = (heads - nq) // 2
+    if (nq // KV) * w > DIRECT_MAX or not (x.is_contiguous() and x.dtype == torch.float64 and x.is_cpu):
+        return None
+    if not (_ok(k, kshift) and _ok(v, vshift) and k.stride() == v.stride() and kshift.stride() == vshift.stride()):
+        return None
+    if mask is not None and not (mask.dtype == torch.float64 and mask.stride(-1) == 1):
+        return None
+    fn = _fn("attn16_direct")
+    if fn is None:
+        return None
+    o = torch.empty(R, w, nq * D, dtype=torch.bfloat16)
+    st = (ctypes.c_int64 * R)(*starts)
+    if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr(), v.data_ptr(),
+          k.stride(0), k.stride(1), kshift.data_ptr(), vshift.data_ptr(), kshift.stride(0), kshift.stride(1),
+          *_mask_args(mask), scale, shift, vscale, o.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("attn16: out of memory for the attention's scratch")
+    return o

@@ -168,14 +168,27 @@ def isa() -> str:
     return lib.w4a8_isa().decode()
 
 
+_entry: dict = {}  # name -> the C entry point or None, once looked up (asked ~120 times a forward)
+
+
 def _linear(x: torch.Tensor, name: str, weights: tuple, ref, shape: tuple[int, int], fallback: bool, dtype):
     """x [..., K] through the C entry point `name` (its weight tensors `weights`), or through `ref`
     (the same bits in torch) when it cannot run or `fallback`; [..., N] in `dtype`."""
+    fn = None if fallback else _entry.get(name, False)
+    if fn is False:
+        fn = _entry[name] = kernel(name)
+    if (fn is not None and x.dim() == 2 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32) and x.is_cpu
+            and x.is_contiguous() and (dtype is torch.bfloat16 or dtype is torch.float32)):
+        # the runtime's call (rows of activations): nothing to reshape or convert, so nothing is
+        y = torch.empty((x.shape[0], shape[0]), dtype=dtype)
+        if fn(x.data_ptr(), x.dtype is torch.bfloat16, x.shape[0], x.shape[1], *(w.data_ptr() for w in weights),
+              shape[0], y.data_ptr(), dtype is torch.bfloat16, torch.get_num_threads()):
+            raise MemoryError(f"{name[:4]}: out of memory for the quantized activations")
+        return y
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"{name[:4]} gives bf16 or fp32, not {dtype}")
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    fn = None if fallback else kernel(name)
     if fn is None:
         y = ref(x2).to(dtype)
     else:

@@ -1,0 +1,177 @@
+/* The exact formats' elementwise layer steps in C: the runtime's decoder layer calls one of these
+ * where torch would run five to fifteen small ops (each ~5-10 us of dispatch on a CPU, a third of
+ * a width-1 forward of a small model). `layer.py` holds the same numerics in torch ops (the
+ * fallback; tests compare the bits), so every step is a fixed sequence of IEEE operations
+ * (built with -ffp-contract=off):
+ *
+ *   rms:      ss = sum of x^2 in float64, in index order (each x^2 of an fp32 x is exact in
+ *             float64; torch's cumsum adds in the same order); r = 1 / sqrt(ss / H + eps);
+ *             y = (float)(x * r) * w  (fp32), then bf16 (round to nearest even) or kept fp32
+ *   add_rms:  h += (float) o  (the residual, in place), then rms of the new h
+ *   rope:     y = rint(x * cos + x[(d + D/2) % D] * sin) in float64 with the query, key or value
+ *             head's tables (value heads: cos = their grid scale, sin = 0): q, k and v onto the
+ *             exact attention's grids (`engine/attention.py`)
+ *   silu_mul: s = bf16(g / (1 + e^-g))  (fp32, e^ a fixed Horner polynomial: exp_silu),
+ *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
+ * Every row is computed alone, so a row's result is the same bits in any batch or width. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+
+#define PAR_MIN 16384
+#define D_MAX 256  /* elements below which a step runs on one thread (a team costs more) */
+
+typedef union { double d; int64_t i; } bits64;
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
+    return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);  /* a select: vectorizes */
+}
+
+static inline void rms_row(const float *x, int64_t H, const float *w, double eps, void *out, int64_t m, int out_bf16) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < H; i++) ss = ss + (double)x[i] * (double)x[i];
+    double r = 1.0 / sqrt(ss / (double)H + eps);
+    if (out_bf16) {
+        uint16_t *o = (uint16_t *)out + m * H;
+        for (int64_t i = 0; i < H; i++) o[i] = float_to_bf16((float)((double)x[i] * r) * w[i]);
+    } else {
+        float *o = (float *)out + m * H;
+        for (int64_t i = 0; i < H; i++) o[i] = (float)((double)x[i] * r) * w[i];
+    }
+}
+
+void layer_rms(const float *h, int64_t M, int64_t H, const float *w, double eps, void *out, int out_bf16,
+               int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M * H >= PAR_MIN)
+    for (int64_t m = 0; m < M; m++) rms_row(h + m * H, H, w, eps, out, m, out_bf16);
+}
+
+void layer_add_rms(float *h, const uint16_t *o, int64_t M, int64_t H, const float *w, double eps, void *out,
+                   int out_bf16, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M * H >= PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        float *x = h + m * H;
+        const uint16_t *om = o + m * H;
+        for (int64_t i = 0; i < H; i++) x[i] = x[i] + bf16_to_float(om[i]);
+        rms_row(x, H, w, eps, out, m, out_bf16);
+    }
+}
+
+/* x [M, (nq + nk + nv) * D] bf16 (the fused q/k/v projection), pos [M]; tables [positions, D]
+ * float64 -> out [M, nq + nk + nv, D] float64 grid integers */
+void layer_rope(const uint16_t *x, const int64_t *pos, int64_t M, int64_t nq, int64_t nk, int64_t nv, int64_t D,
+                const double *q_cos, const double *q_sin, const double *k_cos, const double *k_sin, double vscale,
+                double *out, int threads) {
+    int64_t heads = nq + nk + nv, half = D / 2;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M * heads * D >= PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        double vc[D_MAX], vs[D_MAX];
+        for (int64_t d = 0; d < D; d++) { vc[d] = vscale; vs[d] = 0.0; }
+        for (int64_t hd = 0; hd < heads; hd++) {
+            const uint16_t *xh = x + (m * heads + hd) * D;
+            double *oh = out + (m * heads + hd) * D;
+            const double *c = hd < nq ? q_cos + pos[m] * D : (hd < nq + nk ? k_cos + pos[m] * D : vc);
+            const double *s = hd < nq ? q_sin + pos[m] * D : (hd < nq + nk ? k_sin + pos[m] * D : vs);
+            #pragma omp simd
+            for (int64_t d = 0; d < half; d++)
+                oh[d] = nearbyint((double)bf16_to_float(xh[d]) * c[d] + (double)bf16_to_float(xh[d + half]) * s[d]);
+            #pragma omp simd
+            for (int64_t d = half; d < D; d++)
+                oh[d] = nearbyint((double)bf16_to_float(xh[d]) * c[d] + (double)bf16_to_float(xh[d - half]) * s[d]);
+        }
+    }
+}
+
+/* silu's exponential in fp32 (its result is rounded to bf16): Cody-Waite reduction, a degree-7
+ * Taylor polynomial by Horner's rule, 2^k from its bits; |x| clamped to [-87, 88] (2^k normal) */
+#define SILU_LO (-87.0f)
+#define SILU_HI 88.0f
+#define INV_LN2F 1.44269502162933349609375f
+#define LN2_HIF 0.693359375f
+#define LN2_LOF (-2.12194440160132944584e-4f)
+
+static inline float exp_silu(float y) {
+    y = y > SILU_HI ? SILU_HI : y;
+    y = y < SILU_LO ? SILU_LO : y;
+    float k = rintf(y * INV_LN2F);
+    float r = (y - k * LN2_HIF) - k * LN2_LOF;
+    float p = 1.0f / 5040;
+    p = p * r + 1.0f / 720; p = p * r + 1.0f / 120; p = p * r + 1.0f / 24; p = p * r + 1.0f / 6;
+    p = p * r + 0.5f; p = p * r + 1.0f; p = p * r + 1.0f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float t;
+    memcpy(&t, &bits, 4);
+    return p * t;
+}
+
+static inline uint16_t silu_mul1(uint16_t g, uint16_t u) {
+    float x = bf16_to_float(g);
+    float s = bf16_to_float(float_to_bf16(x / (1.0f + exp_silu(-x))));
+    return float_to_bf16(s * bf16_to_float(u));
+}
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* the same steps 8 lanes at a time (min / max with the constant first: a NaN passes through, as
+ * the scalar selects let it) */
+static inline __m256 bf16x8_to_ps(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static inline __m256i ps_to_bf16_bits(__m256 f) {  /* float_to_bf16 per lane, in the low 16 bits */
+    __m256i u = _mm256_castps_si256(f);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_epi8(rounded, nan, isnan);
+}
+
+static inline __m256 exp_silu8(__m256 y) {
+    y = _mm256_min_ps(_mm256_set1_ps(SILU_HI), y);
+    y = _mm256_max_ps(_mm256_set1_ps(SILU_LO), y);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(INV_LN2F)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(y, _mm256_mul_ps(k, _mm256_set1_ps(LN2_HIF))),
+                             _mm256_mul_ps(k, _mm256_set1_ps(LN2_LOF)));
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    const float c[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    for (int i = 0; i < 7; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+/* g, u [M, F] bf16 rows `stride` elements apart (the halves of the fused gate/up output) ->
+ * out [M, F] bf16 */
+void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, int64_t stride, uint16_t *out,
+                    int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M * F >= PAR_MIN)
+    for (int64_t m = 0; m < M; m++) {
+        const uint16_t *gm = g + m * stride, *um = u + m * stride;
+        uint16_t *om = out + m * F;
+        int64_t i = 0;
+#if defined(__AVX2__)
+        for (; i + 8 <= F; i += 8) {
+            __m256 x = bf16x8_to_ps(gm + i);
+            __m256 e = exp_silu8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+            __m256 q = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            __m256 sb = _mm256_castsi256_ps(_mm256_slli_epi32(ps_to_bf16_bits(q), 16));
+            __m256i y = ps_to_bf16_bits(_mm256_mul_ps(sb, bf16x8_to_ps(um + i)));
+            __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+            _mm_storeu_si128((__m128i *)(om + i), packed);
+        }
+#endif
+        for (; i < F; i++) om[i] = silu_mul1(gm[i], um[i]);
+    }
+}

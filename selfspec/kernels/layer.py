@@ -1,0 +1,157 @@
+"""The exact formats' elementwise layer steps (`layer.c`): one C call each where torch runs five to
+fifteen small ops, and the same numerics in torch ops (the fallback, `fallback=True`; tests compare
+the bits). `layer.c`'s header gives every step's sequence of IEEE operations.
+
+    y = rms(h, w, eps)                  # h [M, H] fp32 -> bf16 [M, H] (out_dtype fp32: the final norm)
+    y = add_rms(h, o, w, eps)           # h += o (in place), then rms(h)
+    x = rope(qkv, pos, tables, nq, nk, vscale)   # bf16 [M, heads x D] -> float64 grid integers [M, heads, D]
+    m = silu_mul(g, u)                  # bf16 [M, F] each -> bf16 [M, F]
+
+Example (rms): h = [[3., 4.]], w = [1., 1.], eps = 0 -> ss = 25, r = 1 / sqrt(12.5), y = [[0.8485, 1.1314]]
+(in bf16: [[0.84765625, 1.1328125]]).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from selfspec.kernels import build
+
+_P, _I64, _D, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
+_SIGS = {
+    "layer_rms": [_P, _I64, _I64, _P, _D, _P, _INT, _INT],
+    "layer_add_rms": [_P, _P, _I64, _I64, _P, _D, _P, _INT, _INT],
+    "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
+    "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
+}
+_fns: dict = {}
+
+
+def _fn(name: str):
+    fn = _fns.get(name, False)
+    if fn is False:
+        lib = build.load("layer")
+        fn = None if lib is None else getattr(lib, name)
+        if fn is not None:
+            fn.argtypes, fn.restype = _SIGS[name], None
+        _fns[name] = fn
+    return fn
+
+
+def available() -> bool:
+    """Whether the C steps run here (else every step runs its torch twin)."""
+    return _fn("layer_rms") is not None
+
+
+def _c(fallback: bool, name: str, *tensors) -> object:
+    """The C entry point when it may run on these tensors (CPU, contiguous, no autograd), else None.
+    Called several times a layer: plain attribute reads only (a tensor op costs microseconds)."""
+    if fallback:
+        return None
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if not (t.is_cpu and t.is_contiguous()) or grad and t.requires_grad:
+            return None
+    fn = _fns.get(name, False)
+    return _fn(name) if fn is False else fn
+
+
+# -- rms ------------------------------------------------------------------------------------------------
+def _rms_torch(h: torch.Tensor, w: torch.Tensor, eps: float, out_dtype) -> torch.Tensor:
+    xd = h.double()
+    ss = (xd * xd).cumsum(-1)[..., -1:]  # float64, in index order: C's loop
+    r = 1.0 / torch.sqrt(ss / h.shape[-1] + eps)
+    return ((xd * r).float() * w).to(out_dtype)
+
+
+def rms(h: torch.Tensor, w: torch.Tensor, eps: float, *, out_dtype=torch.bfloat16, fallback: bool = False):
+    """RMSNorm of fp32 rows h [M, H] with fp32 weight w [H] -> [M, H] in `out_dtype` (bf16 / fp32)."""
+    fn = _c(fallback, "layer_rms", h, w)
+    if fn is None or h.dim() != 2 or h.dtype is not torch.float32 or w.dtype is not torch.float32:
+        return _rms_torch(h, w, eps, out_dtype)
+    M, H = h.shape
+    out = torch.empty((M, H), dtype=out_dtype)
+    fn(h.data_ptr(), M, H, w.data_ptr(), eps, out.data_ptr(), out_dtype is torch.bfloat16, torch.get_num_threads())
+    return out
+
+
+def add_rms(h: torch.Tensor, o: torch.Tensor, w: torch.Tensor, eps: float, *, out_dtype=torch.bfloat16,
+            fallback: bool = False):
+    """h += o (fp32 residual h [M, H], bf16 o, in place), then `rms(h)`."""
+    fn = _c(fallback, "layer_add_rms", h, o, w)
+    if (fn is None or h.dim() != 2 or h.dtype is not torch.float32 or o.dtype is not torch.bfloat16
+            or w.dtype is not torch.float32 or o.shape != h.shape):
+        h.add_(o)
+        return _rms_torch(h, w, eps, out_dtype)
+    M, H = h.shape
+    out = torch.empty((M, H), dtype=out_dtype)
+    fn(h.data_ptr(), o.data_ptr(), M, H, w.data_ptr(), eps, out.data_ptr(), out_dtype is torch.bfloat16,
+       torch.get_num_threads())
+    return out
+
+
+# -- RoPE onto the attention grids --------------------------------------------------------------------
+def rope(x: torch.Tensor, pos: torch.Tensor, tables, nq: int, nk: int, vscale: float, *,
+         fallback: bool = False) -> torch.Tensor:
+    """The fused q/k/v projection x [M, (nq + nk + nv) D] bf16 at positions pos [M] (int64) ->
+    float64 grid integers [M, nq + nk + nv, D]: rint(x cos + roll(x, D/2) sin) with `tables`
+    (q_cos, q_sin, k_cos, k_sin: float64 [positions, D], sin signed for the rolled half) on the
+    query and key heads, and x times `vscale` on the value heads."""
+    q_cos, q_sin, k_cos, k_sin = tables
+    D = q_cos.shape[-1]
+    M, heads = x.shape[0], x.shape[-1] // D
+    fn = _c(fallback, "layer_rope", x, pos, *tables)
+    if fn is None or x.dtype != torch.bfloat16 or q_cos.dtype != torch.float64:
+        nv = heads - nq - nk
+        cos = torch.cat([q_cos[pos, None].expand(M, nq, D), k_cos[pos, None].expand(M, nk, D),
+                         torch.full((M, nv, D), vscale, dtype=torch.float64)], 1)
+        sin = torch.cat([q_sin[pos, None].expand(M, nq, D), k_sin[pos, None].expand(M, nk, D),
+                         torch.zeros(M, nv, D, dtype=torch.float64)], 1)
+        xd = x.double().view(M, heads, D)
+        return (xd * cos + xd.roll(D // 2, -1) * sin).round_()
+    out = torch.empty(M, heads, D, dtype=torch.float64)
+    fn(x.data_ptr(), pos.data_ptr(), M, nq, nk, heads - nq - nk, D, *(t.data_ptr() for t in tables), vscale,
+       out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+# -- the MLP's gate ------------------------------------------------------------------------------------------
+SILU_LO, SILU_HI = -87.0, 88.0
+INV_LN2F, LN2_HIF, LN2_LOF = 1.44269502162933349609375, 0.693359375, -2.12194440160132944584e-4
+SILU_C = (1.0, 1.0, 0.5, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040)
+
+
+def _f32(c: float) -> float:
+    return float(torch.tensor(c, dtype=torch.float32))
+
+
+SILU_C32 = tuple(_f32(c) for c in SILU_C)  # the fp32 constants layer.c's literals round to
+LN2_LOF32 = _f32(LN2_LOF)
+
+
+def exp_silu(y: torch.Tensor) -> torch.Tensor:
+    """e^y of fp32 y clamped to [-87, 88], the same bits as `layer.c`'s exp_silu: k = rint(y / ln 2),
+    r = (y - k ln2_hi) - k ln2_lo, a degree-7 Taylor polynomial by Horner's rule, times 2^k."""
+    y = y.clamp(SILU_LO, SILU_HI)
+    k = torch.round(y * INV_LN2F)
+    r = (y - k * LN2_HIF) - k * LN2_LOF32
+    p = torch.full_like(r, SILU_C32[7])
+    for c in SILU_C32[6::-1]:
+        p = p * r + c
+    return p * ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
+    """silu(g) * u of bf16 g, u [M, F] (rows may be strided: the halves of one [M, 2F] tensor) -> bf16 [M, F]."""
+    F = g.shape[-1]
+    ok = (g.dim() == 2 and g.shape == u.shape and g.stride(1) == u.stride(1) == 1 and g.stride(0) == u.stride(0)
+          and g.dtype == u.dtype == torch.bfloat16 and g.device.type == "cpu")
+    fn = _c(fallback, "layer_silu_mul") if ok else None  # rows may be strided: checked here
+    if fn is None:
+        x = g.float()
+        return (x / (1.0 + exp_silu(-x))).to(torch.bfloat16) * u
+    out = torch.empty(g.shape[0], F, dtype=torch.bfloat16)
+    fn(g.data_ptr(), u.data_ptr(), g.shape[0], F, g.stride(0), out.data_ptr(), torch.get_num_threads())
+    return out

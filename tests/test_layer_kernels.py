@@ -1,0 +1,129 @@
+"""The exact formats' layer steps in C (`kernels/layer.c`: RMSNorm, the residual with the next
+norm, RoPE onto the attention grids, the MLP's gate) and one layer's attention in one call
+(`attn16.direct`): each gives its torch twin's bits, on one row and on many, and a row's result
+does not depend on the rows beside it. Whole forwards over them stay width-invariant and equal
+to AR (test_invariance, test_format_matrix)."""
+
+import pytest
+import torch
+
+from selfspec.kernels import attn16, build
+from selfspec.kernels import layer as kl
+
+needs_kernel = pytest.mark.skipif(not kl.available() or attn16._fn("attn16_direct") is None,
+                                  reason=f"no C kernel here: {build.error('layer') or build.error('attn16')}")
+ROWS = [1, 3, 40, 700]  # 700 x 576 runs on several threads
+
+
+def _h(m, k=576, seed=0, scale=5.0):
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * scale
+    x[0, :7] = 1e-20  # tiny values: their squares are far below the others'
+    return x
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_and_the_residual_step_give_the_twins_bits(m, out_dtype):
+    h, w = _h(m), torch.rand(576, generator=torch.Generator().manual_seed(1)) + 0.5
+    assert torch.equal(kl.rms(h, w, 1e-5, out_dtype=out_dtype), kl.rms(h, w, 1e-5, out_dtype=out_dtype, fallback=True))
+    o = _h(m, seed=2, scale=3.0).to(torch.bfloat16)
+    h1, h2 = h.clone(), h.clone()
+    y1 = kl.add_rms(h1, o, w, 1e-5, out_dtype=out_dtype)
+    y2 = kl.add_rms(h2, o, w, 1e-5, out_dtype=out_dtype, fallback=True)
+    assert torch.equal(y1, y2) and torch.equal(h1, h2) and torch.equal(h1, h + o.float())
+    # and it is RMSNorm
+    ref = torch.nn.functional.rms_norm(h1, (576,), w, 1e-5)
+    assert torch.allclose(y1.float(), ref, rtol=1e-2 if out_dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_a_rows_norm_is_the_same_alone_and_among_many():
+    h, w = _h(700), torch.rand(576) + 0.5
+    assert torch.equal(kl.rms(h, w, 1e-5)[5:6], kl.rms(h[5:6].clone(), w, 1e-5))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", ROWS)
+def test_rope_onto_the_grids_gives_the_twins_bits(m):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(m, 15 * 64, generator=g) * 4).to(torch.bfloat16)
+    pos = torch.randint(0, 300, (m,), generator=g)
+    tabs = [torch.randn(400, 64, generator=g, dtype=torch.float64) * 1000 for _ in range(4)]
+    y = kl.rope(x, pos, tabs, 9, 3, 256.0)
+    assert torch.equal(y, kl.rope(x, pos, tabs, 9, 3, 256.0, fallback=True))
+    assert torch.equal(y[:, 12:], torch.round(x.double().view(m, 15, 64)[:, 12:] * 256.0))  # value heads: scaled
+    assert torch.equal(y, torch.round(y))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("f", [1536, 13])  # 13: the vector loop's tail
+def test_the_mlp_gate_gives_the_twins_bits_and_is_silu(m, f):
+    gu = (torch.randn(m, 2 * f, generator=torch.Generator().manual_seed(4)) * 6).to(torch.bfloat16)
+    gu[0, :4] = torch.tensor([100.0, -100.0, 0.0, -0.0])  # past the exponential's clamp, and signed zeros
+    g, u = gu[:, :f], gu[:, f:]  # strided rows, as the fused gate/up output's halves
+    y = kl.silu_mul(g, u)
+    assert torch.equal(y, kl.silu_mul(g, u, fallback=True))
+    ref = torch.nn.functional.silu(g.float()) * u.float()
+    assert torch.allclose(y.float(), ref, rtol=2e-2, atol=1e-30)
+
+
+@needs_kernel
+@pytest.mark.parametrize("w", [1, 5])
+def test_attention_output_in_bf16_heads_side_by_side_is_the_twins(w):
+    g = torch.Generator().manual_seed(5)
+    pv = torch.randn(2, 3, 3 * w, 64, generator=g, dtype=torch.float64) * 1e6
+    den = torch.rand(2, 3, 3 * w, 1, generator=g, dtype=torch.float64) * 1e5 + 1
+    assert torch.equal(attn16.out(pv, den, w), attn16.out(pv, den, w, fallback=True))
+
+
+def _layer_inputs(R, S, seed=6):
+    """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache of R rows holding S - 1 tokens."""
+    from selfspec.engine.cache import BatchKVCache
+
+    g = torch.Generator().manual_seed(seed)
+    cache = BatchKVCache([torch.device("cpu")], 3, 64, R, S + 8, torch.int16)
+    old = torch.round(torch.randn(R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
+    cache.write(0, slice(0, R), [0] * R, old, old * 0.5)
+    x = torch.round(torch.randn(R, 1, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
+    return cache, x
+
+
+@needs_kernel
+@pytest.mark.parametrize("R,masked", [(1, False), (1, True), (3, True)])
+def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked):
+    """attn16.direct (store K and V, scores, weights, weighted sums, bf16 output in one C call)
+    against the same steps one by one (`BatchKVCache.write` and `exact_attention`)."""
+    from selfspec.engine.attention import exact_attention, grid_for
+
+    S = 50
+    starts = [S - 1 - r for r in range(R)]  # rows of different lengths
+    grid = grid_for(64, 2.0 ** 4, 2.0 ** 4, 2.0 ** 3, 4096)
+    mask = None
+    if masked:
+        mask = torch.zeros(R, 1, 1, S, dtype=torch.float64)
+        for r, st in enumerate(starts):
+            mask[r, ..., st + 1:] = float("-inf")  # scratch slots past the row's new token
+        mask[..., 7] = float("-inf")
+        mask = mask[0, 0] if R == 1 else mask
+    args = (grid.scale, grid.shift, 2.0 ** grid.v)
+    c1, x = _layer_inputs(R, S)
+    c2, _ = _layer_inputs(R, S)
+    a = c1.write_attend(0, slice(0, R), starts, x, 9, mask, *args)
+    assert a is not None and a.shape == (R, 1, 9 * 64)
+    xs = x.transpose(1, 2)
+    kc, vc = c2.write(0, slice(0, R), starts, xs[:, 9:12], xs[:, 12:])
+    ref = exact_attention(xs[:, :9], kc, vc, mask, grid, torch.bfloat16, heads_last=True)
+    assert torch.equal(a, ref)
+    for buf1, buf2 in zip(c1._buffers(), c2._buffers()):
+        assert torch.equal(buf1, buf2)
+
+
+@needs_kernel
+def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone():
+    cache, x = _layer_inputs(1, 20)
+    wide = torch.cat([x] * 3, 1)  # 3 queries per row: 9 per key head, past DIRECT_MAX
+    before = [b.clone() for b in cache._buffers()]
+    assert cache.write_attend(0, slice(0, 1), [19], wide, 9, None, 1.0, 1.0, 1.0) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, cache._buffers()))
