@@ -123,7 +123,8 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked):
 @needs_kernel
 def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone():
     cache, x = _layer_inputs(1, 20)
-    wide = torch.cat([x] * 3, 1)  # 3 queries per row: 9 per key head, past DIRECT_MAX
+    w = attn16.DIRECT_MAX // 3 + 1  # queries per row: 3 w per key head, past DIRECT_MAX
+    wide = torch.cat([x] * w, 1)
     before = [b.clone() for b in cache._buffers()]
-    assert cache.write_attend(0, slice(0, 1), [19], wide, 9, None, 1.0, 1.0, 1.0) is None
+    assert cache.write_attend(0, slice(0, 1), [20 - w], wide, 9, None, 1.0, 1.0, 1.0) is None
     assert all(torch.equal(a, b) for a, b in zip(before, cache._buffers()))

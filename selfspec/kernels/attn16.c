@@ -104,6 +104,7 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
             for (int64_t t = 0; t < q; t++) {
                 const double *xt = x + r * xrs + h * xhs + t * xts;
                 double top = 0.0;
+                #pragma omp simd reduction(max:top)
                 for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
                 int e = 0;
                 frexp(top, &e);
@@ -167,9 +168,14 @@ static inline double exp_round1(double x) {
     p = p * r + C12; p = p * r + C11; p = p * r + C10; p = p * r + C9; p = p * r + C8; p = p * r + C7;
     p = p * r + C6; p = p * r + C5; p = p * r + C4; p = p * r + C3; p = p * r + C2; p = p * r + 1.0;
     p = p * r + 1.0;
-    bits64 t;
-    t.i = ((int64_t)k + 1023) << 52;
-    double e = nearbyint(p * t.d);
+    /* 2^k from its bits; k (an integer, |k| < 2^51) read off the low bits of k + 1.5 * 2^52, not
+     * converted: AVX2 has no vector double -> int64 conversion, and this loop must vectorize */
+    double kk = k + 6755399441055744.0, two_k;
+    int64_t ki;
+    memcpy(&ki, &kk, 8);
+    ki = (ki - 0x4338000000000000LL + 1023) << 52;
+    memcpy(&two_k, &ki, 8);
+    double e = nearbyint(p * two_k);
     return x >= -1.0 ? e : 0.0;
 }
 
@@ -193,9 +199,10 @@ void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int6
         if (mt) {
             for (int64_t j = 0; j < S; j++) sr[j] = sr[j] + mt[j];
         }
+        #pragma omp simd reduction(max:top)
         for (int64_t j = 0; j < S; j++) {
             sr[j] = sr[j] * scale;
-            top = sr[j] > top ? sr[j] : top;
+            top = sr[j] > top ? sr[j] : top;  /* a maximum: the same in any order */
         }
         double c = top - shift, sum = 0.0;
         #pragma omp simd reduction(+:sum)
