@@ -170,25 +170,79 @@ def test_a_prompt_cancelled_while_it_is_prefilled_frees_its_row():
     assert dec.outputs[0] == generate_ids(m, running[0], cfg, eos_token_id=[])[0]
 
 
-def test_plan_auto_picks_the_chunk_from_the_cost_model():
-    """fixed + per_token x rows x width: a chunk of c tokens costs at most 4 AR rounds of R live
-    rows while f + c p <= 4 (f + R p), i.e. c <= 3 f / p + 4 R: with f = 30.2 ms, p = 1 ms and one
-    live row, 94 tokens; where prefill is steep against a round (no fixed cost), the floor."""
-    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 1, 10, 0, 10_000) == 94
-    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 2, 10, 0, 10_000) == 98
-    assert pick_chunk(CostModel.linear(per_token=1e-3, fixed=0.0302), 1, 10, 0, 50) == 50  # all that is left
-    assert pick_chunk(CostModel.linear(per_token=1e-3), 1, 10, 0, 10_000) == PREFILL_FLOOR
+def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
+    """fixed + per_token x rows x width: a chunk of c tokens costs at most `rounds` AR rounds of R
+    live rows while f + c p <= rounds (f + R p): with f = 30.2 ms, p = 1 ms, one live row and
+    4 rounds, 94 tokens; a measured scale on the chunk's price and a measured AR round move it."""
+    lin = CostModel.linear(per_token=1e-3, fixed=0.0302)
+    assert pick_chunk(lin, 1, 10, 0, 10_000, rounds=4) == 94
+    assert pick_chunk(lin, 2, 10, 0, 10_000, rounds=4) == 98
+    assert pick_chunk(lin, 1, 10, 0, 50, rounds=4) == 50  # all that is left
+    assert pick_chunk(lin, 1, 10, 0, 10_000, rounds=4, scale=2.0) == 32  # chunks took twice their price
+    assert pick_chunk(lin, 1, 10, 0, 10_000, round_seconds=0.05) == 19  # a measured AR round of 50 ms
+    assert pick_chunk(CostModel.linear(per_token=1e-3), 1, 10, 0, 10_000) == PREFILL_FLOOR  # steep: the floor
     assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
-    m = tiny_model(seed=2, vocab_size=V)  # fp32: auto's output is not checked here, only its chunks
-    cfg = DecodeConfig(max_new_tokens=6, block_length=4, budget=4)
-    dec = Decoder(m, _prompts((5,)), cfg, batch_size=2, eos_token_id=[],
-                  profile=CostModel.linear(per_token=1e-3, fixed=0.0302))
-    dec.step()
-    w = Widths(dec)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Priced:
+    """The real forward; each call moves a fake clock by a true price the cost model does not know."""
+
+    def __init__(self, bf, clock, price):
+        self.bf, self.clock, self.price, self.turn_chunks = bf, clock, price, []
+
+    def __call__(self, tokens, offsets, cache, rows, **kw):
+        R, q = tokens.shape
+        dt = self.price(R, q, cache.lengths[rows.start])
+        self.clock.t += dt
+        if kw.get("causal"):
+            self.turn_chunks.append(dt)
+        return self.bf(tokens, offsets, cache, rows, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.bf, name)
+
+
+def _join_on_a_clock(learn: bool):
+    """Two rows run (plan auto, fp32); a 150-token prompt joins. The cost model says a token costs
+    1 ms beside a fixed 10 ms; the truth is 3 ms a token. Returns (seconds of each chunk forward,
+    seconds of an AR round of the two rows)."""
+    m = tiny_model(seed=2, vocab_size=V)
+    m.__dict__.pop("_selfspec_planners", None)
+    cfg = DecodeConfig(max_new_tokens=60, block_length=4, budget=4)
+    truth = CostModel.linear(per_token=3e-3, fixed=0.01)
+    dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=3, eos_token_id=[],
+                  profile=CostModel.linear(per_token=1e-3, fixed=0.01))
+    clock = FakeClock()
+    dec.stepper.clock = clock
+    dec.bf = dec.stepper.bf = priced = Priced(dec.stepper.bf, clock, truth)
+    for _ in range(3):
+        dec.step()
     dec.add(_prompts((150,), seed=5)[0])
-    for _ in dec:
-        pass
-    assert w.seen == [(1, 94), (1, 56)]
+    priced.turn_chunks = []
+    while dec.scheduler.prefilling or dec.scheduler.waiting:
+        if not learn:
+            dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
+        dec.step()
+    return priced.turn_chunks, truth(2, 1, 10)
+
+
+def test_a_long_prompt_joining_costs_each_running_row_at_most_one_more_round_a_turn():
+    """The cost model underprices a chunk 3x (its cache axis, a busy machine): after the first
+    chunk the decoder prices chunks by what they took, so each later one costs at most one AR
+    round of the running rows (their gap between tokens at most about doubles); a decoder that
+    trusts the cost model alone runs chunks of nearly two rounds every turn."""
+    chunks, ar = _join_on_a_clock(learn=True)
+    assert len(chunks) > 10 and all(c <= ar * 1.0001 for c in chunks[1:]), (chunks, ar)
+    blind, _ = _join_on_a_clock(learn=False)
+    assert all(c > 1.5 * ar for c in blind[:-1]), (blind, ar)
 
 
 def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():

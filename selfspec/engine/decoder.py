@@ -23,7 +23,7 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.cost import cost_model
-from selfspec.engine.layouts import config_label, fixed_option
+from selfspec.engine.layouts import AR, config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner_store import keep_planner, planner_for
 from selfspec.engine.request import cache_bytes, check_batch, eos_ids, row_capacity
@@ -34,8 +34,10 @@ from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
 
 PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
-PREFILL_FLOOR = 64  # the least a cost model's chunk may be (a smaller one costs more in overheads than it saves)
-PREFILL_ROUNDS = 4.0  # a picked chunk's forward costs at most this many AR rounds of the live rows
+PREFILL_FLOOR = 1  # the least a cost model's chunk may be
+PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
+# row then waits at most about twice its usual gap between tokens while a long prompt joins
+CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 
 
 class PerSequence(list):
@@ -313,17 +315,29 @@ class Decoder:
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a
         planner (plan "auto"), the largest chunk whose forward (one row, over what the first
-        prefilling row holds) the cost model puts at most PREFILL_ROUNDS AR rounds of the live rows
-        (at least PREFILL_FLOOR, at most the longest prompt part left); else PREFILL_CHUNK."""
+        prefilling row holds) costs at most PREFILL_ROUNDS AR rounds of the live rows, both as
+        measured: the planner's AR round time (its cost model times the AR rounds' measured scale,
+        plus their overhead) and the cost model's chunk time times what earlier chunks took over
+        their prediction (a cost model's cache axis ends at 1,024 tokens; a long prompt's chunks
+        run past it). At least PREFILL_FLOOR, at most the longest prompt part left; else PREFILL_CHUNK."""
         if self.prefill_chunk is not None:
             return self.prefill_chunk
         if self.planner is None:
             return PREFILL_CHUNK
-        sched, lengths = self.scheduler, self.stepper.cache.lengths
+        sched, lengths, cost = self.scheduler, self.stepper.cache.lengths, self.planner.cost
+        last = getattr(self.stepper, "last_chunk", None)
+        if last is not None:
+            self.stepper.last_chunk = None
+            k, L, at, seconds = last
+            ratio = seconds / cost(k, L, at)
+            old = getattr(self, "_chunk_scale", None)
+            self._chunk_scale = ratio if old is None else old + CHUNK_EMA * (ratio - old)
         R = len(sched.live)
         left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
         cached = lengths[R] if sched.prefilling else 0
-        return pick_chunk(self.planner.cost, max(1, R), max(lengths[:R], default=0), cached, left)
+        cache = max(lengths[:R], default=0)
+        return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=self.planner.seconds(AR, max(1, R), cache)[1],
+                          scale=getattr(self, "_chunk_scale", None) or 1.0)
 
     @property
     def busy(self) -> bool:
@@ -359,19 +373,20 @@ class Decoder:
 
 
 def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
-               floor: int = PREFILL_FLOOR) -> int:
-    """The largest prefill chunk c <= `most` with cost(1, c, cached) <= rounds x cost(rows, 1, cache):
-    a chunk's forward stalls `rows` live rows (at `cache` tokens) for at most `rounds` of their AR
-    rounds; at least `floor` (or `most`, when less is left). `cost`: a `cost.CostModel`. Assumes
-    the cost grows with the width (a binary search)."""
+               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0) -> int:
+    """The largest prefill chunk c <= `most` with scale x cost(1, c, cached) <= rounds x an AR round
+    of `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)): a chunk's
+    forward stalls the live rows for at most `rounds` of their AR rounds; at least `floor` (or
+    `most`, when less is left). `cost`: a `cost.CostModel`; `scale`: measured over predicted chunk
+    time. Assumes the cost grows with the width (a binary search)."""
     most = max(1, int(most))
-    budget = rounds * cost(rows, 1, cache)
-    if cost(1, most, cached) <= budget:
+    budget = rounds * (cost(rows, 1, cache) if round_seconds is None else round_seconds)
+    if scale * cost(1, most, cached) <= budget:
         return most
     lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if cost(1, mid, cached) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if scale * cost(1, mid, cached) <= budget else (lo, mid)
     return max(lo, min(floor, most))
 
 

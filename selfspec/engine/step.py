@@ -143,7 +143,9 @@ class Stepper:
         for i, s in enumerate(seqs):
             tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
         rows = slice(slot, slot + k)
+        t0 = self.clock()
         hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, rows, causal=True))
+        self.last_chunk = (k, L, max(starts), self.clock() - t0)  # what the decoder's chunk picking learns from
         for i, s in enumerate(seqs):
             self.cache.set_length(slot + i, starts[i] + widths[i])
             s.stats.prefill_forwards += 1
