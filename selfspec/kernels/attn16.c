@@ -30,6 +30,75 @@ static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly 
 #define QCHUNK 4
 #define PAR_MIN 262144  /* multiply-adds below which a step runs on one thread: a team costs ~10 us to wake */
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+static inline double hsum4(__m256d v) {
+    __m128d lo = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
+}
+
+/* Scores of keys j .. j1 - 1 four at a time: the four keys as float64 once, then for every three
+ * queries twelve independent vector sums (one sum per query and key is a chain of dependent adds
+ * that waits on the adder's latency). Exact integer sums, so the same bits as the loop below in
+ * any order. Returns the first key it left (fewer than four remain). */
+static int64_t scores_by4(const double *qh, int64_t G, int64_t D, const int16_t *kh, const int8_t *sh, int64_t j,
+                          int64_t j1, int64_t S, double *out) {
+    double kd[4 * D_MAX];
+    for (; j + 4 <= j1; j += 4) {
+        const int16_t *k0 = kh + j * D;
+        for (int64_t t = 0; t < 4 * D; t += 4)
+            _mm256_storeu_pd(kd + t, _mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(k0 + t)))));
+        for (int64_t i0 = 0; i0 < G; i0 += 3) {
+            const double *q0 = qh + i0 * D, *q1 = qh + (i0 + 1 < G ? i0 + 1 : i0) * D, *q2 = qh + (i0 + 2 < G ? i0 + 2 : i0) * D;
+            __m256d a[3][4];
+            for (int u = 0; u < 3; u++) for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_pd();
+            for (int64_t d = 0; d < D; d += 4) {
+                __m256d x[4] = {_mm256_loadu_pd(kd + d), _mm256_loadu_pd(kd + D + d), _mm256_loadu_pd(kd + 2 * D + d),
+                                _mm256_loadu_pd(kd + 3 * D + d)};
+                __m256d y[3] = {_mm256_loadu_pd(q0 + d), _mm256_loadu_pd(q1 + d), _mm256_loadu_pd(q2 + d)};
+                for (int u = 0; u < 3; u++)
+                    for (int v = 0; v < 4; v++) a[u][v] = _mm256_add_pd(a[u][v], _mm256_mul_pd(y[u], x[v]));
+            }
+            for (int u = 0; u < 3 && i0 + u < G; u++)
+                for (int v = 0; v < 4; v++) out[(i0 + u) * S + j + v] = hsum4(a[u][v]) * pow2(sh[j + v]);
+        }
+    }
+    return j;
+}
+#endif
+
+#if defined(__AVX2__)
+/* Weighted values of n <= QCHUNK queries (weights p [n, S], rows S apart) -> out [n, D]: eight
+ * values at a time for all n queries in registers, each key's eight values converted once; a key
+ * every query gives weight 0 (masked, or below half a unit) is skipped. Exact integer sums: the
+ * same bits as the loop in attn16_pv. */
+static void pv_by8(const double *p, int64_t n, int64_t S, int64_t D, const int16_t *vh, const int8_t *sh,
+                   double *out) {
+    const double *p0 = p, *p1 = p + (n > 1 ? 1 : 0) * S, *p2 = p + (n > 2 ? 2 : 0) * S, *p3 = p + (n > 3 ? 3 : 0) * S;
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256d a[4][2];
+        for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_pd();
+        for (int64_t j = 0; j < S; j++) {
+            double w0 = p0[j], w1 = p1[j], w2 = p2[j], w3 = p3[j];
+            if (w0 == 0.0 && w1 == 0.0 && w2 == 0.0 && w3 == 0.0) continue;
+            const int16_t *vj = vh + j * D + d;
+            __m256d sc = _mm256_set1_pd(pow2(sh[j]));
+            __m256d x0 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)vj))), sc);
+            __m256d x1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(vj + 4)))), sc);
+            __m256d y[4] = {_mm256_set1_pd(w0), _mm256_set1_pd(w1), _mm256_set1_pd(w2), _mm256_set1_pd(w3)};
+            for (int u = 0; u < 4; u++) {
+                a[u][0] = _mm256_add_pd(a[u][0], _mm256_mul_pd(y[u], x0));
+                a[u][1] = _mm256_add_pd(a[u][1], _mm256_mul_pd(y[u], x1));
+            }
+        }
+        for (int u = 0; u < n; u++) {
+            _mm256_storeu_pd(out + u * D + d, a[u][0]);
+            _mm256_storeu_pd(out + u * D + d + 4, a[u][1]);
+        }
+    }
+}
+#endif
+
 /* q [R, KV, G, D] contiguous; k rows at k + r*krs + h*khs + j*D (int16), shifts at
  * ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous. */
 void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *k,
@@ -46,6 +115,9 @@ void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D,
             double *out = scores + rh * G * S;
             double kd[D_MAX];
             int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
+#if defined(__AVX2__)
+            if (D % 4 == 0) j = scores_by4(qh, G, D, kh, sh, j, j1, S, out);
+#endif
             for (; j < j1; j++) {
                 const int16_t *kj = kh + j * D;
                 for (int64_t d = 0; d < D; d++) kd[d] = (double)kj[d];
@@ -73,10 +145,16 @@ void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, con
             const int16_t *vh = v + r * vrs + h * vhs;
             const int8_t *sh = vs + r * srs + h * shs;
             int64_t i0 = qc * QCHUNK, i1 = i0 + QCHUNK < G ? i0 + QCHUNK : G, n = i1 - i0;
+            const double *ph = p + rh * G * S;
+#if defined(__AVX2__)
+            if (D % 8 == 0) {
+                pv_by8(ph + i0 * S, n, S, D, vh, sh, out + (rh * G + i0) * D);
+                continue;
+            }
+#endif
             double acc[QCHUNK][D_MAX];
             double vd[D_MAX];
             memset(acc, 0, sizeof acc);
-            const double *ph = p + rh * G * S;
             for (int64_t j = 0; j < S; j++) {
                 const int16_t *vj = vh + j * D;
                 double scale = pow2(sh[j]);
