@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import PREFILL_FLOOR, Decoder, generate_ids, pick_chunk
+from selfspec.engine.decoder import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, Decoder, generate_ids, pick_chunk
 from selfspec.engine.formats import set_weights
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
@@ -181,6 +181,8 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
     assert pick_chunk(lin, 1, 10, 0, 10_000, rounds=4, scale=2.0) == 32  # chunks took twice their price
     assert pick_chunk(lin, 1, 10, 0, 10_000, round_seconds=0.05) == 19  # a measured AR round of 50 ms
     assert pick_chunk(CostModel.linear(per_token=1e-3), 1, 10, 0, 10_000) == PREFILL_FLOOR  # steep: the floor
+    # a short prompt (or a long one's last part) whose forward costs at most `whole` rounds: one chunk
+    assert pick_chunk(lin, 1, 10, 0, 90) == 90 and pick_chunk(lin, 1, 10, 0, 95) == 1
     assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
 
 
@@ -211,13 +213,13 @@ class Priced:
 
 
 def _join_on_a_clock(learn: bool):
-    """Two rows run (plan auto, fp32); a 150-token prompt joins. The cost model says a token costs
-    1 ms beside a fixed 10 ms; the truth is 3 ms a token. Returns (seconds of each chunk forward,
-    seconds of an AR round of the two rows)."""
+    """Two rows run (plan auto, fp32); a 150-token prompt joins. The cost model says a forward
+    costs 10 ms plus 1 ms a token; the truth is three times that. Returns (seconds of each chunk
+    forward, seconds of an AR round of the two rows)."""
     m = tiny_model(seed=2, vocab_size=V)
     m.__dict__.pop("_selfspec_planners", None)
     cfg = DecodeConfig(max_new_tokens=60, block_length=4, budget=4)
-    truth = CostModel.linear(per_token=3e-3, fixed=0.01)
+    truth = CostModel.linear(per_token=3e-3, fixed=0.03)  # every forward 3x its price
     dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=3, eos_token_id=[],
                   profile=CostModel.linear(per_token=1e-3, fixed=0.01))
     clock = FakeClock()
@@ -237,10 +239,12 @@ def _join_on_a_clock(learn: bool):
 def test_a_long_prompt_joining_costs_each_running_row_at_most_one_more_round_a_turn():
     """The cost model underprices a chunk 3x (its cache axis, a busy machine): after the first
     chunk the decoder prices chunks by what they took, so each later one costs at most one AR
-    round of the running rows (their gap between tokens at most about doubles); a decoder that
-    trusts the cost model alone runs chunks of nearly two rounds every turn."""
+    round of the running rows (their gap between tokens at most about doubles) until the rest
+    costs at most PREFILL_WHOLE_ROUNDS and goes in one; a decoder that trusts the cost model alone
+    runs chunks of nearly two rounds every turn."""
     chunks, ar = _join_on_a_clock(learn=True)
-    assert len(chunks) > 10 and all(c <= ar * 1.0001 for c in chunks[1:]), (chunks, ar)
+    assert len(chunks) > 10 and all(c <= ar * 1.0001 for c in chunks[1:-1]), (chunks, ar)
+    assert chunks[-1] <= PREFILL_WHOLE_ROUNDS * ar * 1.0001  # the rest in one, once it is that short
     blind, _ = _join_on_a_clock(learn=False)
     assert all(c > 1.5 * ar for c in blind[:-1]), (blind, ar)
 

@@ -78,21 +78,22 @@ def test_attention_output_in_bf16_heads_side_by_side_is_the_twins(w):
     assert torch.equal(attn16.out(pv, den, w), attn16.out(pv, den, w, fallback=True))
 
 
-def _layer_inputs(R, S, seed=6):
-    """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache of R rows holding S - 1 tokens."""
+def _layer_inputs(R, S, seed=6, first=0):
+    """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache whose rows first .. first + R - 1
+    hold S - 1 tokens (the rows before them others)."""
     from selfspec.engine.cache import BatchKVCache
 
     g = torch.Generator().manual_seed(seed)
-    cache = BatchKVCache([torch.device("cpu")], 3, 64, R, S + 8, torch.int16)
-    old = torch.round(torch.randn(R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
-    cache.write(0, slice(0, R), [0] * R, old, old * 0.5)
+    cache = BatchKVCache([torch.device("cpu")], 3, 64, first + R, S + 8, torch.int16)
+    old = torch.round(torch.randn(first + R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
+    cache.write(0, slice(0, first + R), [0] * (first + R), old, old * 0.5)
     x = torch.round(torch.randn(R, 1, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
     return cache, x
 
 
 @needs_kernel
-@pytest.mark.parametrize("R,masked", [(1, False), (1, True), (3, True)])
-def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked):
+@pytest.mark.parametrize("R,masked,first", [(1, False, 0), (1, True, 0), (3, True, 0), (2, True, 2)])
+def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first):
     """attn16.direct (store K and V, scores, weights, weighted sums, bf16 output in one C call)
     against the same steps one by one (`BatchKVCache.write` and `exact_attention`)."""
     from selfspec.engine.attention import exact_attention, grid_for
@@ -108,12 +109,13 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked):
         mask[..., 7] = float("-inf")
         mask = mask[0, 0] if R == 1 else mask
     args = (grid.scale, grid.shift, 2.0 ** grid.v)
-    c1, x = _layer_inputs(R, S)
-    c2, _ = _layer_inputs(R, S)
-    a = c1.write_attend(0, slice(0, R), starts, x, 9, mask, *args)
+    c1, x = _layer_inputs(R, S, first=first)  # rows first.. (a prefill chunk's rows sit behind the live ones)
+    c2, _ = _layer_inputs(R, S, first=first)
+    rows = slice(first, first + R)
+    a = c1.write_attend(0, rows, starts, x, 9, mask, *args)
     assert a is not None and a.shape == (R, 1, 9 * 64)
     xs = x.transpose(1, 2)
-    kc, vc = c2.write(0, slice(0, R), starts, xs[:, 9:12], xs[:, 12:])
+    kc, vc = c2.write(0, rows, starts, xs[:, 9:12], xs[:, 12:])
     ref = exact_attention(xs[:, :9], kc, vc, mask, grid, torch.bfloat16, heads_last=True)
     assert torch.equal(a, ref)
     for buf1, buf2 in zip(c1._buffers(), c2._buffers()):

@@ -151,6 +151,7 @@ class BatchForward:
                                            2.0 ** g.v)
                     if a is not None:
                         return a
+                    qs, ks, vs = ff.split_heads(fused)
                 kc, vc = cache.write(i, rows, starts, ks, vs)
                 return exact_attention(qs, kc, vc, mask_on(dev), ff.grids[i], ff.dtype, heads_last=True)
             kc, vc = cache.write(i, rows, starts, ks, vs)

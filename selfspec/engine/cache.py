@@ -101,8 +101,8 @@ class BatchKVCache:
         end = max(starts) + x.shape[1]
         if end > self.capacity:
             raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
-        return attn16.direct(x, nq, starts, self.k[layer][rows], self.shifts[2 * layer][rows], self.v[layer][rows],
-                             self.shifts[2 * layer + 1][rows], mask, scale, shift, vscale)
+        return attn16.direct(x, nq, starts, self.k[layer], self.shifts[2 * layer], self.v[layer],
+                             self.shifts[2 * layer + 1], mask, scale, shift, vscale, row=rows.start or 0)
 
     def _index(self, starts: list[int], shape, device) -> torch.Tensor:
         """The scatter index of a forward's writes, made once for all its layers (one per device kept)."""

@@ -37,6 +37,8 @@ PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cos
 PREFILL_FLOOR = 1  # the least a cost model's chunk may be
 PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
 # row then waits at most about twice its usual gap between tokens while a long prompt joins
+PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
+# short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
 CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 
 
@@ -373,15 +375,18 @@ class Decoder:
 
 
 def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
-               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0) -> int:
-    """The largest prefill chunk c <= `most` with scale x cost(1, c, cached) <= rounds x an AR round
-    of `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)): a chunk's
-    forward stalls the live rows for at most `rounds` of their AR rounds; at least `floor` (or
-    `most`, when less is left). `cost`: a `cost.CostModel`; `scale`: measured over predicted chunk
-    time. Assumes the cost grows with the width (a binary search)."""
+               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0,
+               whole: float = PREFILL_WHOLE_ROUNDS) -> int:
+    """`most` (all that is left) when scale x cost(1, most, cached) is at most `whole` AR rounds of
+    `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the
+    largest prefill chunk c <= `most` whose scaled cost is at most `rounds` of them: a long
+    prompt's chunks stall the live rows for at most `rounds` AR rounds each, a short prompt joins
+    in one forward. At least `floor`. `cost`: a `cost.CostModel`; `scale`: measured over predicted
+    chunk time. Assumes the cost grows with the width (a binary search)."""
     most = max(1, int(most))
-    budget = rounds * (cost(rows, 1, cache) if round_seconds is None else round_seconds)
-    if scale * cost(1, most, cached) <= budget:
+    ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
+    budget = rounds * ar
+    if scale * cost(1, most, cached) <= max(budget, whole * ar):
         return most
     lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
     while hi - lo > 1:

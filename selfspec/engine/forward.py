@@ -239,13 +239,14 @@ class FastForward:
         flattened to [R q, ...]: RMSNorm into bf16, RoPE onto the attention grids, the residual
         added in place with the next norm, the MLP's gate. `attend` may return [R, q, heads x D]
         (`attention.exact_attention(heads_last=True)`) or [R, heads, q, D]; one marked
-        `reads_fused` also gets the q / k / v heads as one tensor [R, q, heads, D] (`fused=`)."""
+        `reads_fused` gets the q / k / v heads as one tensor [R, q, heads, D] (`fused=`; q, k and
+        v None: `split_heads` makes them where it needs them)."""
         R, q, H = (int(n) for n in h.shape)
         M, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
         h = h.reshape(M, H).to(torch.float32, copy=True)  # the residual stream, updated in place
         tables, vscale = {}, 2.0 ** self.grids[0].v
         last = len(self.layers) - 1
-        x = None
+        x, fused = None, getattr(attend, "reads_fused", False)
         for i, w in enumerate(self.layers):
             dev = self.devices[i]
             if h.device != dev:
@@ -261,9 +262,7 @@ class FastForward:
                 lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x.view(R, q, H),
                                 self._split((qkv.view(R, q, -1),)), lora_rows)
             xs = kl.rope(qkv, pos, tab, nh, nkv, vscale).view(R, q, nh + 2 * nkv, D)
-            qs, ks, vs = (t.transpose(1, 2) for t in xs.split((nh, nkv, nkv), 2))
-            a = attend(i, dev, qs, ks, vs, fused=xs) if getattr(attend, "reads_fused", False) else \
-                attend(i, dev, qs, ks, vs)
+            a = attend(i, dev, None, None, None, fused=xs) if fused else attend(i, dev, *self.split_heads(xs))
             a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
             o = matmul(a.reshape(M, -1).to(self.dtype), w.wo)
             if lora is not None:
@@ -283,6 +282,10 @@ class FastForward:
             else:
                 x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
         return x.view(R, q, H)
+
+    def split_heads(self, xs: torch.Tensor) -> tuple:
+        """q, k, v [R, heads, q, D] (views) of the fused heads xs [R, q, nh + 2 kv, D]."""
+        return tuple(t.transpose(1, 2) for t in xs.split((self.n_heads, self.n_kv, self.n_kv), 2))
 
     def _split(self, qkv: tuple) -> tuple:
         if len(qkv) == 3:

@@ -164,8 +164,11 @@ class Stepper:
                 k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.cfg.group
             lora, lora_rows = self._lora_rows(0)
+            t0 = self.clock()
             hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
                                                       self.cache, rows, lora=lora, lora_rows=lora_rows))
+            if self.planner is not None:
+                self.planner.observe_prefill_group(k, L, G, self.clock() - t0)
             for i, s in enumerate(seqs):
                 s.stats.prefill_forwards += 1
                 s.marg = self.group_marginals(s, hidden[i, 1:])

@@ -204,28 +204,32 @@ def out(pv: torch.Tensor, den: torch.Tensor, w: int, *, fallback: bool = False) 
 
 
 def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift: torch.Tensor, v: torch.Tensor,
-           vshift: torch.Tensor, mask: torch.Tensor | None, scale: float, shift: float, vscale: float):
+           vshift: torch.Tensor, mask: torch.Tensor | None, scale: float, shift: float, vscale: float, *,
+           row: int = 0):
     """One layer's exact attention for a narrow round in one C call, or None where it cannot run (no
     kernel, a wide round, layouts it does not read): x [R, w, nq + 2 KV, D] float64 (q, k and v heads
-    on their grids); the new K and V stored at slots starts[r] .. of the cache views k / v [R, KV,
-    cap, D] (int16) with their shifts [R, KV, cap]; then `scores`, `weights`, `weighted` and `out`
-    over slots 0 .. max(starts) + w - 1, the same calls in the same order (the same bits) ->
-    bf16 [R, w, nq D]. mask as `weights` takes it."""
+    on their grids); the new K and V stored at slots starts[r] .. of cache rows row + r of k / v
+    [rows, KV, cap, D] (int16) with their shifts [rows, KV, cap]; then `scores`, `weights`,
+    `weighted` and `out` over slots 0 .. max(starts) + w - 1, the same calls in the same order
+    (the same bits) -> bf16 [R, w, nq D]. mask as `weights` takes it."""
     R, w, heads, D = x.shape
     KV = (heads - nq) // 2
-    if (nq // KV) * w > DIRECT_MAX or not (x.is_contiguous() and x.dtype == torch.float64 and x.is_cpu):
+    if (nq // KV) * w > DIRECT_MAX or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu):
         return None
-    if not (_ok(k, kshift) and _ok(v, vshift) and k.stride() == v.stride() and kshift.stride() == vshift.stride()):
+    if not (_ok(k, kshift) and _ok(v, vshift) and k.stride() == v.stride() and kshift.stride() == vshift.stride()
+            and k.shape[0] >= row + R):
         return None
-    if mask is not None and not (mask.dtype == torch.float64 and mask.stride(-1) == 1):
+    if mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1):
         return None
     fn = _fn("attn16_direct")
     if fn is None:
         return None
-    o = torch.empty(R, w, nq * D, dtype=torch.bfloat16)
+    o = torch.empty((R, w, nq * D), dtype=torch.bfloat16)
     st = (ctypes.c_int64 * R)(*starts)
-    if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr(), v.data_ptr(),
-          k.stride(0), k.stride(1), kshift.data_ptr(), vshift.data_ptr(), kshift.stride(0), kshift.stride(1),
-          *_mask_args(mask), scale, shift, vscale, o.data_ptr(), torch.get_num_threads()):
+    crs, srs = k.stride(0), kshift.stride(0)
+    if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr() + 2 * row * crs,
+          v.data_ptr() + 2 * row * crs, crs, k.stride(1), kshift.data_ptr() + row * srs,
+          vshift.data_ptr() + row * srs, srs, kshift.stride(1), *_mask_args(mask), scale, shift, vscale,
+          o.data_ptr(), torch.get_num_threads()):
         raise MemoryError("attn16: out of memory for the attention's scratch")
     return o
