@@ -138,20 +138,3 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
     assert dec.outputs[0] == ar[:16]
     assert forecasts == [] and set(dec.stats[0].plan_hist) == {"ar"}
 
-
-def test_a_prefill_groups_bet_is_settled_at_what_it_took_not_at_its_forecast():
-    """A prefill's mask group is a bet charged at its forecast; here it took 3x that (a draft LoRA
-    the cost model does not price): the one-pass scale learns 3x, the ledger ends where the measured
-    loss puts it, and the next prefill no longer bets on the old forecast."""
-    from selfspec.engine.layouts import AR
-    from selfspec.engine.planner import Planner
-
-    cost = CostModel.linear(per_token=1e-3, fixed=0.01)
-    pl = Planner(cost, DecodeConfig(budget=4, block_length=4))  # mask groups of 4
-    pl.ledger.funds, pl.scale["ar"] = (before := 8.0), 1.0  # AR rounds measured at their forecast
-    assert pl.marginals_at_prefill(4, 100, 4, 64)
-    ar, forecast = pl.seconds(AR, 4, 100)[1], pl._f(4, 4, 100)
-    pl.observe_prefill_group(4, 100, 4, 3 * forecast)
-    assert pl.scale["one-pass"] == pytest.approx(3.0)
-    assert pl.ledger.funds == pytest.approx(before - 3 * forecast / ar)
-    assert not pl.marginals_at_prefill(4, 100, 4, 64)

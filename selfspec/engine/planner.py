@@ -101,20 +101,7 @@ class Planner:
         if extra > ar * max(1.0, PROBE_SHARE * room) or not self.ledger.may_bet(loss):
             return False
         self.ledger.funds -= loss  # charged now: the prefill is no round the ledger sees
-        self._prefill_charge = loss
         return True
-
-    def observe_prefill_group(self, rows: int, cache: int, group: int, seconds: float) -> None:
-        """What the mask group a prefill added (`marginals_at_prefill`'s bet) took: the one-pass
-        time scale learns from it, and the ledger settles the bet at its measured loss, not at the
-        forecast it was charged (a draft LoRA the cost model does not price made such a group
-        cost 2-3x its forecast on a CPU)."""
-        ar = self.seconds(AR, rows, cache)[1]  # before the scale moves: AR's may fall back on it
-        charged, self._prefill_charge = getattr(self, "_prefill_charge", 0.0), 0.0
-        self.ledger.funds += charged - seconds / ar
-        ratio = seconds / self._f(rows, group, cache)
-        old = self.scale.get("one-pass")
-        self.scale["one-pass"] = ratio if old is None else old + EMA * (ratio - old)
 
     # -- plan ------------------------------------------------------------------------------------------
     def plan(self, rnd) -> Option:

@@ -60,12 +60,13 @@ class Stepper:
 
     # -- model calls ------------------------------------------------------------------------------------
     def timed(self, seqs: list[Sequence], fn, rnd: Round | None = None):
-        """Model time: added to every sequence the call served (each waited for all of it)."""
+        """Model time: added to every sequence the call served (each waited for all of it), and kept
+        as `last_seconds` (what the chunk picking learns from)."""
         t0 = self.clock()
         out = fn()
         if isinstance(out, torch.Tensor) and out.is_cuda:
             torch.cuda.synchronize(out.device)
-        dt = self.clock() - t0
+        dt = self.last_seconds = self.clock() - t0
         if rnd is not None:
             rnd.model_seconds += dt
         for s in seqs:
@@ -143,9 +144,8 @@ class Stepper:
         for i, s in enumerate(seqs):
             tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
         rows = slice(slot, slot + k)
-        t0 = self.clock()
         hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, rows, causal=True))
-        self.last_chunk = (k, L, max(starts), self.clock() - t0)  # what the decoder's chunk picking learns from
+        self.last_chunk = (k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
         for i, s in enumerate(seqs):
             self.cache.set_length(slot + i, starts[i] + widths[i])
             s.stats.prefill_forwards += 1
@@ -164,11 +164,8 @@ class Stepper:
                 k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.cfg.group
             lora, lora_rows = self._lora_rows(0)
-            t0 = self.clock()
             hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
                                                       self.cache, rows, lora=lora, lora_rows=lora_rows))
-            if self.planner is not None:
-                self.planner.observe_prefill_group(k, L, G, self.clock() - t0)
             for i, s in enumerate(seqs):
                 s.stats.prefill_forwards += 1
                 s.marg = self.group_marginals(s, hidden[i, 1:])
