@@ -115,3 +115,34 @@ class OneRow:
 
     def logits(self, hidden):
         return self.bf.logits(hidden)
+
+
+class FakeClock:
+    """A clock that moves only when told (`t += seconds`): what the planner and the decoder read
+    as time in tests that price forwards themselves."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class PricedForward:
+    """The real batched forward; each call moves a fake clock by `cost(rows, width, cached)` (the
+    cost model's price, or a truth the cost model does not know). `prefills` keeps the price of
+    every causal (prefill) call."""
+
+    def __init__(self, bf, clock: FakeClock, cost):
+        self.bf, self.clock, self.cost, self.prefills = bf, clock, cost, []
+
+    def __call__(self, tokens, offsets, cache, rows, **kw):
+        R, q = tokens.shape
+        dt = self.cost(R, q, cache.lengths[rows.start])
+        self.clock.t += dt
+        if kw.get("causal"):
+            self.prefills.append(dt)
+        return self.bf(tokens, offsets, cache, rows, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.bf, name)

@@ -12,7 +12,7 @@ from selfspec.engine.formats import set_weights
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
 
-from conftest import tiny_model
+from conftest import FakeClock, PricedForward, tiny_model
 
 V = 16
 FORMATS = ["int8", "int4", "w4a8", "bf16"]
@@ -186,32 +186,6 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
     assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
 
 
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Priced:
-    """The real forward; each call moves a fake clock by a true price the cost model does not know."""
-
-    def __init__(self, bf, clock, price):
-        self.bf, self.clock, self.price, self.turn_chunks = bf, clock, price, []
-
-    def __call__(self, tokens, offsets, cache, rows, **kw):
-        R, q = tokens.shape
-        dt = self.price(R, q, cache.lengths[rows.start])
-        self.clock.t += dt
-        if kw.get("causal"):
-            self.turn_chunks.append(dt)
-        return self.bf(tokens, offsets, cache, rows, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.bf, name)
-
-
 def _join_on_a_clock(learn: bool):
     """Two rows run (plan auto, fp32); a 150-token prompt joins. The cost model says a forward
     costs 10 ms plus 1 ms a token; the truth is three times that. Returns (seconds of each chunk
@@ -224,16 +198,16 @@ def _join_on_a_clock(learn: bool):
                   profile=CostModel.linear(per_token=1e-3, fixed=0.01))
     clock = FakeClock()
     dec.stepper.clock = clock
-    dec.bf = dec.stepper.bf = priced = Priced(dec.stepper.bf, clock, truth)
+    dec.bf = dec.stepper.bf = priced = PricedForward(dec.stepper.bf, clock, truth)
     for _ in range(3):
         dec.step()
     dec.add(_prompts((150,), seed=5)[0])
-    priced.turn_chunks = []
+    priced.prefills = []
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
             dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
-    return priced.turn_chunks, truth(2, 1, 10)
+    return priced.prefills, truth(2, 1, 10)
 
 
 def test_a_long_prompt_joining_costs_each_running_row_at_most_one_more_round_a_turn():

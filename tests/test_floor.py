@@ -13,34 +13,11 @@ from selfspec.engine.decoder import Decoder, generate_ids
 from selfspec.engine.ledger import Ledger
 from selfspec.engine.options import DecodeConfig
 
-from conftest import tiny_model
+from conftest import FakeClock, PricedForward, tiny_model
 
 # a CPU: 2 query tokens cost 1.15 AR steps, 5 cost 2, a mask group of 8 with its tree ~3-4
 CPU = CostModel.one_row((1, 2, 4, 5, 8, 16, 64, 256), ((1e-2, 1.15e-2, 1.3e-2, 2e-2, 2.5e-2, 3.5e-2, 9e-2, 0.3),))
 N = 240  # new tokens
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class PricedForward:
-    """The real batched forward; each call moves the fake clock by the cost model's price."""
-
-    def __init__(self, bf, clock: FakeClock, cost: CostModel):
-        self.bf, self.clock, self.cost = bf, clock, cost
-
-    def __call__(self, tokens, offsets, cache, rows, **kw):
-        R, q = tokens.shape
-        self.clock.t += self.cost(R, q, cache.lengths[rows.start])
-        return self.bf(tokens, offsets, cache, rows, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.bf, name)
 
 
 def _model_and_prompt():
@@ -137,4 +114,3 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
         pass
     assert dec.outputs[0] == ar[:16]
     assert forecasts == [] and set(dec.stats[0].plan_hist) == {"ar"}
-

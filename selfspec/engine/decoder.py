@@ -22,6 +22,8 @@ from bisect import bisect_left
 import torch
 
 from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
+                                    ChunkScale, pick_chunk)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import AR, config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -32,14 +34,6 @@ from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
 from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
-
-PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
-PREFILL_FLOOR = 1  # the least a cost model's chunk may be
-PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
-# row then waits at most about twice its usual gap between tokens while a long prompt joins
-PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
-# short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
-CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 
 
 class PerSequence(list):
@@ -151,6 +145,7 @@ class Decoder:
                                           or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
+        self._chunk_scale = ChunkScale()  # what this decoder's chunks took over their price
         check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
         self.model, self.cfg = model, cfg
         prompts = [[int(t) for t in p] for p in prompts]
@@ -327,19 +322,15 @@ class Decoder:
         if self.planner is None:
             return PREFILL_CHUNK
         sched, lengths, cost = self.scheduler, self.stepper.cache.lengths, self.planner.cost
-        last = getattr(self.stepper, "last_chunk", None)
+        last, self.stepper.last_chunk = self.stepper.last_chunk, None
         if last is not None:
-            self.stepper.last_chunk = None
-            k, L, at, seconds = last
-            ratio = seconds / cost(k, L, at)
-            old = getattr(self, "_chunk_scale", None)
-            self._chunk_scale = ratio if old is None else old + CHUNK_EMA * (ratio - old)
+            self._chunk_scale.observe(cost, *last)
         R = len(sched.live)
         left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
         cached = lengths[R] if sched.prefilling else 0
         cache = max(lengths[:R], default=0)
         return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=self.planner.seconds(AR, max(1, R), cache)[1],
-                          scale=getattr(self, "_chunk_scale", None) or 1.0)
+                          scale=self._chunk_scale.factor)
 
     @property
     def busy(self) -> bool:
@@ -372,27 +363,6 @@ class Decoder:
             hook, top_k = self.on_round, self.cfg.tree_top_k
             obs.append(lambda r, rnd: hook(r.info(rnd.layout, lam, top_k)))
         return obs
-
-
-def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
-               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0,
-               whole: float = PREFILL_WHOLE_ROUNDS) -> int:
-    """`most` (all that is left) when scale x cost(1, most, cached) is at most `whole` AR rounds of
-    `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the
-    largest prefill chunk c <= `most` whose scaled cost is at most `rounds` of them: a long
-    prompt's chunks stall the live rows for at most `rounds` AR rounds each, a short prompt joins
-    in one forward. At least `floor`. `cost`: a `cost.CostModel`; `scale`: measured over predicted
-    chunk time. Assumes the cost grows with the width (a binary search)."""
-    most = max(1, int(most))
-    ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
-    budget = rounds * ar
-    if scale * cost(1, most, cached) <= max(budget, whole * ar):
-        return most
-    lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if scale * cost(1, mid, cached) <= budget else (lo, mid)
-    return max(lo, min(floor, most))
 
 
 def generate_ids(model, prompt_ids, cfg: DecodeConfig, *, generator=None, **kw) -> tuple[list[int], Stats]:

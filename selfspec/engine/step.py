@@ -57,6 +57,8 @@ class Stepper:
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.clock = time.perf_counter  # every time the planner learns from is read here (tests run a fake one)
         self.piece = PREFILL_PIECE
+        self.last_seconds = 0.0  # the latest `timed` call's
+        self.last_chunk = None  # (rows, width, cached, seconds) of the latest chunk forward, until the decoder reads it
 
     # -- model calls ------------------------------------------------------------------------------------
     def timed(self, seqs: list[Sequence], fn, rnd: Round | None = None):

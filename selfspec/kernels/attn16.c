@@ -19,6 +19,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include "bf16.h"
 
 #define D_MAX 256
 
@@ -236,8 +237,6 @@ void attn16_decompress(const int16_t *m, int64_t R, int64_t KV, int64_t S, int64
 #define C11 (1.0 / 39916800)
 #define C12 (1.0 / 479001600)
 #define C13 (1.0 / 6227020800.0)
-typedef union { double d; int64_t i; } bits64;
-
 static inline double exp_round1(double x) {
     double xc = x >= -1.0 ? x : -1.0;
     double k = nearbyint(xc * INV_LN2);
@@ -296,14 +295,6 @@ void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int6
 /* pv [R, KV, J * w, D], den [R, KV, J * w] float64 (head kv * J + j, query t at row j * w + t)
  * -> out [R, w, KV * J * D] bf16 = (float)(pv / den) rounded to nearest even (the heads side by
  * side, what o_proj reads; torch's .to(bfloat16) of a float64 goes through fp32 the same way) */
-static inline uint16_t to_bf16(double x) {
-    float f = (float)x;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
-    return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);
-}
-
 void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int64_t J, int64_t w, int64_t D,
                 uint16_t *out) {
     int64_t H = KV * J;
@@ -313,7 +304,7 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
                 int64_t j = g / w, t = g % w, row = (r * KV + kv) * J * w + g;
                 const double *src = pv + row * D;
                 uint16_t *dst = out + ((r * w + t) * H + kv * J + j) * D;
-                for (int64_t d = 0; d < D; d++) dst[d] = to_bf16(src[d] / den[row]);
+                for (int64_t d = 0; d < D; d++) dst[d] = float_to_bf16((float)(src[d] / den[row]));
             }
 }
 

@@ -136,7 +136,7 @@ def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback:
     return out
 
 
-# e^x as a fixed sequence of IEEE operations (`attn16.c`'s det_exp_round, the same bits)
+# e^x as a fixed sequence of IEEE operations (`attn16.c`'s exp_round1, the same bits)
 LN2_HI, LN2_LO, INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
 EXP_C = (1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
          1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0)

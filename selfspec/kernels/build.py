@@ -72,11 +72,16 @@ def sources_key() -> str:
     """A digest of every kernel source beside this file and whether kernels are off: measurements
     cached per machine (the weight-format choice, the cost model) are keyed by it, so a kernel
     that changes (a new vector path) is measured again instead of judged by its predecessor's times."""
-    h = hashlib.sha1(os.environ.get("SELFSPEC_NO_KERNELS", "").encode())
-    for name in sorted(f for f in os.listdir(HERE) if f.endswith(".c")):
+    return hashlib.sha1(os.environ.get("SELFSPEC_NO_KERNELS", "").encode() + _sources(".c", ".h")).hexdigest()[:12]
+
+
+def _sources(*suffixes: str) -> bytes:
+    """The names and contents of the files beside this one ending in `suffixes`, in name order."""
+    out = b""
+    for name in sorted(f for f in os.listdir(HERE) if f.endswith(suffixes)):
         with open(os.path.join(HERE, name), "rb") as f:
-            h.update(name.encode() + f.read())
-    return h.hexdigest()[:12]
+            out += name.encode() + f.read()
+    return out
 
 
 def compile_c(cc: str, src: str, out: str, flags: list[str]) -> str | None:
@@ -101,7 +106,9 @@ def _build(name: str) -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as e:
         _errors[name] = f"{cc} --version failed: {e}"
         return None
-    key = hashlib.sha1(code + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()).hexdigest()[:16]
+    # the headers it may include are part of what is built
+    key = hashlib.sha1(code + _sources(".h") + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()
+                       ).hexdigest()[:16]
     out = os.path.join(kernel_dir(), f"{name}-{key}.so")
     if not os.path.isfile(out):
         print(f"selfspec: building the {name} kernel with {os.path.basename(cc)} (once per machine)", file=sys.stderr)

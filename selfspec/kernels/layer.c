@@ -18,25 +18,10 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include "bf16.h"
 
-#define PAR_MIN 16384
-#define D_MAX 256  /* elements below which a step runs on one thread (a team costs more) */
-
-typedef union { double d; int64_t i; } bits64;
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7fff + ((u >> 16) & 1)) >> 16, nan = (u >> 16) | 0x40;
-    return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);  /* a select: vectorizes */
-}
+#define PAR_MIN 16384  /* elements below which a step runs on one thread (a team costs more) */
+#define D_MAX 256
 
 static inline void rms_row(const float *x, int64_t H, const float *w, double eps, void *out, int64_t m, int out_bf16) {
     double ss = 0.0;

@@ -147,8 +147,9 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, *, fallback: bool = False) -> tor
     """silu(g) * u of bf16 g, u [M, F] (rows may be strided: the halves of one [M, 2F] tensor) -> bf16 [M, F]."""
     F = g.shape[-1]
     ok = (g.dim() == 2 and g.shape == u.shape and g.stride(1) == u.stride(1) == 1 and g.stride(0) == u.stride(0)
-          and g.dtype == u.dtype == torch.bfloat16 and g.device.type == "cpu")
-    fn = _c(fallback, "layer_silu_mul") if ok else None  # rows may be strided: checked here
+          and g.dtype is u.dtype is torch.bfloat16 and g.is_cpu
+          and not (torch.is_grad_enabled() and (g.requires_grad or u.requires_grad)))
+    fn = _c(fallback, "layer_silu_mul") if ok else None  # rows may be strided: checked here, not by _c
     if fn is None:
         x = g.float()
         return (x / (1.0 + exp_silu(-x))).to(torch.bfloat16) * u

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include "bf16.h"
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -67,13 +68,6 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch's .to(bfloat16) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
 const char *w4a8_isa(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return "avx512-vnni";
@@ -93,7 +87,7 @@ void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, 
         for (int64_t b = 0; b < nb; b++) {
             if (x_bf16) {
                 const uint16_t *src = (const uint16_t *)x + r * K + b * BLOCK;
-                for (int i = 0; i < BLOCK; i++) { uint32_t u = (uint32_t)src[i] << 16; memcpy(xb + i, &u, 4); }
+                for (int i = 0; i < BLOCK; i++) xb[i] = bf16_to_float(src[i]);
             } else {
                 memcpy(xb, (const float *)x + r * K + b * BLOCK, sizeof xb);
             }

@@ -174,30 +174,26 @@ _entry: dict = {}  # name -> the C entry point or None, once looked up (asked ~1
 def _linear(x: torch.Tensor, name: str, weights: tuple, ref, shape: tuple[int, int], fallback: bool, dtype):
     """x [..., K] through the C entry point `name` (its weight tensors `weights`), or through `ref`
     (the same bits in torch) when it cannot run or `fallback`; [..., N] in `dtype`."""
+    if dtype is not torch.bfloat16 and dtype is not torch.float32:
+        raise ValueError(f"{name[:4]} gives bf16 or fp32, not {dtype}")
     fn = None if fallback else _entry.get(name, False)
     if fn is False:
         fn = _entry[name] = kernel(name)
-    if (fn is not None and x.dim() == 2 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32) and x.is_cpu
-            and x.is_contiguous() and (dtype is torch.bfloat16 or dtype is torch.float32)):
-        # the runtime's call (rows of activations): nothing to reshape or convert, so nothing is
+    lead = None
+    # the runtime's call (rows of bf16 / fp32 activations) goes straight through: no reshape, no copy
+    if not (x.dim() == 2 and (x.dtype is torch.bfloat16 or x.dtype is torch.float32) and x.is_cpu
+            and x.is_contiguous()):
+        lead, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        if fn is not None:
+            x = (x if x.dtype in (torch.bfloat16, torch.float32) else x.float()).contiguous()
+    if fn is None:
+        y = ref(x).to(dtype)
+    else:
         y = torch.empty((x.shape[0], shape[0]), dtype=dtype)
         if fn(x.data_ptr(), x.dtype is torch.bfloat16, x.shape[0], x.shape[1], *(w.data_ptr() for w in weights),
               shape[0], y.data_ptr(), dtype is torch.bfloat16, torch.get_num_threads()):
             raise MemoryError(f"{name[:4]}: out of memory for the quantized activations")
-        return y
-    if dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"{name[:4]} gives bf16 or fp32, not {dtype}")
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if fn is None:
-        y = ref(x2).to(dtype)
-    else:
-        x2 = (x2 if x2.dtype in (torch.bfloat16, torch.float32) else x2.float()).contiguous()
-        y = torch.empty(x2.shape[0], shape[0], dtype=dtype)
-        if fn(x2.data_ptr(), int(x2.dtype == torch.bfloat16), x2.shape[0], k, *(w.data_ptr() for w in weights),
-              shape[0], y.data_ptr(), int(dtype == torch.bfloat16), torch.get_num_threads()):
-            raise MemoryError(f"{name[:4]}: out of memory for the quantized activations")
-    return y.reshape(*lead, shape[0])
+    return y if lead is None else y.reshape(*lead, shape[0])
 
 
 @dataclass(frozen=True)

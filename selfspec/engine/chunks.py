@@ -1,0 +1,59 @@
+"""How much of a joining prompt a turn prefills while rows run (the decoder's chunked prefill).
+
+A chunk is its own forward: it stalls the running rows for its time, and pays a whole forward's
+weight reads however few its tokens. Plan "auto" sizes it from what rounds and chunks are measured
+to take (`pick_chunk`); a fixed mode takes PREFILL_CHUNK tokens.
+
+Example: AR rounds of the running rows take 30 ms and a chunk's forward is priced 10 ms + 1 ms a
+token, chunks having taken 1.5x their price: a 2,000-token prompt goes in chunks of 10 tokens
+(1.5 x 20 ms <= 30 ms) until what is left costs at most 4 rounds (1.5 x (10 + 70) ms = 120 ms),
+then the last 70 in one.
+"""
+
+from __future__ import annotations
+
+PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
+PREFILL_FLOOR = 1  # the least a cost model's chunk may be
+PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
+# row then waits at most about twice its usual gap between tokens while a long prompt joins
+PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
+# short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
+CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
+
+
+class ChunkScale:
+    """What chunks took over the cost model's price, smoothed: a cost model's cache axis ends at
+    1,024 tokens, and a long prompt's chunks run past it."""
+
+    def __init__(self):
+        self.ratio: float | None = None
+
+    def observe(self, cost, rows: int, width: int, cached: int, seconds: float) -> None:
+        """A chunk of `rows` x `width` tokens over `cached` ones took `seconds`; `cost` priced it."""
+        r = seconds / cost(rows, width, cached)
+        self.ratio = r if self.ratio is None else self.ratio + CHUNK_EMA * (r - self.ratio)
+
+    @property
+    def factor(self) -> float:
+        return 1.0 if self.ratio is None else self.ratio
+
+
+def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
+               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0,
+               whole: float = PREFILL_WHOLE_ROUNDS) -> int:
+    """`most` (all that is left) when scale x cost(1, most, cached) is at most `whole` AR rounds of
+    `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the
+    largest prefill chunk c <= `most` whose scaled cost is at most `rounds` of them: a long
+    prompt's chunks stall the live rows for at most `rounds` AR rounds each, a short prompt joins
+    in one forward. At least `floor`. `cost`: a `cost.CostModel`; `scale`: measured over predicted
+    chunk time. Assumes the cost grows with the width (a binary search)."""
+    most = max(1, int(most))
+    ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
+    budget = rounds * ar
+    if scale * cost(1, most, cached) <= max(budget, whole * ar):
+        return most
+    lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if scale * cost(1, mid, cached) <= budget else (lo, mid)
+    return max(lo, min(floor, most))
