@@ -31,15 +31,20 @@ def _prompts(lengths, seed=0):
 
 
 class Widths:
-    """Wraps a decoder's forward: the [rows, width] of every causal (prefill) forward it runs."""
+    """Wraps a decoder's forward: the [rows, width] of every prompt chunk it runs (`seen`: in a
+    causal forward of its own, or joined to a round's forward, `joined` counting those)."""
 
     def __init__(self, dec):
-        self.bf, self.seen = dec.stepper.bf, []
+        self.bf, self.seen, self.joined = dec.stepper.bf, [], 0
         dec.stepper.bf = self
 
-    def __call__(self, tokens, *a, causal=False, **kw):
+    def __call__(self, tokens, *a, causal=False, join=None, **kw):
         if causal:
             self.seen.append(tuple(tokens.shape))
+        if join is not None:
+            self.seen.append(tuple(join.tokens.shape))
+            self.joined += 1
+            return self.bf(tokens, *a, causal=causal, join=join, **kw)
         return self.bf(tokens, *a, causal=causal, **kw)
 
     def __getattr__(self, name):
@@ -127,13 +132,14 @@ def test_speculative_rows_and_several_joining_prompts_stay_exact(fmt, mode):
 
 
 def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
-    """The contrast: a chunk as long as the prompt prefills it in the turn it joins (one forward,
-    no live tokens before its first one); the default fixed chunk is PREFILL_CHUNK."""
+    """The contrast: a chunk as long as the prompt prefills it in the turn it joins (in that
+    turn's round forward: the live rows get that one round's token before its first one); the
+    default fixed chunk is PREFILL_CHUNK."""
     m = _model("int8")
     cfg = DecodeConfig(mode="ar", max_new_tokens=12)
     running, (long,) = _prompts((5, 9)), _prompts((70,), seed=1)
     dec, (kv,), between = _join(m, cfg, running, [long], chunk=70)
-    assert between == 0 and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
+    assert between == len(running) and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
     from selfspec.engine.decoder import PREFILL_CHUNK
 
     assert Decoder(m, running, cfg).chunk_tokens() == PREFILL_CHUNK
@@ -327,3 +333,22 @@ def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(f
         assert dec.stats[0].prefill_forwards >= 5, name
         outs[name] = dec.outputs[0]
     assert all(o == outs["ar"] for o in outs.values()), outs
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp32"])
+def test_in_the_exact_formats_a_joining_prompts_chunks_ride_in_the_rounds_forwards(fmt):
+    """Where every row's bits are the same in any batch (the exact formats), the 70-token
+    prompt's nine chunks run inside the live rows' round forwards (no forward of their own: no
+    second pass over the weights a turn); fp32 runs them as forwards of their own. Both exact."""
+    m = set_weights(tiny_model(seed=2, vocab_size=V), fmt) if fmt == "fp32" else _model(fmt)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=20)
+    running, (long,) = _prompts((5, 9)), _prompts((70,), seed=1)
+    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[], prefill_chunk=8)
+    dec.step()
+    dec.add(long)
+    w = Widths(dec)
+    for _ in dec:
+        pass
+    assert w.seen == [(1, 8)] * 8 + [(1, 6)]
+    assert w.joined == (9 if fmt == "int4" else 0)
+    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in running + [long]]

@@ -122,3 +122,54 @@ def test_the_exact_path_is_the_one_that_runs_and_its_tree_mask_is_the_runtimes()
     assert bf.ff.exact and bf.new_cache(1, 8).dtype == torch.int16 and bf.ff.act == torch.float32
     block, _ = tree_block(torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1]))
     assert torch.equal(block, additive(torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)))
+
+
+def _lora(m, seed=0):
+    from selfspec.checkpoint.lora import TARGETS, DraftLoRA, module_of
+
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for i, layer in enumerate(m.encoder.layers):
+        for name in TARGETS:
+            out_f, in_f = module_of(layer, name).weight.shape
+            weights[(i, name)] = (torch.randn(2, in_f, generator=g), torch.randn(out_f, 2, generator=g) * 0.3)
+    return DraftLoRA(m, weights, scale=0.5, mask_embedding=torch.randn(m.config.hidden_size, generator=g))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("chunk", [(1, 3), (1, 20), (2, 6)])
+@pytest.mark.parametrize("live", [1, 2])
+def test_a_prompt_chunk_joined_to_a_round_gives_every_row_the_bits_of_its_own_forward(fmt, chunk, live):
+    """A round of one or two rows (a tree with mask groups under the draft LoRA, and a chain)
+    and a prompt chunk for other cache rows (one row narrow enough for the one-call attention,
+    one too wide for it, two rows of a padded chunk) run in one forward: the round's hidden
+    states, the chunk's and every K/V they write are bitwise those of the two separate forwards."""
+    from selfspec.engine.batch_forward import Join
+
+    m = set_weights(tiny_model(), fmt)
+    lora = _lora(m)
+    g = torch.Generator().manual_seed(5)
+    k, c = chunk
+    prompts = [torch.randint(5, 64, (n,), generator=g).tolist() for n in (17, 8)][:live]
+    chunked = [torch.randint(5, 64, (n,), generator=g).tolist() for n in (11, 4)[:k]]
+    tree = Tree(torch.randint(5, 64, (5,), generator=g), torch.tensor([-1, 0, 0, 1, 1]), torch.tensor([0, 1, 1, 2, 2]))
+    lay = rows_layout([tree, chain(torch.randint(5, 64, (3,), generator=g))][:live],
+                      [torch.tensor([0, 3]), None][:live], 4, 4)
+    N = lay.nodes
+    tokens = torch.randint(5, 64, (k, c), generator=g)
+    out = {}
+    for joined in (False, True):
+        bf, cache = _prefilled(m, prompts + chunked)
+        kw = dict(block=lay.blocks, lora=lora, lora_rows=slice(N, None))
+        rows = slice(live, live + k)
+        if joined:
+            h, hj = bf(lay.tokens, lay.offsets, cache, slice(0, live), join=Join(tokens, rows), **kw)
+        else:
+            h = bf(lay.tokens, lay.offsets, cache, slice(0, live), **kw)
+            hj = bf(tokens, torch.arange(c).expand(k, c), cache, rows, causal=True)
+        out[joined] = (h, hj, [t.clone() for t in cache.k + cache.v + cache.shifts])
+    (h0, j0, kv0), (h1, j1, kv1) = out[False], out[True]
+    assert torch.equal(h0, h1) and torch.equal(j0, j1)
+    assert len(kv0) == len(kv1) and all(torch.equal(a, b) for a, b in zip(kv0, kv1))
+    assert not torch.equal(h0[0, N:], BatchForward.of(m)(lay.tokens, lay.offsets, _prefilled(m, prompts)[1],
+                                                       slice(0, live), block=lay.blocks)[0, N:])  # the LoRA ran

@@ -19,6 +19,8 @@ only ever holds zeros or K/V the model wrote.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -55,11 +57,23 @@ class MaskBuffer:
         return self.buf[:q, : c + q]
 
 
-def _mask_buffer(cache: BatchKVCache, device, dtype) -> MaskBuffer:
-    buf = cache.scratch.get(("mask", device))
+def _mask_buffer(cache: BatchKVCache, device, dtype, segment: int = 0) -> MaskBuffer:
+    """The request's reused one-row mask buffer, one per segment of a forward (a joining chunk's
+    mask must not overwrite the round's)."""
+    key = ("mask", device, segment)
+    buf = cache.scratch.get(key)
     if buf is None:
-        buf = cache.scratch[("mask", device)] = MaskBuffer(device, dtype)
+        buf = cache.scratch[key] = MaskBuffer(device, dtype)
     return buf
+
+
+class Join(NamedTuple):
+    """A joining prompt's chunk run in a round's forward: `tokens` [k, c] of cache rows `rows`,
+    causal among themselves, at positions lengths[rows] + 0..c-1 (rows shorter than c are padded
+    at their end, as a separate prefill pads them)."""
+
+    tokens: torch.Tensor
+    rows: slice
 
 
 def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
@@ -105,13 +119,47 @@ class BatchForward:
     @torch.inference_mode()
     def __call__(self, tokens: torch.Tensor, offsets: torch.Tensor, cache: BatchKVCache, rows: slice, *,
                  block: torch.Tensor | None = None, causal: bool = False, lora=None,
-                 lora_rows: slice | None = None) -> torch.Tensor:
+                 lora_rows: slice | None = None, join: Join | None = None):
         """Final hidden states [R, q, H] of `tokens` [R, q] of cache rows `rows` at positions
         lengths + `offsets` [R, q]. Lengths do not move (the caller commits per row).
 
         `block` [R, q, q] float additive among each row's new tokens (None: all see each other);
         `causal=True` with no block: lower-triangular (a prefill). `lora` adds its delta on `lora_rows`.
-        """
+
+        `join` (the exact formats, `joins`): a prompt chunk for other cache rows, run in the same
+        weight matmuls (its rows only pay their arithmetic, not another pass over the weights);
+        each row's attention and K/V are its own, so every row's bits are those of its separate
+        forward. Returns (hidden [R, q, H], the chunk's [k, c, H]) then."""
+        ff = self.ff
+        seg = self._segment(tokens, offsets, cache, rows, block, causal, 0)
+        h = F.embedding(tokens.to(ff.embed.device), ff.embed)
+        if join is None:
+            return ff.layers_forward(tokens, h, seg.positions, seg.attend, lora, lora_rows)
+        if not self.joins:
+            raise ValueError("a joining chunk runs in a round's forward in the exact formats only")
+        k, c = (int(n) for n in join.tokens.shape)
+        tail = self._segment(join.tokens, torch.arange(c).expand(k, c), cache, join.rows, None, True, 1)
+        R, q = int(tokens.shape[0]), int(tokens.shape[1])
+        M0, heads, D = R * q, ff.n_heads + 2 * ff.n_kv, ff.head_dim
+
+        def attend(i, dev, qs, ks, vs, fused):  # every row's heads flat: each segment attends on its own
+            a0 = seg.attend(i, dev, None, None, None, fused=fused[:M0].view(R, q, heads, D))
+            a1 = tail.attend(i, dev, None, None, None, fused=fused[M0:].view(k, c, heads, D))
+            return torch.cat([a0.reshape(M0, -1), a1.reshape(k * c, -1)])
+
+        th = F.embedding(join.tokens.reshape(-1).to(ff.embed.device), ff.embed)
+        hidden, rest = ff.layers_forward(tokens, h, seg.positions, attend, lora, lora_rows,
+                                         tail=(th, tail.positions.reshape(-1)))
+        return hidden, rest.view(k, c, -1)
+
+    @property
+    def joins(self) -> bool:
+        """A prompt's chunk can ride in a round's forward (`join=`): the exact formats, whose rows
+        are bitwise the same in any batch."""
+        return self.ff.exact
+
+    def _segment(self, tokens, offsets, cache: BatchKVCache, rows: slice, block, causal: bool, index: int):
+        """One block of cache rows of a forward: its positions and its `attend`."""
         ff = self.ff
         R, q = int(tokens.shape[0]), int(tokens.shape[1])
         starts = cache.lengths[rows]
@@ -129,7 +177,6 @@ class BatchForward:
             if causal:
                 block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
             block = block.expand(R, q, q)
-        h = F.embedding(tokens.to(ff.embed.device), ff.embed)
         masks = {}
         mask_dtype = torch.float64 if ff.exact else ff.dtype
 
@@ -138,7 +185,8 @@ class BatchForward:
                 if use_causal or no_mask:
                     masks[dev] = None
                 elif R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
-                    masks[dev] = _mask_buffer(cache, dev, mask_dtype).view(starts[0], block[0].to(dev, mask_dtype))
+                    buf = _mask_buffer(cache, dev, mask_dtype, index)
+                    masks[dev] = buf.view(starts[0], block[0].to(dev, mask_dtype))
                 else:
                     masks[dev] = batch_mask(lengths, block, mask_dtype).to(dev)
             return masks[dev]
@@ -159,4 +207,9 @@ class BatchForward:
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 
         attend.reads_fused = True
-        return ff.layers_forward(tokens, h, positions, attend, lora, lora_rows)
+        return _Segment(positions, attend)
+
+
+class _Segment(NamedTuple):
+    positions: torch.Tensor  # [R, q]
+    attend: object  # the layer body's attend(i, dev, q, k, v, fused=)

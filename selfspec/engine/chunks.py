@@ -1,7 +1,8 @@
 """How much of a joining prompt a turn prefills while rows run (the decoder's chunked prefill).
 
-A chunk is its own forward: it stalls the running rows for its time, and pays a whole forward's
-weight reads however few its tokens. Plan "auto" sizes it from what rounds and chunks are measured
+A chunk stalls the running rows for its time. In a forward of its own it pays a whole pass over
+the weights however few its tokens; where it rides in the round's forward (the exact formats,
+`BatchForward.joins`) only what its tokens add. Plan "auto" sizes it from what rounds and chunks are measured
 to take (`pick_chunk`); a fixed mode takes PREFILL_CHUNK tokens.
 
 Example: AR rounds of the running rows take 30 ms and a chunk's forward is priced 10 ms + 1 ms a
@@ -40,20 +41,27 @@ class ChunkScale:
 
 def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
                floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0,
-               whole: float = PREFILL_WHOLE_ROUNDS) -> int:
-    """`most` (all that is left) when scale x cost(1, most, cached) is at most `whole` AR rounds of
-    `rows` live rows at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the
-    largest prefill chunk c <= `most` whose scaled cost is at most `rounds` of them: a long
-    prompt's chunks stall the live rows for at most `rounds` AR rounds each, a short prompt joins
-    in one forward. At least `floor`. `cost`: a `cost.CostModel`; `scale`: measured over predicted
-    chunk time. Assumes the cost grows with the width (a binary search)."""
+               whole: float = PREFILL_WHOLE_ROUNDS, base: int = 0) -> int:
+    """`most` (all that is left) when its price is at most `whole` AR rounds of `rows` live rows
+    at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the largest prefill
+    chunk c <= `most` whose price is at most `rounds` of them: a long prompt's chunks stall the
+    live rows for at most `rounds` AR rounds each, a short prompt joins at once. At least
+    `floor`. A chunk's price: scale x cost(1, c, cached) in a forward of its own; with `base`
+    query rows it joins in the same forward, what it adds to them, scale x (cost(1, base + c,
+    cached) - cost(1, base, cached)). `cost`: a `cost.CostModel`; `scale`: measured over
+    predicted chunk time. Assumes the cost grows with the width (a binary search)."""
     most = max(1, int(most))
     ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
     budget = rounds * ar
-    if scale * cost(1, most, cached) <= max(budget, whole * ar):
+    alone = cost(1, base, cached) if base else 0.0
+
+    def price(c: int) -> float:
+        return scale * (cost(1, base + c, cached) - alone)
+
+    if price(most) <= max(budget, whole * ar):
         return most
-    lo, hi = 0, most  # cost(lo) <= budget (or lo = 0), cost(hi) > budget
+    lo, hi = 0, most  # price(lo) <= budget (or lo = 0), price(hi) > budget
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if scale * cost(1, mid, cached) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if price(mid) <= budget else (lo, mid)
     return max(lo, min(floor, most))

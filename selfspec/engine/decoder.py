@@ -5,9 +5,10 @@ sequences (`sequence.Sequence`, one per prompt), a `step.Stepper` runs one round
 rows (plan -> draft -> lay out + forward -> verify + commit -> observe), and `step()` is one turn:
 finished rows leave, waiting prompts are prefilled into the free cache rows, then one round runs.
 With nothing running the entering prompts are prefilled together in one forward; while rows run,
-a prompt is prefilled in chunks, at most one chunk (`prefill_chunk` tokens) per turn before the
-live rows' round, so a long prompt joining a running batch never stalls its rows for more than a
-chunk's forward. Iterating a decoder runs turns until every prompt is done and yields
+a prompt is prefilled in chunks, at most one chunk (`prefill_chunk` tokens) per turn, so a long
+prompt joining a running batch never stalls its rows for more than a chunk. In the exact formats
+the chunk runs inside the live rows' round forward (`BatchForward.joins`: one pass over the
+weights for both); elsewhere in a forward of its own before the round. Iterating a decoder runs turns until every prompt is done and yields
 `(row, chunk)` as rows commit; `add()` queues another prompt at any time (a server adds requests
 while the batch runs, and they join at the next turn).
 
@@ -279,9 +280,11 @@ class Decoder:
         """One turn: finished rows leave, waiting prompts take free rows, then one round runs over
         the live rows. With nothing running, the entering prompts are prefilled whole in one forward
         (their first tokens are yielded right away: time to first token is one prefill); while rows
-        run, the prompts being prefilled run their next chunk (`chunk_tokens` query tokens at most,
-        `step.Stepper.prefill_chunk`), and those whose last chunk is in yield their first tokens
-        and join the round. Yields `(row, chunk)` as rows commit."""
+        run, the prompts being prefilled run their next chunk (`chunk_tokens` query tokens at most):
+        in the round's forward where the format allows it (`step.Stepper.step`'s `join`), those
+        whose last chunk is in yielding their first tokens after the round's; else in a forward of
+        its own before the round (`step.Stepper.prefill_chunk`), those whose last chunk is in
+        joining that round. Yields `(row, chunk)` as rows commit."""
         self.start()
         sched, cache = self.scheduler, self.stepper.cache
         sched.retire(cache)  # cancelled since the last turn
@@ -297,17 +300,29 @@ class Decoder:
                 cache.reset(slot + i)
             sched.start_prefill(entering)
             entering, chunks = [], []
-            if sched.prefilling:
+            # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
+            # its tokens pay their arithmetic, not another pass over the weights
+            if sched.prefilling and not (sched.live and self.bf.joins):
                 n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
                 entering = sched.join(n, cache)
-        for s, chunk in zip(entering, chunks):
-            self._observers[s.index] = self._observers_of(s)
-            yield s.index, chunk
+        yield from self._welcome(entering, chunks)
         if sched.live:
-            rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers)
+            join = None
+            if sched.prefilling and self.bf.joins and not entering:
+                join = (sched.prefilling, len(sched.live), self.chunk_tokens())
+            rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
+            n, chunks = rnd.joined
+            entering = sched.join(n, cache) if n else []
             sched.retire(cache)
             for r in rnd.rows:
                 yield r.seq.index, r.committed
+            yield from self._welcome(entering, chunks)
+
+    def _welcome(self, entering: list, chunks: list):
+        """Sequences that just got their first tokens: their observers, then their first chunks."""
+        for s, chunk in zip(entering, chunks):
+            self._observers[s.index] = self._observers_of(s)
+            yield s.index, chunk
 
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a
@@ -329,8 +344,9 @@ class Decoder:
         left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
         cached = lengths[R] if sched.prefilling else 0
         cache = max(lengths[:R], default=0)
+        base = R if R and self.bf.joins else 0  # a chunk in the round's forward adds to its R query rows
         return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=self.planner.seconds(AR, max(1, R), cache)[1],
-                          scale=self._chunk_scale.factor)
+                          scale=self._chunk_scale.factor, base=base)
 
     @property
     def busy(self) -> bool:

@@ -183,7 +183,7 @@ class FastForward:
 
     # -- the forward ---------------------------------------------------------------------------
     def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, attend, lora=None,
-                       lora_rows: slice | None = None) -> torch.Tensor:
+                       lora_rows: slice | None = None, tail: tuple | None = None):
         """The decoder layers and final norm over embeddings h [R, q, H] of `tokens` ([q] or [R, q])
         at `positions` ([R, q] or [q]): the one layer body of the runtime's forward and of the
         draft-LoRA trainer. `attend(i, dev, q, k, v)` writes layer i's K/V and returns attention
@@ -192,14 +192,21 @@ class FastForward:
         columns `lora_rows` of every row.
 
         The residual stream, norms and MLP gate run in `self.act` (fp32 in the exact formats); the
-        weight matmuls take `self.dtype` (bf16 there: what the int8 / int4 kernels run)."""
+        weight matmuls take `self.dtype` (bf16 there: what the int8 / int4 kernels run).
+
+        `tail` (exact formats only): (embeddings [m, H], positions [m]) of more query rows run in
+        the same matmuls (another segment of rows: a prompt's chunk joining a round); `attend`
+        then gets every row's fused heads flat ([R q + m, heads, D]) and returns [R q + m, heads x D],
+        and the result is (final states [R, q, H], the tail's [m, H])."""
         R, q = int(h.shape[0]), int(h.shape[1])
         positions = positions.reshape(-1, q).expand(R, q)
         on = lora is not None and lora_rows is not None
         if on:
             h = lora.embed(tokens, h, lora_rows)
         if self.exact:
-            return self._exact_layers(h, positions, attend, lora if on else None, lora_rows)
+            return self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
+        if tail is not None:
+            raise ValueError("a tail of rows runs in the exact formats' layer body only")
         h = h.to(self.act)
         mm, tables = self.dtype, {}
         for i, w in enumerate(self.layers):
@@ -233,7 +240,7 @@ class FastForward:
             h = h + d
         return _rms(h, self.norm.to(h.device), self.eps)
 
-    def _exact_layers(self, h: torch.Tensor, positions: torch.Tensor, attend, lora, lora_rows) -> torch.Tensor:
+    def _exact_layers(self, h: torch.Tensor, positions: torch.Tensor, attend, lora, lora_rows, tail=None):
         """`layers_forward` in the exact formats: the steps between the matmuls are `kernels.layer`'s
         (one C call each where torch runs several ops; the same bits from its torch twins), on rows
         flattened to [R q, ...]: RMSNorm into bf16, RoPE onto the attention grids, the residual
@@ -242,8 +249,12 @@ class FastForward:
         `reads_fused` gets the q / k / v heads as one tensor [R, q, heads, D] (`fused=`; q, k and
         v None: `split_heads` makes them where it needs them)."""
         R, q, H = (int(n) for n in h.shape)
-        M, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
-        h = h.reshape(M, H).to(torch.float32, copy=True)  # the residual stream, updated in place
+        M0, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
+        h = h.reshape(M0, H).to(torch.float32, copy=True)  # the residual stream, updated in place
+        if tail is not None:  # rows are independent outside the attention: the tail's ride in the same matmuls
+            h = torch.cat([h, tail[0].to(torch.float32)])
+            positions = torch.cat([positions.reshape(-1), tail[1].reshape(-1).to(positions.device)])
+        M = int(h.shape[0])
         tables, vscale = {}, 2.0 ** self.grids[0].v
         last = len(self.layers) - 1
         x, fused = None, getattr(attend, "reads_fused", False)
@@ -258,30 +269,35 @@ class FastForward:
             if x is None:
                 x = kl.rms(h, w.ln1, self.eps)
             qkv = matmul(x, w.qkv[0])
-            if lora is not None:  # in place into the fused output
-                lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x.view(R, q, H),
-                                self._split((qkv.view(R, q, -1),)), lora_rows)
-            xs = kl.rope(qkv, pos, tab, nh, nkv, vscale).view(R, q, nh + 2 * nkv, D)
-            a = attend(i, dev, None, None, None, fused=xs) if fused else attend(i, dev, *self.split_heads(xs))
-            a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
-            o = matmul(a.reshape(M, -1).to(self.dtype), w.wo)
-            if lora is not None:
-                o = lora.add_delta(i, a, o.view(R, q, -1), lora_rows).reshape(M, H)
+            if lora is not None:  # in place into the fused output (the first R q rows: the tail has none)
+                lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x[:M0].view(R, q, H),
+                                self._split((qkv[:M0].view(R, q, -1),)), lora_rows)
+            xs = kl.rope(qkv, pos, tab, nh, nkv, vscale)
+            if tail is not None:
+                a = attend(i, dev, None, None, None, fused=xs.view(M, nh + 2 * nkv, D))
+            else:
+                xs = xs.view(R, q, nh + 2 * nkv, D)
+                a = attend(i, dev, None, None, None, fused=xs) if fused else attend(i, dev, *self.split_heads(xs))
+                a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
+            a = a.reshape(M, -1)
+            o = matmul(a.to(self.dtype), w.wo)
+            if lora is not None:  # in place
+                lora.add_delta(i, a[:M0].view(R, q, -1), o[:M0].view(R, q, -1), lora_rows)
             x = kl.add_rms(h, o, w.ln2, self.eps)
             g, u = matmul(x, w.gate_up[0]).chunk(2, -1)
             if lora is not None:
                 F_ = g.shape[-1]
-                g, u = (t.reshape(M, F_) for t in lora.add_deltas(
-                    i, ("gate_proj", "up_proj"), x.view(R, q, H), (g.view(R, q, F_), u.view(R, q, F_)), lora_rows))
+                lora.add_deltas(i, ("gate_proj", "up_proj"), x[:M0].view(R, q, H),
+                                (g[:M0].view(R, q, F_), u[:M0].view(R, q, F_)), lora_rows)
             m = kl.silu_mul(g, u)
             d = matmul(m, w.down)
             if lora is not None:
-                d = lora.add_deltas(i, ("down_proj",), m.view(R, q, -1), (d.view(R, q, H),), lora_rows)[0].reshape(M, H)
+                lora.add_deltas(i, ("down_proj",), m[:M0].view(R, q, -1), (d[:M0].view(R, q, H),), lora_rows)
             if i < last:
                 x = kl.add_rms(h, d, self.layers[i + 1].ln1.to(dev), self.eps)
             else:
                 x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
-        return x.view(R, q, H)
+        return x[:M0].view(R, q, H) if tail is None else (x[:M0].view(R, q, H), x[M0:])
 
     def split_heads(self, xs: torch.Tensor) -> tuple:
         """q, k, v [R, heads, q, D] (views) of the fused heads xs [R, q, nh + 2 kv, D]."""

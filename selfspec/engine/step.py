@@ -32,6 +32,7 @@ from selfspec.drafting.sampling import select
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
+from selfspec.engine.batch_forward import Join
 from selfspec.engine.masks import rows_layout
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
@@ -114,15 +115,27 @@ class Stepper:
         return self._first_tokens(seqs, slot, torch.stack(last))
 
     def prefill_chunk(self, seqs: list[Sequence], slot: int, budget: int) -> tuple[int, list[list[int]]]:
-        """One chunk of a chunked prefill: `seqs` hold cache rows slot.. with part of their prompts
-        in (the cache row's length: slot = position); the first of them, in order, run their next
-        tokens in one causal forward of at most `budget` query tokens (rows x the widest's tokens;
-        a row takes at most `budget` of its prompt, and a row whose prompt does not end in this
-        chunk is the last one taken). The rows whose last prompt token is now in get their first
-        token as `prefill` gives it (root from the last position's logits, the optional mask group);
-        they are the first n of `seqs`. Returns n and their first chunks."""
-        budget = max(1, int(budget))
-        widths = []
+        """One chunk of a chunked prefill in its own forward: `seqs` hold cache rows slot.. with
+        part of their prompts in (the cache row's length: slot = position); the first of them, in
+        order, run their next tokens (`chunk_widths`) in one causal forward. The rows whose last
+        prompt token is now in get their first token as `prefill` gives it (root from the last
+        position's logits, the optional mask group); they are the first n of `seqs`. Returns n and
+        their first chunks."""
+        widths = self.chunk_widths(seqs, slot, budget)
+        taken = seqs[: len(widths)]
+        tokens, starts = self._chunk_tokens(taken, slot, widths)
+        k, L = tokens.shape
+        hidden = self.timed(taken, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
+                                                   slice(slot, slot + k), causal=True))
+        self.last_chunk = (k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
+        return self._chunk_done(taken, slot, widths, starts, hidden)
+
+    def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
+        """The next chunk's tokens per row, for the first rows of `seqs` (cache rows slot..): at
+        most `budget` query tokens in all (rows x the widest's tokens); a row takes at most
+        `budget` of its prompt, and a row whose prompt does not end in this chunk is the last one
+        taken."""
+        budget, widths = max(1, int(budget)), []
         for s in seqs:
             left = len(s.prompt) - self.cache.lengths[slot + len(widths)]
             w = min(left, budget)
@@ -131,23 +144,38 @@ class Stepper:
             widths.append(w)
             if w < left:
                 break
-        taken = seqs[: len(widths)]
-        hidden = self._prefill_forward(taken, slot, widths)
-        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(taken))  # a prefix of them
-        return n, (self._first_tokens(taken[:n], slot, hidden[:n]) if n else [])
+        return widths
 
-    def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
-        """Row slot+i's next `widths[i]` prompt tokens causally at its cache length (padded at the
-        end to the widest: the padding's K/V lands past the row's length and the next chunk or
-        round overwrites it); the rows' lengths move past them. Returns the hidden state of each
-        row's last token written [k, H]."""
+    def _chunk_tokens(self, seqs: list[Sequence], slot: int, widths: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Row slot+i's next `widths[i]` prompt tokens [k, widest] (padded at the end: the padding's
+        K/V lands past the row's length and the next chunk or round overwrites it), and the rows'
+        lengths before them."""
         k, L, starts = len(seqs), max(widths), self.cache.lengths[slot : slot + len(seqs)]
         tokens = torch.zeros(k, L, dtype=torch.long)
         for i, s in enumerate(seqs):
             tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
-        rows = slice(slot, slot + k)
-        hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache, rows, causal=True))
-        self.last_chunk = (k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
+        return tokens, starts
+
+    def _chunk_done(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
+                    hidden: torch.Tensor) -> tuple[int, list[list[int]]]:
+        """A chunk's forward ran (`hidden` [k, widest, H]): the rows' lengths move past it; those
+        whose prompts are now in (the first n) get their first tokens. Returns n and those."""
+        k = len(seqs)
+        for i, s in enumerate(seqs):
+            self.cache.set_length(slot + i, starts[i] + widths[i])
+            s.stats.prefill_forwards += 1
+        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
+        last = hidden[torch.arange(k), torch.tensor(widths) - 1]
+        return n, (self._first_tokens(seqs[:n], slot, last[:n]) if n else [])
+
+    def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
+        """Whole prompts' next pieces (`prefill`): row slot+i's next `widths[i]` prompt tokens
+        causally at its cache length; the rows' lengths move past them. Returns the hidden state
+        of each row's last token written [k, H]."""
+        tokens, starts = self._chunk_tokens(seqs, slot, widths)
+        k, L = tokens.shape
+        hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
+                                                  slice(slot, slot + k), causal=True))
         for i, s in enumerate(seqs):
             self.cache.set_length(slot + i, starts[i] + widths[i])
             s.stats.prefill_forwards += 1
@@ -174,18 +202,24 @@ class Stepper:
         return [s.emit([s.root], self.eos) for s in seqs]
 
     # -- the round --------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence], *, draining: bool, observers: dict) -> Round:
+    def step(self, seqs: list[Sequence], *, draining: bool, observers: dict, join: tuple | None = None) -> Round:
         """One round for the live sequences (cache rows 0..R-1); `observers[seq.index]` read each
-        row's part when its tokens are emitted."""
+        row's part when its tokens are emitted. `join` (prefilling sequences, their first cache
+        row, a token budget; `bf.joins` only): their next chunk (`chunk_widths`) runs in the
+        round's verification forward; `rnd.joined` then holds (n, first chunks) of those whose
+        prompts are in (the first n), as `prefill_chunk` returns them."""
         t0 = self.clock()
         rows = [RowRound(s, i, s.stats.rounds, self.cache.lengths[i], s.root, s.marg, s.room, len(s.emitted),
                          s.stats.forward_seconds, s.stats.query_tokens) for i, s in enumerate(seqs)]
         rnd = Round(rows, draining, t0)
         self.plan(rnd)
         self.draft(rnd)
-        self.forward(rnd)
+        self.forward(rnd, join)
         for r in rows:
             self.verify_commit(r, rnd)
+        if join is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
+            rnd.joined = self._chunk_done(*rnd.join_args, rnd.join_hidden)
+            rnd.join_hidden = None
         rnd.seconds = self.clock() - t0
         for r in rows:
             r.seconds = rnd.seconds
@@ -248,9 +282,9 @@ class Stepper:
             s.stats.query_tokens += B
         return [self.marginals(row) for row in logits]
 
-    def forward(self, rnd: Round) -> None:
+    def forward(self, rnd: Round, join: tuple | None = None) -> None:
         """Every row's tree nodes plus mask groups in one forward (padded to the option's width);
-        each row's node logits and targets."""
+        each row's node logits and targets. `join`: a prompt chunk in the same forward (`step`)."""
         o, R, seqs = rnd.option, len(rnd.rows), [r.seq for r in rnd.rows]
         G = o.group_size or self.cfg.group
         for r in rnd.rows:
@@ -260,8 +294,21 @@ class Stepper:
         N, q = lay.nodes, lay.tokens.shape[1]
         rnd.nodes_width, rnd.width = N, q
         lora, lora_rows = self._lora_rows(N) if q > N and any(r.owners is not None for r in rnd.rows) else (None, None)
-        rnd.hidden = self.timed(seqs, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks,
-                                                      lora=lora, lora_rows=lora_rows), rnd)
+        if join is None:
+            rnd.hidden = self.timed(seqs, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R),
+                                                          block=lay.blocks, lora=lora, lora_rows=lora_rows), rnd)
+        else:
+            waiting, slot, budget = join
+            widths = self.chunk_widths(waiting, slot, budget)
+            taken = waiting[: len(widths)]
+            tokens, starts = self._chunk_tokens(taken, slot, widths)
+            part = Join(tokens, slice(slot, slot + len(taken)))
+            rnd.hidden, rnd.join_hidden = self.timed(seqs + taken, lambda: self.bf(
+                lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks, lora=lora, lora_rows=lora_rows,
+                join=part), rnd)
+            rnd.join_args, rnd.join_tokens = (taken, slot, widths, starts), int(tokens.numel())
+            # the whole forward against the price of its query rows as one chunk (`chunks.ChunkScale`)
+            self.last_chunk = (1, R * q + rnd.join_tokens, max(starts), self.last_seconds)
         real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
         logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
         start = 0
