@@ -13,6 +13,8 @@ then the last 70 in one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
 PREFILL_FLOOR = 1  # the least a cost model's chunk may be
 PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
@@ -22,6 +24,28 @@ PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it
 CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 
 
+@dataclass(frozen=True)
+class ChunkRun:
+    """A chunk's forward as run: `rows` x `width` query tokens over `cached` ones (the longest
+    row's), `seconds` of model time. A chunk that rode in a round's forward has `base`, the
+    round's query rows, and `round_seconds`, the round's own predicted model time: the chunk's
+    part is what the forward took beyond it."""
+
+    rows: int
+    width: int
+    cached: int
+    seconds: float
+    base: int = 0
+    round_seconds: float = 0.0
+
+    def price(self, cost) -> float:
+        """The cost model's price of the chunk (`pick_chunk`'s)."""
+        n = self.rows * self.width
+        if not self.base:
+            return cost(self.rows, self.width, self.cached)
+        return cost(1, self.base + n, self.cached) - cost(1, self.base, self.cached)
+
+
 class ChunkScale:
     """What chunks took over the cost model's price, smoothed: a cost model's cache axis ends at
     1,024 tokens, and a long prompt's chunks run past it."""
@@ -29,9 +53,11 @@ class ChunkScale:
     def __init__(self):
         self.ratio: float | None = None
 
-    def observe(self, cost, rows: int, width: int, cached: int, seconds: float) -> None:
-        """A chunk of `rows` x `width` tokens over `cached` ones took `seconds`; `cost` priced it."""
-        r = seconds / cost(rows, width, cached)
+    def observe(self, cost, run: ChunkRun) -> None:
+        """A chunk ran (`run`); `cost` priced it. A riding chunk's time is its forward's beyond
+        the round's prediction (at least a tenth of its price: a fast round is not a free chunk)."""
+        price = max(run.price(cost), 1e-9)
+        r = max(run.seconds - run.round_seconds, 0.1 * price) / price
         self.ratio = r if self.ratio is None else self.ratio + CHUNK_EMA * (r - self.ratio)
 
     @property

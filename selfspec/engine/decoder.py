@@ -339,7 +339,7 @@ class Decoder:
         sched, lengths, cost = self.scheduler, self.stepper.cache.lengths, self.planner.cost
         last, self.stepper.last_chunk = self.stepper.last_chunk, None
         if last is not None:
-            self._chunk_scale.observe(cost, *last)
+            self._chunk_scale.observe(cost, last)
         R = len(sched.live)
         left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
         cached = lengths[R] if sched.prefilling else 0

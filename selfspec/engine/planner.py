@@ -172,6 +172,11 @@ class Planner:
             s += self._f(rows, self.block_length, cache)
         return width, s * self._scale(o.family) + self._overhead(o.family) * rows
 
+    def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
+        """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
+        of this kind (the cost model times the kind's measured scale)."""
+        return self._f(rows, width, cache) * self._scale(family)
+
     def _scale(self, family: str) -> float:
         """Measured / predicted model time for a kind of round (AR's until that kind has run; before
         any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""

@@ -33,6 +33,7 @@ from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import Join
+from selfspec.engine.chunks import ChunkRun
 from selfspec.engine.masks import rows_layout
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
@@ -59,7 +60,7 @@ class Stepper:
         self.clock = time.perf_counter  # every time the planner learns from is read here (tests run a fake one)
         self.piece = PREFILL_PIECE
         self.last_seconds = 0.0  # the latest `timed` call's
-        self.last_chunk = None  # (rows, width, cached, seconds) of the latest chunk forward, until the decoder reads it
+        self.last_chunk = None  # the latest chunk's `chunks.ChunkRun`, until the decoder reads it
 
     # -- model calls ------------------------------------------------------------------------------------
     def timed(self, seqs: list[Sequence], fn, rnd: Round | None = None):
@@ -127,7 +128,7 @@ class Stepper:
         k, L = tokens.shape
         hidden = self.timed(taken, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
                                                    slice(slot, slot + k), causal=True))
-        self.last_chunk = (k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
+        self.last_chunk = ChunkRun(k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
         return self._chunk_done(taken, slot, widths, starts, hidden)
 
     def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
@@ -307,8 +308,10 @@ class Stepper:
                 lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks, lora=lora, lora_rows=lora_rows,
                 join=part), rnd)
             rnd.join_args, rnd.join_tokens = (taken, slot, widths, starts), int(tokens.numel())
-            # the whole forward against the price of its query rows as one chunk (`chunks.ChunkScale`)
-            self.last_chunk = (1, R * q + rnd.join_tokens, max(starts), self.last_seconds)
+            # the chunk's part: the forward beyond the round's own predicted time (`chunks.ChunkScale`)
+            own = self.planner.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
+            self.last_chunk = ChunkRun(len(taken), int(tokens.shape[1]), max(starts), self.last_seconds,
+                                       base=R * q, round_seconds=own)
         real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
         logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
         start = 0

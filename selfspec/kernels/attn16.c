@@ -33,6 +33,16 @@ static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly 
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+/* a + x y: one fused instruction where the CPU has it. Exact either way (integer products and sums
+ * below 2^53 round nowhere), so the same bits; -ffp-contract=off only keeps the exponential's
+ * order, which never comes here. */
+static inline __m256d madd(__m256d a, __m256d x, __m256d y) {
+#if defined(__FMA__)
+    return _mm256_fmadd_pd(x, y, a);
+#else
+    return _mm256_add_pd(a, _mm256_mul_pd(x, y));
+#endif
+}
 static inline double hsum4(__m256d v) {
     __m128d lo = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
@@ -58,7 +68,7 @@ static int64_t scores_by4(const double *qh, int64_t G, int64_t D, const int16_t 
                                 _mm256_loadu_pd(kd + 3 * D + d)};
                 __m256d y[3] = {_mm256_loadu_pd(q0 + d), _mm256_loadu_pd(q1 + d), _mm256_loadu_pd(q2 + d)};
                 for (int u = 0; u < 3; u++)
-                    for (int v = 0; v < 4; v++) a[u][v] = _mm256_add_pd(a[u][v], _mm256_mul_pd(y[u], x[v]));
+                    for (int v = 0; v < 4; v++) a[u][v] = madd(a[u][v], y[u], x[v]);
             }
             for (int u = 0; u < 3 && i0 + u < G; u++)
                 for (int v = 0; v < 4; v++) out[(i0 + u) * S + j + v] = hsum4(a[u][v]) * pow2(sh[j + v]);
@@ -88,8 +98,8 @@ static void pv_by8(const double *p, int64_t n, int64_t S, int64_t D, const int16
             __m256d x1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(vj + 4)))), sc);
             __m256d y[4] = {_mm256_set1_pd(w0), _mm256_set1_pd(w1), _mm256_set1_pd(w2), _mm256_set1_pd(w3)};
             for (int u = 0; u < 4; u++) {
-                a[u][0] = _mm256_add_pd(a[u][0], _mm256_mul_pd(y[u], x0));
-                a[u][1] = _mm256_add_pd(a[u][1], _mm256_mul_pd(y[u], x1));
+                a[u][0] = madd(a[u][0], y[u], x0);
+                a[u][1] = madd(a[u][1], y[u], x1);
             }
         }
         for (int u = 0; u < n; u++) {
@@ -97,6 +107,34 @@ static void pv_by8(const double *p, int64_t n, int64_t S, int64_t D, const int16
             _mm256_storeu_pd(out + u * D + d + 4, a[u][1]);
         }
     }
+}
+#endif
+
+#if defined(__AVX2__)
+/* Weighted values of n <= 3 queries (weights p [n, S], rows S apart), dimensions d .. d + 15 ->
+ * out [n, D] at those columns: twelve sums in registers, each key's sixteen values converted and
+ * scaled once for the three queries; a key every query gives weight 0 is skipped. A task is one
+ * block of sixteen dimensions, so a one-token round's three queries per key head still split
+ * across the threads. Exact integer sums: the same bits as the loop in attn16_pv. */
+static void pv_by16(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                    const int8_t *sh, double *out) {
+    const double *p0 = p, *p1 = p + (n > 1 ? 1 : 0) * S, *p2 = p + (n > 2 ? 2 : 0) * S;
+    __m256d a[3][4];
+    for (int u = 0; u < 3; u++) for (int t = 0; t < 4; t++) a[u][t] = _mm256_setzero_pd();
+    for (int64_t j = 0; j < S; j++) {
+        double w0 = p0[j], w1 = p1[j], w2 = p2[j];
+        if (w0 == 0.0 && w1 == 0.0 && w2 == 0.0) continue;
+        const int16_t *vj = vh + j * D + d;
+        __m256d sc = _mm256_set1_pd(pow2(sh[j]));
+        __m256d x[4];
+        for (int t = 0; t < 4; t++)
+            x[t] = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(vj + 4 * t)))), sc);
+        __m256d y[3] = {_mm256_set1_pd(w0), _mm256_set1_pd(w1), _mm256_set1_pd(w2)};
+        for (int u = 0; u < 3; u++)
+            for (int t = 0; t < 4; t++) a[u][t] = madd(a[u][t], y[u], x[t]);
+    }
+    for (int u = 0; u < n; u++)
+        for (int t = 0; t < 4; t++) _mm256_storeu_pd(out + u * D + d + 4 * t, a[u][t]);
 }
 #endif
 
@@ -138,6 +176,20 @@ void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D,
 /* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */
 void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
                int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+#if defined(__AVX2__)
+    if (D % 16 == 0) {
+        int64_t ng = (G + 2) / 3, nd = D / 16;
+        #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+        for (int64_t rh = 0; rh < R * KV; rh++)
+            for (int64_t qg = 0; qg < ng; qg++)
+                for (int64_t db = 0; db < nd; db++) {
+                    int64_t r = rh / KV, h = rh % KV, i0 = 3 * qg, n = G - i0 < 3 ? G - i0 : 3;
+                    pv_by16(p + (rh * G + i0) * S, n, S, D, 16 * db, v + r * vrs + h * vhs, vs + r * srs + h * shs,
+                            out + (rh * G + i0) * D);
+                }
+        return;
+    }
+#endif
     int64_t nq = (G + QCHUNK - 1) / QCHUNK;
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
