@@ -131,7 +131,8 @@ class FakeClock:
 class PricedForward:
     """The real batched forward; each call moves a fake clock by `cost(rows, width, cached)` (the
     cost model's price, or a truth the cost model does not know). `prefills` keeps the price of
-    every causal (prefill) call."""
+    every prompt chunk: a causal (prefill) call's, or what a chunk riding in a round's forward
+    (`join=`) adds to it, cost(1, R q + its tokens, its cached) - cost(1, R q, its cached)."""
 
     def __init__(self, bf, clock: FakeClock, cost):
         self.bf, self.clock, self.cost, self.prefills = bf, clock, cost, []
@@ -139,6 +140,13 @@ class PricedForward:
     def __call__(self, tokens, offsets, cache, rows, **kw):
         R, q = tokens.shape
         dt = self.cost(R, q, cache.lengths[rows.start])
+        join = kw.get("join")
+        if join is not None:
+            k, c = join.tokens.shape
+            cached = cache.lengths[join.rows.start]
+            extra = self.cost(1, R * q + k * c, cached) - self.cost(1, R * q, cached)
+            self.prefills.append(extra)
+            dt += extra
         self.clock.t += dt
         if kw.get("causal"):
             self.prefills.append(dt)

@@ -201,7 +201,7 @@ def test_a_round_pads_to_a_wider_width_the_device_runs_cheaper():
 def _observe(pl, option, seconds, rows=4, width=None):
     rnd = SimpleNamespace(option=option, rows=[SimpleNamespace(nodes=0, committed=[7], room=64)] * rows,
                           width=width or option.width, cache_len=0, model_seconds=seconds, seconds=seconds,
-                          plan_seconds=0.0, bare=False, draining=False)
+                          plan_seconds=0.0, bare=False, draining=False, join_tokens=0)
     pl.observe(rnd)
 
 
@@ -224,7 +224,7 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     before = pl.lookup_calibrator.counts[3][0][0]
     row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64)
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
-                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False))
+                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0))
     assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 

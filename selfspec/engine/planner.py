@@ -234,7 +234,7 @@ class Planner:
             first = False
         if yields:
             self._observe_two_pass(yields)
-        if getattr(rnd, "join_tokens", 0):  # a prompt's chunk shared the forward: its time is not this round's option's
+        if rnd.join_tokens:  # a prompt's chunk shared the forward: its time is not this round's option's
             return
         self._observe_time(rnd)
         self._account(rnd)
