@@ -39,11 +39,16 @@ class ChunkRun:
     round_seconds: float = 0.0
 
     def price(self, cost) -> float:
-        """The cost model's price of the chunk (`pick_chunk`'s)."""
-        n = self.rows * self.width
-        if not self.base:
-            return cost(self.rows, self.width, self.cached)
-        return cost(1, self.base + n, self.cached) - cost(1, self.base, self.cached)
+        return chunk_price(cost, self.rows, self.width, self.cached, self.base)
+
+
+def chunk_price(cost, rows: int, width: int, cached: int, base: int = 0) -> float:
+    """The cost model's price of a chunk of `rows` x `width` tokens over `cached` ones: its own
+    forward's, or, riding with `base` query rows in their forward, what it adds to them
+    (cost(1, base + its tokens) - cost(1, base))."""
+    if not base:
+        return cost(rows, width, cached)
+    return cost(1, base + rows * width, cached) - cost(1, base, cached)
 
 
 class ChunkScale:
@@ -79,10 +84,8 @@ def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: f
     most = max(1, int(most))
     ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
     budget = rounds * ar
-    alone = cost(1, base, cached) if base else 0.0
-
     def price(c: int) -> float:
-        return scale * (cost(1, base + c, cached) - alone)
+        return scale * chunk_price(cost, 1, c, cached, base)
 
     if price(most) <= max(budget, whole * ar):
         return most

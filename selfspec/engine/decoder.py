@@ -8,9 +8,9 @@ With nothing running the entering prompts are prefilled together in one forward;
 a prompt is prefilled in chunks, at most one chunk (`prefill_chunk` tokens) per turn, so a long
 prompt joining a running batch never stalls its rows for more than a chunk. In the exact formats
 the chunk runs inside the live rows' round forward (`BatchForward.joins`: one pass over the
-weights for both); elsewhere in a forward of its own before the round. Iterating a decoder runs turns until every prompt is done and yields
-`(row, chunk)` as rows commit; `add()` queues another prompt at any time (a server adds requests
-while the batch runs, and they join at the next turn).
+weights for both); elsewhere in a forward of its own before the round. Iterating a decoder runs
+turns until every prompt is done and yields `(row, chunk)` as rows commit; `add()` queues another
+prompt at any time (a server adds requests while the batch runs, and they join at the next turn).
 
 Rows keep their own cache length, generator, sampling parameters, lookup index and rho, so a
 greedy row equals its run alone and a sampled row is an exact sample, reproducible per seed.
@@ -288,6 +288,7 @@ class Decoder:
         self.start()
         sched, cache = self.scheduler, self.stepper.cache
         sched.retire(cache)  # cancelled since the last turn
+        chunked = False  # a chunk ran in a forward of its own this turn
         running = bool(sched.live or sched.prefilling)
         entering, slot = sched.admit()
         if entering and self.planner is not None and self.batch_size == 1:
@@ -304,11 +305,11 @@ class Decoder:
             # its tokens pay their arithmetic, not another pass over the weights
             if sched.prefilling and not (sched.live and self.bf.joins):
                 n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
-                entering = sched.join(n, cache)
+                entering, chunked = sched.join(n, cache), True
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
-            if sched.prefilling and self.bf.joins and not entering:
+            if sched.prefilling and self.bf.joins and not chunked:  # one chunk a turn
                 join = (sched.prefilling, len(sched.live), self.chunk_tokens())
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
             n, chunks = rnd.joined

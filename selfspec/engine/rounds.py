@@ -88,8 +88,6 @@ class Round:
     seconds: float = 0.0
     bare: bool = False  # plan "auto": an AR round the planner forecast nothing for (its floor's reference)
     join_tokens: int = 0  # query tokens of a joining prompt's chunk that ran in this round's forward
-    join_args: tuple | None = None  # (sequences, first cache row, widths, lengths before) of that chunk
-    join_hidden: torch.Tensor | None = None  # its hidden states, until its rows are done
     joined: tuple = (0, [])  # (n, first chunks) of the sequences whose prompts that chunk completed
 
     @property

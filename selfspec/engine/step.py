@@ -124,12 +124,10 @@ class Stepper:
         their first chunks."""
         widths = self.chunk_widths(seqs, slot, budget)
         taken = seqs[: len(widths)]
-        tokens, starts = self._chunk_tokens(taken, slot, widths)
-        k, L = tokens.shape
-        hidden = self.timed(taken, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
-                                                   slice(slot, slot + k), causal=True))
-        self.last_chunk = ChunkRun(k, L, max(starts), self.last_seconds)  # what the decoder's chunk picking learns from
-        return self._chunk_done(taken, slot, widths, starts, hidden)
+        cached = max(self.cache.lengths[slot : slot + len(taken)])
+        last = self._prefill_forward(taken, slot, widths)
+        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.last_seconds)  # what chunk picking learns from
+        return self._ready(taken, slot, last)
 
     def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
         """The next chunk's tokens per row, for the first rows of `seqs` (cache rows slot..): at
@@ -157,30 +155,30 @@ class Stepper:
             tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
         return tokens, starts
 
-    def _chunk_done(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
-                    hidden: torch.Tensor) -> tuple[int, list[list[int]]]:
-        """A chunk's forward ran (`hidden` [k, widest, H]): the rows' lengths move past it; those
-        whose prompts are now in (the first n) get their first tokens. Returns n and those."""
-        k = len(seqs)
-        for i, s in enumerate(seqs):
-            self.cache.set_length(slot + i, starts[i] + widths[i])
-            s.stats.prefill_forwards += 1
-        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
-        last = hidden[torch.arange(k), torch.tensor(widths) - 1]
-        return n, (self._first_tokens(seqs[:n], slot, last[:n]) if n else [])
-
     def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
-        """Whole prompts' next pieces (`prefill`): row slot+i's next `widths[i]` prompt tokens
-        causally at its cache length; the rows' lengths move past them. Returns the hidden state
-        of each row's last token written [k, H]."""
+        """Row slot+i's next `widths[i]` prompt tokens causally at its cache length, in a forward of
+        their own; the rows' lengths move past them (`_advance`). Returns the hidden state of each
+        row's last token written [k, H]."""
         tokens, starts = self._chunk_tokens(seqs, slot, widths)
         k, L = tokens.shape
         hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
                                                   slice(slot, slot + k), causal=True))
+        return self._advance(seqs, slot, widths, starts, hidden)
+
+    def _advance(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
+                 hidden: torch.Tensor) -> torch.Tensor:
+        """A chunk's forward ran (`hidden` [k, widest, H]): rows slot..'s lengths move past it.
+        Returns the hidden state of each row's last token written [k, H]."""
         for i, s in enumerate(seqs):
             self.cache.set_length(slot + i, starts[i] + widths[i])
             s.stats.prefill_forwards += 1
-        return hidden[torch.arange(k), torch.tensor(widths) - 1]
+        return hidden[torch.arange(len(seqs)), torch.tensor(widths) - 1]
+
+    def _ready(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> tuple[int, list[list[int]]]:
+        """After a chunk (`last` [k, H]: each row's last token written): the rows whose prompts are
+        now in, the first n of `seqs`, get their first tokens. Returns n and those."""
+        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
+        return n, (self._first_tokens(seqs[:n], slot, last[:n]) if n else [])
 
     def _first_tokens(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> list[list[int]]:
         """Rows slot.. hold their whole prompts; `last` [k, H]: each one's last prompt position's
@@ -215,12 +213,11 @@ class Stepper:
         rnd = Round(rows, draining, t0)
         self.plan(rnd)
         self.draft(rnd)
-        self.forward(rnd, join)
+        ridden = self.forward(rnd, join)
         for r in rows:
             self.verify_commit(r, rnd)
-        if join is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
-            rnd.joined = self._chunk_done(*rnd.join_args, rnd.join_hidden)
-            rnd.join_hidden = None
+        if ridden is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
+            rnd.joined = self._ready(ridden[0], join[1], ridden[1])
         rnd.seconds = self.clock() - t0
         for r in rows:
             r.seconds = rnd.seconds
@@ -283,9 +280,11 @@ class Stepper:
             s.stats.query_tokens += B
         return [self.marginals(row) for row in logits]
 
-    def forward(self, rnd: Round, join: tuple | None = None) -> None:
+    def forward(self, rnd: Round, join: tuple | None = None) -> tuple | None:
         """Every row's tree nodes plus mask groups in one forward (padded to the option's width);
-        each row's node logits and targets. `join`: a prompt chunk in the same forward (`step`)."""
+        each row's node logits and targets. `join`: a prompt chunk in the same forward (`step`);
+        then its rows' lengths move past it, and it returns (its sequences, each one's last hidden
+        state [k, H])."""
         o, R, seqs = rnd.option, len(rnd.rows), [r.seq for r in rnd.rows]
         G = o.group_size or self.cfg.group
         for r in rnd.rows:
@@ -295,6 +294,7 @@ class Stepper:
         N, q = lay.nodes, lay.tokens.shape[1]
         rnd.nodes_width, rnd.width = N, q
         lora, lora_rows = self._lora_rows(N) if q > N and any(r.owners is not None for r in rnd.rows) else (None, None)
+        ridden = None
         if join is None:
             rnd.hidden = self.timed(seqs, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R),
                                                           block=lay.blocks, lora=lora, lora_rows=lora_rows), rnd)
@@ -304,14 +304,15 @@ class Stepper:
             taken = waiting[: len(widths)]
             tokens, starts = self._chunk_tokens(taken, slot, widths)
             part = Join(tokens, slice(slot, slot + len(taken)))
-            rnd.hidden, rnd.join_hidden = self.timed(seqs + taken, lambda: self.bf(
+            rnd.hidden, chunk = self.timed(seqs + taken, lambda: self.bf(
                 lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks, lora=lora, lora_rows=lora_rows,
                 join=part), rnd)
-            rnd.join_args, rnd.join_tokens = (taken, slot, widths, starts), int(tokens.numel())
+            rnd.join_tokens = int(tokens.numel())
             # the chunk's part: the forward beyond the round's own predicted time (`chunks.ChunkScale`)
             own = self.planner.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
-            self.last_chunk = ChunkRun(len(taken), int(tokens.shape[1]), max(starts), self.last_seconds,
+            self.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
                                        base=R * q, round_seconds=own)
+            ridden = taken, self._advance(taken, slot, widths, starts, chunk)
         real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
         logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
         start = 0
@@ -321,6 +322,7 @@ class Stepper:
             r.targets = self.targets(r.seq, r.logits, (r.tree.depths + r.emitted_before).tolist())
             r.seq.stats.forwards += 1
             r.seq.stats.query_tokens += q
+        return ridden
 
     def verify_commit(self, r: RowRound, rnd: Round) -> None:
         """Walk, next marginals (one-pass), commit into the row's cache slots, emit."""
