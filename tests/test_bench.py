@@ -144,6 +144,44 @@ def test_the_llama_cpp_peer_without_its_package_is_one_clear_error(tiny_dir, pro
     assert rc == 2 and "llama-cpp-python" in capsys.readouterr().err
 
 
+def test_a_peer_that_fails_on_a_prompt_loses_that_prompt_not_the_run(tiny_dir, prompts, tmp_path, capsys,
+                                                                     monkeypatch):
+    """llama-cpp-python's prompt lookup raises past ~1k tokens: the bench goes on, the peer's row
+    leaves the prompt out and says so, every other row keeps it."""
+
+    class FlakyPeer:
+        def __init__(self, gguf, prompt_lookup=0):
+            self.first_token_seconds = None
+
+        def label(self):
+            return "llama.cpp"
+
+        def run(self, ids, *, max_new_tokens, **kw):
+            if len(ids) > 3:  # the warmup and the first prompt pass; the second prompt is longer
+                raise ValueError("could not broadcast input array")
+            self.first_token_seconds = 0.01
+            return [7] * max_new_tokens, 0.02
+
+    monkeypatch.setattr("selfspec.tools.bench.llama_cpp_available", lambda: True)
+    monkeypatch.setattr("selfspec.tools.peers.LlamaCppPeer", FlakyPeer)
+    long_prompts = tmp_path / "q.jsonl"
+    long_prompts.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" +
+                            json.dumps({"id": "b", "prompt": "def add(a, b): return a + b"}) + "\n")
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(long_prompts), "--modes", "ar", "--peers",
+               "llama.cpp", "--gguf", str(prompts), "--compare-weights", "--temperatures", "0",
+               "--max-new-tokens", "4", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "llama.cpp failed on b (ValueError: could not broadcast input array)" in captured.err
+    rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    peer = rows["llama.cpp"]
+    assert peer["prompts"] == 1 and peer["failed"] == 1 and peer["new_tokens"] == 4
+    assert [x.get("failed") for x in peer["records"]] == [None, "ValueError: could not broadcast input array"]
+    assert rows["ar"]["prompts"] == 2 and rows["ar"]["failed"] == 0
+    assert "(1 failed)" in (out / "table.md").read_text()
+
+
 def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar(tiny_dir, tmp_path, capsys):
     p = tmp_path / "p.jsonl"
     p.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n" * (1 + i % 3)}) + "\n"

@@ -99,6 +99,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
             r[0].run(warm, max_new_tokens=warmup_tokens, temperature=r[1], top_p=base.top_p, top_k=base.top_k,
                      eos=eos, seed=seed)
     records = [[] for _ in runners]
+    peer_errors: set[str] = set()
     bar = tqdm(total=len(runners) * len(prompts) * repeats, desc="bench", file=sys.stderr, disable=not progress)
     for p, ids in zip(prompts, encoded):
         # repeats > 1: every row again in mirrored order (A B C C B A), times and counts summed, so a
@@ -124,10 +125,21 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                     "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                     "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
             else:
-                out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
-                                    top_k=base.top_k, eos=eos, seed=seed)
+                try:
+                    out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
+                                        top_k=base.top_k, eos=eos, seed=seed)
+                except Exception as e:  # a peer's own bug (llama-cpp-python's lookup fails past ~1k tokens) costs its row that prompt, not the run
+                    msg = f"{type(e).__name__}: {e}"
+                    if msg not in peer_errors:
+                        print(f"bench: {r[0].label()} failed on {p['id']} ({msg}); its row leaves that prompt out",
+                              file=sys.stderr)
+                    peer_errors.add(msg)
+                    out, sec = [], 0.0
+                    r = (r[0], r[1], msg)
                 rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
-                if getattr(r[0], "first_token_seconds", None) is not None:
+                if len(r) > 2:
+                    rec["failed"] = r[2]
+                elif getattr(r[0], "first_token_seconds", None) is not None:
                     rec.update(ttft_seconds=r[0].first_token_seconds, decode_seconds=sec - r[0].first_token_seconds,
                                decode_tokens=max(0, len(out) - 1))
             rec.update({k: p[k] for k in META if k in p})

@@ -8,8 +8,12 @@ from collections import Counter
 
 
 def aggregate(records: list[dict]) -> dict:
-    """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once)."""
+    """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once).
+    A peer's failed prompts (a "failed" record) are left out of every figure and counted."""
     from selfspec.engine.stats import Stats
+
+    failed = sum("failed" in r for r in records)
+    records = [r for r in records if "failed" not in r]
 
     keys = ("new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds")
     st = Stats.total([Stats(**{k: r.get(k, 0) for k in keys}, accept_lengths=r.get("accept_lengths", []),
@@ -33,6 +37,7 @@ def aggregate(records: list[dict]) -> dict:
         "plan_hist": dict(st.plan_hist.most_common()),
         "matches_ar": sum(r.get("matches_ar", True) for r in records),
         "prompts": len(records),
+        "failed": failed,
     }
 
 
@@ -43,10 +48,13 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        same = f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled"
+        same = (f"{r['matches_ar']}/{r['prompts']}" if r["temperature"] == 0 else "sampled") + _failed(r)
         kinds = " ".join(f"{k} {f(v['speedup_vs_ar'])}x" for k, v in r.get("by_kind", {}).items()) or "-"
         worst = r.get("worst_vs_ar")
         worst = f"{worst['id']} {f(worst['speedup_vs_ar'])}x" if worst else "-"
+        if not r["prompts"]:  # a peer that failed on every prompt: no figures
+            lines.append(f"| {r['mode']} | - | - | {r['temperature']:g} |" + " - |" * 11 + f"{same} |")
+            continue
         lines.append(
             f"| {r['mode']} | {r['schedule'] or '-'} | {r['budget'] or '-'} | {r['temperature']:g} | {f(r['tau'])} | "
             f"{'/'.join(f(x) for x in (r.get('accept_by_depth') or [None] * 3)[:3])} | {f(r['tpf'])} | {f(r['tokens_per_second'], 1)} | {f(r['speedup_vs_ar'])}x | {kinds} | {worst} | {f(r['speedup_vs_linear'])}"
@@ -54,6 +62,10 @@ def markdown_table(rows: list[dict]) -> str:
             f"{pct(r['tree_share'])} | {f(r['oracle_tau'])} | {same} |"
         )
     return "\n".join(lines)
+
+
+def _failed(row: dict) -> str:
+    return f" ({row['failed']} failed)" if row.get("failed") else ""
 
 
 def _worst(rows: list[dict]) -> None:
@@ -88,6 +100,9 @@ def floor_lines(rows: list[dict]) -> list[str]:
 def _summed(runs: list[dict]) -> dict:
     """One prompt's record from its repeats: counts and times summed (the same tokens each time:
     greedy, or sampled with the same seed), the first run's ids and whether they all agreed."""
+    bad = next((rec for rec in runs if "failed" in rec), None)
+    if bad is not None:  # a peer that failed on any repeat has no figures for this prompt
+        return bad
     out = dict(runs[0])
     for rec in runs[1:]:
         for k, v in rec.items():
@@ -165,7 +180,7 @@ def long_report(rows: list[dict]) -> list[dict]:
                         "temperature": r["temperature"], "prompts": r["prompts"], "ttft_seconds": r["ttft_seconds"],
                         "decode_tokens_per_second": r["decode_tokens_per_second"], "decode_vs_ar": r["decode_vs_ar"],
                         "tokens_per_second": r["tokens_per_second"], "speedup_vs_ar": r["speedup_vs_ar"],
-                        "matches_ar": r["matches_ar"], "plan_hist": r["plan_hist"]})
+                        "matches_ar": r["matches_ar"], "plan_hist": r["plan_hist"], "failed": r["failed"]})
     return out
 
 
@@ -175,7 +190,11 @@ def long_table(rows: list[dict]) -> str:
     lines = ["| length | split | row | T | prompts | first token s | decode tok/s | decode vs AR | tok/s | vs AR | = AR |",
              "|" + "---|" * 11]
     for g in long_report(rows):
-        same = f"{g['matches_ar']}/{g['prompts']}" if g["temperature"] == 0 else "sampled"
+        same = (f"{g['matches_ar']}/{g['prompts']}" if g["temperature"] == 0 else "sampled") + _failed(g)
+        if not g["prompts"]:
+            lines.append(f"| {g['length']} | {g['split']} | {g['label']} | {g['temperature']:g} | 0 |" + " - |" * 5 +
+                         f" {same} |")
+            continue
         lines.append(f"| {g['length']} | {g['split']} | {g['label']} | {g['temperature']:g} | {g['prompts']} | "
                      f"{f(g['ttft_seconds'])} | {f(g['decode_tokens_per_second'], 1)} | {f(g['decode_vs_ar'])}x | "
                      f"{f(g['tokens_per_second'], 1)} | {f(g['speedup_vs_ar'])}x | {same} |")
