@@ -1,0 +1,107 @@
+"""Two builds of the w4a8 kernel against each other in one process: a git revision's `w4a8.c`
+and the working tree's, on the default model's matmul shapes, by number of rows.
+
+    python benchmarks/w4a8_ab.py                     # HEAD against the working tree, 1..64 rows
+    python benchmarks/w4a8_ab.py --rev 2a4807c --rows 1 4 8 16 --repeats 9
+
+The machine's speed drifts (up to 1.5x within minutes on the 2-core AVX2 machine), so the two
+builds alternate inside every repeat (A B, then B A) and the fastest repeat of each is kept. Per
+row count: one decoder layer's seven matmuls (q, k, v, o, gate, up, down; random weights, the
+default model's shapes) and the w8a8 output head (49,152 x 576), both builds checked to give the
+same bits. Prints one line per row count and a JSON record with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # [N, K]
+HEAD = (49152, 576)
+
+
+def build(source: bytes, out_dir: str, tag: str) -> ctypes.CDLL:
+    from selfspec.kernels import build as kb
+    from selfspec.kernels import w4a8
+
+    cc = kb.compiler()
+    if cc is None:
+        sys.exit("w4a8_ab: no C compiler")
+    src = os.path.join(out_dir, f"w4a8_{tag}.c")
+    with open(src, "wb") as f:
+        f.write(source)
+    lib = os.path.join(out_dir, f"w4a8_{tag}.so")
+    err = kb.compile_c(cc, src, lib, kb.FLAGS + [f"-I{os.path.dirname(kb.__file__)}"])
+    if err:
+        sys.exit(f"w4a8_ab: {tag}: {err}")
+    dll = ctypes.CDLL(lib)
+    dll.w4a8_linear.argtypes, dll.w4a8_linear.restype = w4a8._ARGS, ctypes.c_int
+    dll.w8a8_linear.argtypes, dll.w8a8_linear.restype = w4a8._ARGS8, ctypes.c_int
+    return dll
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rev", default="HEAD", help="the git revision whose w4a8.c is build A (default HEAD)")
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 64])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    import torch
+
+    from selfspec.kernels import w4a8
+
+    torch.manual_seed(0)
+    try:
+        old = subprocess.run(["git", "show", f"{a.rev}:selfspec/kernels/w4a8.c"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"w4a8_ab: git show {a.rev}:selfspec/kernels/w4a8.c failed: {e.stderr.decode().strip()}")
+    with open(os.path.join(ROOT, "selfspec", "kernels", "w4a8.c"), "rb") as f:
+        new = f.read()
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {a.rev: build(old, tmp, "a"), "working tree": build(new, tmp, "b")}
+        ws = [w4a8.pack(torch.randn(n, k) * 0.05) for n, k in SHAPES]
+        head = w4a8.pack8(torch.randn(*HEAD) * 0.05)
+        out = {"command": "python benchmarks/w4a8_ab.py " + " ".join(sys.argv[1:]), "threads": a.threads, "rows": []}
+        for M in a.rows:
+            xs = {k: torch.randn(M, k).bfloat16() for k in {k for _, k in SHAPES}}
+            ys = [torch.empty(M, n, dtype=torch.bfloat16) for n, _ in SHAPES]
+            yh = torch.empty(M, HEAD[0], dtype=torch.bfloat16)
+            best, bits = {}, {}
+            for rep in range(a.repeats):
+                for name in (list(libs) if rep % 2 == 0 else list(libs)[::-1]):
+                    lib = libs[name]
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        for w, (n, k), y in zip(ws, SHAPES, ys):
+                            lib.w4a8_linear(xs[k].data_ptr(), 1, M, k, w.packed.data_ptr(), n, y.data_ptr(), 1, a.threads)
+                    t1 = time.perf_counter()
+                    lib.w8a8_linear(xs[576].data_ptr(), 1, M, 576, head.packed.data_ptr(), head.scale.data_ptr(),
+                                    HEAD[0], yh.data_ptr(), 1, a.threads)
+                    t2 = time.perf_counter()
+                    b = best.setdefault(name, [float("inf"), float("inf")])
+                    b[0], b[1] = min(b[0], (t1 - t0) / 10), min(b[1], t2 - t1)
+                    bits[name] = torch.cat([y.flatten() for y in ys] + [yh.flatten()]).view(torch.int16).clone()
+            same = torch.equal(*bits.values())
+            macs = sum(n * k for n, k in SHAPES) * M
+            rec = {"rows": M, "same_bits": same, **{name: {"layer_us": round(b[0] * 1e6, 1), "layer_gmacs": round(
+                macs / b[0] / 1e9, 1), "head_us": round(b[1] * 1e6, 1)} for name, b in best.items()}}
+            out["rows"].append(rec)
+            print(f"{M:3d} rows: " + "   ".join(f"{name}: layer {b[0] * 1e6:7.0f} us ({macs / b[0] / 1e9:5.1f} GMAC/s), "
+                                               f"head {b[1] * 1e6:6.0f} us" for name, b in best.items())
+                  + ("" if same else "   DIFFERENT BITS"), flush=True)
+        print(json.dumps(out))
+        if not all(r["same_bits"] for r in out["rows"]):
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
