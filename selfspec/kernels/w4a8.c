@@ -41,6 +41,11 @@
 #else
 #define MAX_ROWS 8
 #endif
+/* bytes ahead of the block being multiplied that AVX2's loops ask the cache for: at one or two rows
+ * a forward streams its weights from memory, faster than the hardware prefetcher alone (f(1) of
+ * the default model ~8% less on a 2-core EPYC); a prefetch past the end never faults */
+#define PREFETCH (4 * TILE_BYTES)
+#define PREFETCH8 (4 * TILE_BYTES8)
 /* keeps v in a register here: with 3 or more rows gcc otherwise reassociates a block's integer
  * sums into a tree of every product and spills them to the stack (1.3-1.5x slower at 4-64 rows);
  * with 1 or 2 the free schedule is faster */
@@ -153,6 +158,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES) {
+        for (int l = 0; l < TILE_BYTES; l += 64) _mm_prefetch((const char *)(w + PREFETCH + l), _MM_HINT_T0);
         __m256i s16[MAX_ROWS][2];
         for (int r = 0; r < R; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
         for (int ch = 0; ch < 4; ch++) {
@@ -295,6 +301,7 @@ static inline __attribute__((always_inline)) void tile_rows8(
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES8) {
+        for (int l = 0; l < TILE_BYTES8; l += 64) _mm_prefetch((const char *)(w + PREFETCH8 + l), _MM_HINT_T0);
         __m256i i32[MAX_ROWS][2];
         for (int r = 0; r < R; r++) i32[r][0] = i32[r][1] = _mm256_setzero_si256();
         for (int ch = 0; ch < 8; ch++) {
