@@ -207,6 +207,8 @@ class BatchForward:
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 
         attend.reads_fused = True
+        if ff.exact:  # every layer in one C call where it runs (`FastForward._one_call`)
+            attend.block = lambda dev: (cache, rows.start or 0, starts, mask_on(dev))
         return _Segment(positions, attend)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from selfspec.checkpoint.quant import matmul
 from selfspec.engine.attention import grid_for
+from selfspec.kernels import block as kb
 from selfspec.kernels import layer as kl
 
 
@@ -112,6 +113,7 @@ class FastForward:
         # one write, done under a lock into new tensors that are swapped in whole
         self._lock = threading.Lock()
         self._tab = None  # (n, {device: Rope}), replaced as one object
+        self._block = None  # (kernels.block's weight pointers or None,), made at first use
 
     @classmethod
     def of(cls, model) -> "FastForward":
@@ -250,6 +252,11 @@ class FastForward:
         v None: `split_heads` makes them where it needs them)."""
         R, q, H = (int(n) for n in h.shape)
         M0, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
+        one = getattr(attend, "block", None)
+        if one is not None and lora is None and tail is None:
+            out = self._one_call(h.reshape(M0, H), positions.reshape(-1), *one(self.devices[0]))
+            if out is not None:
+                return out.view(R, q, H)
         h = h.reshape(M0, H).to(torch.float32, copy=True)  # the residual stream, updated in place
         if tail is not None:  # rows are independent outside the attention: the tail's ride in the same matmuls
             h = torch.cat([h, tail[0].to(torch.float32)])
@@ -298,6 +305,21 @@ class FastForward:
             else:
                 x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
         return x[:M0].view(R, q, H) if tail is None else (x[:M0].view(R, q, H), x[M0:])
+
+    def _one_call(self, h: torch.Tensor, positions: torch.Tensor, cache, row: int, starts: list[int], mask):
+        """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
+        cache and a round the one-call attention takes; the same kernels in the same order as the
+        loop below, so the same bits. None elsewhere (nothing written)."""
+        if self._block is None:
+            cpu = all(d.type == "cpu" for d in self.devices) and kb.available()
+            self._block = (kb.weights_of(self.layers, self.norm) if cpu else None,)
+        weights = self._block[0]
+        if weights is None or not getattr(cache, "block16", False) or not h.is_cpu:
+            return None
+        tab = self._full_tables(int(positions.max()) + 1, self.devices[0])
+        return kb.run(weights, h.to(torch.float32, copy=True), positions.contiguous(), tab, len(starts),
+                      h.shape[0] // len(starts), self.n_heads, self.n_kv, self.head_dim, cache.k, cache.v,
+                      cache.shifts, row, starts, mask, self.grids, 2.0 ** self.grids[0].v, self.eps)
 
     def split_heads(self, xs: torch.Tensor) -> tuple:
         """q, k, v [R, heads, q, D] (views) of the fused heads xs [R, q, nh + 2 kv, D]."""

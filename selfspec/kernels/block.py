@@ -1,0 +1,112 @@
+"""Every decoder layer of a narrow exact round in one C call (`block.c`): the kernels the Python
+layer loop calls, called by C in the same order with the same arguments, so the same bits; the
+loop's own overhead (ctypes calls, tensor allocations and views) goes.
+
+    weights = weights_of(ff.layers, ff.norm)  # the layers' pointers, once per model (None: not w4a8)
+    out = run(weights, h, positions, ...)     # the final norm's output, or None (the loop runs)
+
+It runs where every piece would run as one C call anyway: w4a8 weights (fused q/k/v and gate/up),
+the compact cache's one-call attention (`attn16.direct`: a round of up to 8 tokens here), the
+layer steps' C kernels, a CPU; elsewhere the caller keeps its loop (`available`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from selfspec.kernels import attn16, build, w4a8
+
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(n, _P) for n in ("linear", "direct", "rms", "add_rms", "rope", "silu_mul")]
+
+
+_ARGS = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _D, _D,
+         _P, _P, ctypes.c_int]
+_state: dict = {}
+
+
+def _entry():
+    """(block_layers, the kernels' pointer struct), or None where a library is missing."""
+    if "fn" not in _state:
+        fn, libs = None, [build.load(n) for n in ("block", "w4a8", "attn16", "layer")]
+        if all(lib is not None for lib in libs):
+            blk, wl, al, ll = libs
+            ptr = lambda f: ctypes.cast(f, _P).value  # noqa: E731
+            kn = _Kernels(ptr(wl.w4a8_linear), ptr(al.attn16_direct), ptr(ll.layer_rms), ptr(ll.layer_add_rms),
+                          ptr(ll.layer_rope), ptr(ll.layer_silu_mul))
+            fn = blk.block_layers
+            fn.argtypes, fn.restype = _ARGS, ctypes.c_int
+            _state["kn"] = kn
+        _state["fn"] = fn
+    return _state["fn"]
+
+
+def weights_of(layers, norm: torch.Tensor):
+    """The pointer arrays of a model's layers (`engine.forward.LayerWeights`) when every matmul is
+    w4a8 with fused q/k/v and gate/up and the norms are fp32 on the CPU, else None: (weights
+    [4 L], norms [2 L] (ln1 of layer 0, ln2 of layer 0, 0, ln2 of layer 1, ...), the norm each
+    layer ends with [L], the MLP width F, the tensors they point into)."""
+    ws, keep = [], []
+    for lw in layers:
+        mats = [m[0] if isinstance(m, tuple) and len(m) == 1 else m for m in (lw.qkv, lw.wo, lw.gate_up, lw.down)]
+        if not all(isinstance(m, w4a8.W4A8Weight) for m in mats):
+            return None
+        ws += [m.packed.data_ptr() for m in mats]
+        keep += [m.packed for m in mats]
+    ln2, nxt = [lw.ln2 for lw in layers], [lw.ln1 for lw in layers[1:]] + [norm]
+    if not all(t.dtype is torch.float32 and t.is_contiguous() and t.is_cpu for t in ln2 + nxt + [layers[0].ln1]):
+        return None
+    norms = [p for i, t in enumerate(ln2) for p in (layers[0].ln1.data_ptr() if i == 0 else 0, t.data_ptr())]
+    arr = lambda xs: (_P * len(xs))(*xs)  # noqa: E731
+    return arr(ws), arr(norms), arr([t.data_ptr() for t in nxt]), layers[0].gate_up[0].shape[0] // 2, keep + ln2 + nxt
+
+
+def available() -> bool:
+    return _entry() is not None
+
+
+def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: int, nq: int, kv: int, D: int,
+        cache_k: list, cache_v: list, shifts: list, row: int, starts: list[int], mask, grids, rope_vscale: float,
+        eps: float) -> torch.Tensor | None:
+    """All layers over h [R w, H] fp32 (the residual stream, updated in place) -> the final norm's
+    output [R w, H] fp32; None where the one-call attention would not run (the caller's loop then
+    does the same in steps). cache_k / cache_v: the cache's per-layer K / V [rows, KV, cap, D]
+    int16, shifts: their [rows, KV, cap] int8 (K, V alternating per layer); row: the first cache row."""
+    fn = _entry()
+    k0, s0 = cache_k[0], shifts[0]
+    if (fn is None or (nq // kv) * w > attn16.DIRECT_MAX or k0.shape[0] < row + R or max(starts) + w > k0.shape[2]
+            or not attn16._ok(k0, s0)
+            or mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1)
+            or not (positions.dtype is torch.int64 and positions.is_contiguous())):
+        return None
+    for t in cache_k + cache_v:  # the C side assumes one layout for every layer
+        if t.stride() != k0.stride() or t.dtype is not torch.int16:
+            return None
+    for t in shifts:
+        if t.stride() != s0.stride():
+            return None
+    ws, norms, nxt, F, _ = weights
+    M, H = h.shape
+    crs, srs = k0.stride(0), s0.stride(0)
+    kvp = []
+    for i in range(len(cache_k)):
+        kvp += [cache_k[i].data_ptr() + 2 * row * crs, cache_v[i].data_ptr() + 2 * row * crs,
+                shifts[2 * i].data_ptr() + row * srs, shifts[2 * i + 1].data_ptr() + row * srs]
+    L = len(cache_k)
+    grid = (ctypes.c_double * (3 * L))(*[x for g in grids for x in (g.scale, g.shift, 2.0 ** g.v)])
+    st = (ctypes.c_int64 * R)(*starts)
+    tab = (_P * 4)(*(t.data_ptr() for t in tables))
+    out = torch.empty(M, H, dtype=torch.float32)
+    mp, mrs, mts = attn16._mask_args(mask)
+    kvp = (_P * len(kvp))(*kvp)
+    at = ctypes.addressof
+    if fn(at(_state["kn"]), L, R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid), crs, k0.stride(1),
+          srs, s0.stride(1), at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
+          h.data_ptr(), out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("block: out of memory for a layer's scratch")
+    return out

@@ -1,0 +1,105 @@
+"""Every decoder layer in one C call (`kernels.block`): in w4a8 on a CPU a narrow round runs its
+layers in one call whose logits are bitwise the Python layer loop's, alone and in a batch of rows
+of other lengths, with and without a mask; rounds it does not take (too wide, a draft LoRA, a
+joining chunk, another format) go through the loop."""
+
+import pytest
+import torch
+
+from selfspec.engine import forward as fw
+from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.decoder import generate_ids
+from selfspec.engine.formats import set_weights
+from selfspec.engine.forward import FastForward
+from selfspec.engine.options import DecodeConfig
+from selfspec.kernels import block as kb
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(not kb.available(), reason="the C kernels are not built here")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many forwards the one call ran (a run that returned None does not count)."""
+    n, run = [0], kb.run
+
+    def counted(*a, **k):
+        out = run(*a, **k)
+        n[0] += out is not None
+        return out
+
+    monkeypatch.setattr(fw.kb, "run", counted)
+    return n
+
+
+def _model(fmt="w4a8", layers=3):
+    m = tiny_model(seed=4, num_hidden_layers=layers)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # norms of their own (a fresh model's are all ones: a swapped norm would not show)
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    set_weights(m, fmt)
+    return m
+
+
+def _rounds(m, one_call: bool):
+    """Logits of rounds of width 1, 3 and 8: two rows of different lengths with a causal block,
+    then one of them alone without a mask."""
+    ff = FastForward.of(m)
+    ff._block = None if one_call else (None,)  # (None,): the weights "are not w4a8", the loop runs
+    bf = BatchForward.of(m)
+    cache = bf.new_cache(2, 64)
+    prompt = torch.arange(5, 35) % 50 + 4
+    bf(prompt[None].expand(2, 30).contiguous(), torch.arange(30)[None].expand(2, 30), cache, slice(0, 2), causal=True)
+    cache.set_length(0, 30)
+    cache.set_length(1, 23)
+    out = []
+    for w in (1, 3, 8):
+        toks = (torch.arange(w) * 7 % 50 + 4)[None].expand(2, w).contiguous()
+        block = torch.full((w, w), float("-inf")).triu(1)[None].expand(2, w, w)
+        out.append(bf.logits(bf(toks, torch.arange(w)[None].expand(2, w), cache, slice(0, 2), block=block)[0]))
+        out.append(bf.logits(bf(toks[:1, :1], torch.zeros(1, 1, dtype=torch.long), cache, slice(1, 2))[0]))
+    return out
+
+
+def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls):
+    m = _model()
+    fast = _rounds(m, True)
+    assert calls[0] == 6  # every round above took the one call
+    slow = _rounds(m, False)
+    assert calls[0] == 6
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+
+
+def test_wide_rounds_lora_rounds_and_other_formats_take_the_loop(calls):
+    m = _model()
+    bf = BatchForward.of(m)
+    cache = bf.new_cache(1, 64)
+    bf(torch.arange(5, 25)[None], torch.arange(20)[None], cache, slice(0, 1), causal=True)  # a prefill: 20 wide
+    assert calls[0] == 0
+    cache.set_length(0, 20)
+    bf(torch.tensor([[7]]), torch.zeros(1, 1, dtype=torch.long), cache, slice(0, 1))
+    assert calls[0] == 1
+    m8 = _model("int8")
+    bf8 = BatchForward.of(m8)
+    c8 = bf8.new_cache(1, 64)
+    bf8(torch.arange(5, 25)[None], torch.arange(20)[None], c8, slice(0, 1), causal=True)
+    c8.set_length(0, 20)
+    bf8(torch.tensor([[7]]), torch.zeros(1, 1, dtype=torch.long), c8, slice(0, 1))
+    assert calls[0] == 1
+
+
+@pytest.mark.parametrize("mode", ["ar", "lookup", "auto"])
+def test_greedy_output_with_the_one_call_equals_the_loops(mode, calls):
+    m = _model(layers=2)
+    prompt = (torch.arange(5, 30) % 12 + 4).tolist()
+    cfg = DecodeConfig(mode=mode, max_new_tokens=24, temperature=0.0, block_length=4)
+    FastForward.of(m)._block = (None,)
+    ref = generate_ids(m, prompt, cfg, eos_token_id=[])[0]
+    assert calls[0] == 0
+    FastForward.of(m)._block = None
+    assert generate_ids(m, prompt, cfg, eos_token_id=[])[0] == ref
+    assert calls[0] >= 10  # the rounds took the one call
