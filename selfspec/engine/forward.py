@@ -206,7 +206,10 @@ class FastForward:
         if on:
             h = lora.embed(tokens, h, lora_rows)
         if self.exact:
-            return self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
+            out = None if on or tail is not None else self._one_call(h, positions, attend)
+            if out is None:
+                out = self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
+            return out
         if tail is not None:
             raise ValueError("a tail of rows runs in the exact formats' layer body only")
         h = h.to(self.act)
@@ -252,11 +255,6 @@ class FastForward:
         v None: `split_heads` makes them where it needs them)."""
         R, q, H = (int(n) for n in h.shape)
         M0, nh, nkv, D = R * q, self.n_heads, self.n_kv, self.head_dim
-        one = getattr(attend, "block", None)
-        if one is not None and lora is None and tail is None:
-            out = self._one_call(h.reshape(M0, H), positions.reshape(-1), *one(self.devices[0]))
-            if out is not None:
-                return out.view(R, q, H)
         h = h.reshape(M0, H).to(torch.float32, copy=True)  # the residual stream, updated in place
         if tail is not None:  # rows are independent outside the attention: the tail's ride in the same matmuls
             h = torch.cat([h, tail[0].to(torch.float32)])
@@ -306,20 +304,28 @@ class FastForward:
                 x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
         return x[:M0].view(R, q, H) if tail is None else (x[:M0].view(R, q, H), x[M0:])
 
-    def _one_call(self, h: torch.Tensor, positions: torch.Tensor, cache, row: int, starts: list[int], mask):
+    def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
-        cache and a round the one-call attention takes; the same kernels in the same order as the
-        loop below, so the same bits. None elsewhere (nothing written)."""
+        cache and a round the one-call attention takes (`attend.block`: its cache rows and mask);
+        the same kernels in the same order as `_exact_layers`, so the same bits -> the final
+        states [R, q, H]. None elsewhere (nothing written)."""
+        if getattr(attend, "block", None) is None:
+            return None
         if self._block is None:
             cpu = all(d.type == "cpu" for d in self.devices) and kb.available()
             self._block = (kb.weights_of(self.layers, self.norm) if cpu else None,)
-        weights = self._block[0]
-        if weights is None or not getattr(cache, "block16", False) or not h.is_cpu:
+        weights, (R, q, H) = self._block[0], h.shape
+        if weights is None or not h.is_cpu:
             return None
+        cache, row, starts, mask = attend.block(self.devices[0])
+        if not getattr(cache, "block16", False):
+            return None
+        positions = positions.reshape(-1).contiguous()
         tab = self._full_tables(int(positions.max()) + 1, self.devices[0])
-        return kb.run(weights, h.to(torch.float32, copy=True), positions.contiguous(), tab, len(starts),
-                      h.shape[0] // len(starts), self.n_heads, self.n_kv, self.head_dim, cache.k, cache.v,
-                      cache.shifts, row, starts, mask, self.grids, 2.0 ** self.grids[0].v, self.eps)
+        out = kb.run(weights, h.reshape(R * q, H).to(torch.float32, copy=True), positions, tab, R, q, self.n_heads,
+                     self.n_kv, self.head_dim, cache.k, cache.v, cache.shifts, row, starts, mask, self.grids,
+                     2.0 ** self.grids[0].v, self.eps)
+        return None if out is None else out.view(R, q, H)
 
     def split_heads(self, xs: torch.Tensor) -> tuple:
         """q, k, v [R, heads, q, D] (views) of the fused heads xs [R, q, nh + 2 kv, D]."""
