@@ -12,6 +12,7 @@ from selfspec.engine.decoder import generate_ids
 from selfspec.engine.formats import set_weights
 from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
+from selfspec.kernels import attn16
 from selfspec.kernels import block as kb
 
 from conftest import tiny_model
@@ -45,7 +46,7 @@ def _model(fmt="w4a8", layers=3):
 
 
 def _rounds(m, one_call: bool):
-    """Logits of rounds of width 1, 3 and 8: two rows of different lengths with a causal block,
+    """Logits of rounds of width 1, 3, 8 and 16: two rows of different lengths with a causal block,
     then one of them alone without a mask."""
     ff = FastForward.of(m)
     ff._block = None if one_call else (None,)  # (None,): the weights "are not w4a8", the loop runs
@@ -56,7 +57,7 @@ def _rounds(m, one_call: bool):
     cache.set_length(0, 30)
     cache.set_length(1, 23)
     out = []
-    for w in (1, 3, 8):
+    for w in (1, 3, 8, 16):
         toks = (torch.arange(w) * 7 % 50 + 4)[None].expand(2, w).contiguous()
         block = torch.full((w, w), float("-inf")).triu(1)[None].expand(2, w, w)
         out.append(bf.logits(bf(toks, torch.arange(w)[None].expand(2, w), cache, slice(0, 2), block=block)[0]))
@@ -67,9 +68,9 @@ def _rounds(m, one_call: bool):
 def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls):
     m = _model()
     fast = _rounds(m, True)
-    assert calls[0] == 6  # every round above took the one call
+    assert calls[0] == 8  # every round above took the one call
     slow = _rounds(m, False)
-    assert calls[0] == 6
+    assert calls[0] == 8
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
 
@@ -77,8 +78,9 @@ def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls):
 def test_wide_rounds_lora_rounds_and_other_formats_take_the_loop(calls):
     m = _model()
     bf = BatchForward.of(m)
-    cache = bf.new_cache(1, 64)
-    bf(torch.arange(5, 25)[None], torch.arange(20)[None], cache, slice(0, 1), causal=True)  # a prefill: 20 wide
+    cache = bf.new_cache(1, 80)
+    wide = attn16.DIRECT_MAX // 2 + 1  # 2 query heads a key head: one query past what the one call takes
+    bf(torch.arange(wide)[None] % 50 + 4, torch.arange(wide)[None], cache, slice(0, 1), causal=True)
     assert calls[0] == 0
     cache.set_length(0, 20)
     bf(torch.tensor([[7]]), torch.zeros(1, 1, dtype=torch.long), cache, slice(0, 1))
