@@ -168,7 +168,8 @@ def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_mode
 
 def test_a_changed_kernel_source_is_measured_again_not_judged_by_its_predecessors_times(tmp_path, monkeypatch):
     """The cost model and the weight-format choice are cached per machine; a kernel whose source
-    changed (a new vector path) must get new files, and SELFSPEC_NO_KERNELS (the torch twins) others."""
+    changed (a new vector path, or a dispatch threshold in its Python) must get new files, and
+    SELFSPEC_NO_KERNELS (the torch twins) others."""
     import shutil
 
     from selfspec.engine import formats
@@ -178,12 +179,16 @@ def test_a_changed_kernel_source_is_measured_again_not_judged_by_its_predecessor
     m = tiny_model()
     before = (default_path(m), formats._cache_path(m))
     src = tmp_path / "kernels"
-    shutil.copytree(build.HERE, src, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    shutil.copytree(build.HERE, src, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(build, "HERE", str(src))
     assert (default_path(m), formats._cache_path(m)) == before  # the same sources: the same files
     with open(src / "w4a8.c", "a") as f:
         f.write("\n/* a changed kernel */\n")
     changed = (default_path(m), formats._cache_path(m))
     assert changed[0] != before[0] and changed[1] != before[1]
+    with open(src / "attn16.py", "a") as f:
+        f.write("\n# a moved threshold\n")
+    assert default_path(m) not in (before[0], changed[0])
+    changed = (default_path(m), formats._cache_path(m))
     monkeypatch.setenv("SELFSPEC_NO_KERNELS", "1")
     assert default_path(m) not in (before[0], changed[0])

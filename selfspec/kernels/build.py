@@ -69,10 +69,11 @@ def error(name: str) -> str | None:
 
 
 def sources_key() -> str:
-    """A digest of every kernel source beside this file and whether kernels are off: measurements
+    """A digest of every kernel source beside this file (C and the Python that dispatches to it: a
+    threshold such as `attn16.DIRECT_MAX` moves times too) and whether kernels are off: measurements
     cached per machine (the weight-format choice, the cost model) are keyed by it, so a kernel
     that changes (a new vector path) is measured again instead of judged by its predecessor's times."""
-    return hashlib.sha1(os.environ.get("SELFSPEC_NO_KERNELS", "").encode() + _sources(".c", ".h")).hexdigest()[:12]
+    return hashlib.sha1(os.environ.get("SELFSPEC_NO_KERNELS", "").encode() + _sources(".c", ".h", ".py")).hexdigest()[:12]
 
 
 def _sources(*suffixes: str) -> bytes:
