@@ -155,8 +155,11 @@ class BatchForward:
     @property
     def joins(self) -> bool:
         """A prompt's chunk can ride in a round's forward (`join=`): the exact formats, whose rows
-        are bitwise the same in any batch."""
-        return self.ff.exact
+        are bitwise the same in any batch, except where rounds run all their layers in one C call
+        (w4a8 on a CPU, `FastForward.one_call`): a riding chunk would put the round back on the
+        Python layer loop, whose ~6 ms a forward cost more than a chunk's forward of its own
+        (16 clients at once through the server: 125 against 239 tok/s, TTFT p95 6.4 against 1.7 s)."""
+        return self.ff.exact and not self.ff.one_call()
 
     def _segment(self, tokens, offsets, cache: BatchKVCache, rows: slice, block, causal: bool, index: int):
         """One block of cache rows of a forward: its positions and its `attend`."""

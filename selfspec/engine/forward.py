@@ -304,16 +304,21 @@ class FastForward:
                 x = kl.add_rms(h, d, self.norm.to(dev), self.eps, out_dtype=torch.float32)
         return x[:M0].view(R, q, H) if tail is None else (x[:M0].view(R, q, H), x[M0:])
 
+    def one_call(self) -> bool:
+        """Whether narrow rounds run all their layers in one C call (`kernels.block`): w4a8 weights
+        on a CPU with the kernels built."""
+        if self._block is None:
+            cpu = self.exact and all(d.type == "cpu" for d in self.devices) and kb.available()
+            self._block = (kb.weights_of(self.layers, self.norm) if cpu else None,)
+        return self._block[0] is not None
+
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
         cache and a round the one-call attention takes (`attend.block`: its cache rows and mask);
         the same kernels in the same order as `_exact_layers`, so the same bits -> the final
         states [R, q, H]. None elsewhere (nothing written)."""
-        if getattr(attend, "block", None) is None:
+        if getattr(attend, "block", None) is None or not self.one_call():
             return None
-        if self._block is None:
-            cpu = all(d.type == "cpu" for d in self.devices) and kb.available()
-            self._block = (kb.weights_of(self.layers, self.norm) if cpu else None,)
         weights, (R, q, H) = self._block[0], h.shape
         if weights is None or not h.is_cpu:
             return None
