@@ -126,16 +126,16 @@ class BatchForward:
         `block` [R, q, q] float additive among each row's new tokens (None: all see each other);
         `causal=True` with no block: lower-triangular (a prefill). `lora` adds its delta on `lora_rows`.
 
-        `join` (the exact formats, `joins`): a prompt chunk for other cache rows, run in the same
-        weight matmuls (its rows only pay their arithmetic, not another pass over the weights);
-        each row's attention and K/V are its own, so every row's bits are those of its separate
-        forward. Returns (hidden [R, q, H], the chunk's [k, c, H]) then."""
+        `join` (the exact formats; the decoder sends one where `joins`): a prompt chunk for other
+        cache rows, run in the same weight matmuls (its rows only pay their arithmetic, not another
+        pass over the weights); each row's attention and K/V are its own, so every row's bits are
+        those of its separate forward. Returns (hidden [R, q, H], the chunk's [k, c, H]) then."""
         ff = self.ff
         seg = self._segment(tokens, offsets, cache, rows, block, causal, 0)
         h = F.embedding(tokens.to(ff.embed.device), ff.embed)
         if join is None:
             return ff.layers_forward(tokens, h, seg.positions, seg.attend, lora, lora_rows)
-        if not self.joins:
+        if not ff.exact:
             raise ValueError("a joining chunk runs in a round's forward in the exact formats only")
         k, c = (int(n) for n in join.tokens.shape)
         tail = self._segment(join.tokens, torch.arange(c).expand(k, c), cache, join.rows, None, True, 1)
