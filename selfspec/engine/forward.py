@@ -309,7 +309,7 @@ class FastForward:
         on a CPU with the kernels built."""
         if self._block is None:
             cpu = self.exact and all(d.type == "cpu" for d in self.devices) and kb.available()
-            self._block = (kb.weights_of(self.layers, self.norm) if cpu else None,)
+            self._block = (kb.weights_of(self.layers, self.norm, self.grids) if cpu else None,)
         return self._block[0] is not None
 
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend):
@@ -319,17 +319,13 @@ class FastForward:
         states [R, q, H]. None elsewhere (nothing written)."""
         if getattr(attend, "block", None) is None or not self.one_call():
             return None
-        weights, (R, q, H) = self._block[0], h.shape
-        if weights is None or not h.is_cpu:
-            return None
-        cache, row, starts, mask = attend.block(self.devices[0])
-        if not getattr(cache, "block16", False):
+        (R, q, H), (cache, row, starts, mask) = h.shape, attend.block(self.devices[0])
+        if not (h.is_cpu and getattr(cache, "block16", False)):
             return None
         positions = positions.reshape(-1).contiguous()
         tab = self._full_tables(int(positions.max()) + 1, self.devices[0])
-        out = kb.run(weights, h.reshape(R * q, H).to(torch.float32, copy=True), positions, tab, R, q, self.n_heads,
-                     self.n_kv, self.head_dim, cache.k, cache.v, cache.shifts, row, starts, mask, self.grids,
-                     2.0 ** self.grids[0].v, self.eps)
+        out = kb.run(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), positions, tab, R, q,
+                     self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps)
         return None if out is None else out.view(R, q, H)
 
     def split_heads(self, xs: torch.Tensor) -> tuple:

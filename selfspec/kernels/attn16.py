@@ -6,8 +6,8 @@
 Both are exact integer sums in float64 (the grid's bounds keep them below 2^53), so the C kernel
 and the torch fallback (decompress, then `torch.matmul`) give the same bits. Up to `DIRECT_MAX`
 queries per key head (AR and rounds of up to 16 tokens on the default model: torch's small batched
-GEMMs cost more than the C loops there, and such a round runs all its layers in one C call, `block.c`) the kernel reads the int16 cache in place, a quarter of the
-float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key many times, decompress into
+GEMMs cost more than the C loops there, and such a round runs all its layers in one C call,
+`block.c`) the kernel reads the int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key many times, decompress into
 a reused buffer in one C pass and run torch's GEMM.
 """
 

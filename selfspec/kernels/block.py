@@ -2,11 +2,11 @@
 layer loop calls, called by C in the same order with the same arguments, so the same bits; the
 loop's own overhead (ctypes calls, tensor allocations and views) goes.
 
-    weights = weights_of(ff.layers, ff.norm)  # the layers' pointers, once per model (None: not w4a8)
+    weights = weights_of(ff.layers, ff.norm, ff.grids)  # pointers and grids, once per model (None: not w4a8)
     out = run(weights, h, positions, ...)     # the final norm's output, or None (the loop runs)
 
 It runs where every piece would run as one C call anyway: w4a8 weights (fused q/k/v and gate/up),
-the compact cache's one-call attention (`attn16.direct`: a round of up to 8 tokens here), the
+the compact cache's one-call attention (`attn16.direct`: a round of up to 16 tokens here), the
 layer steps' C kernels, a CPU; elsewhere the caller keeps its loop (`available`).
 """
 
@@ -46,11 +46,12 @@ def _entry():
     return _state["fn"]
 
 
-def weights_of(layers, norm: torch.Tensor):
+def weights_of(layers, norm: torch.Tensor, grids):
     """The pointer arrays of a model's layers (`engine.forward.LayerWeights`) when every matmul is
     w4a8 with fused q/k/v and gate/up and the norms are fp32 on the CPU, else None: (weights
     [4 L], norms [2 L] (ln1 of layer 0, ln2 of layer 0, 0, ln2 of layer 1, ...), the norm each
-    layer ends with [L], the MLP width F, the tensors they point into)."""
+    layer ends with [L], the MLP width F, the attention grids [3 L] (scale, shift, 2^v), the
+    tensors they point into)."""
     ws, keep = [], []
     for lw in layers:
         mats = [m[0] if isinstance(m, tuple) and len(m) == 1 else m for m in (lw.qkv, lw.wo, lw.gate_up, lw.down)]
@@ -63,7 +64,30 @@ def weights_of(layers, norm: torch.Tensor):
         return None
     norms = [p for i, t in enumerate(ln2) for p in (layers[0].ln1.data_ptr() if i == 0 else 0, t.data_ptr())]
     arr = lambda xs: (_P * len(xs))(*xs)  # noqa: E731
-    return arr(ws), arr(norms), arr([t.data_ptr() for t in nxt]), layers[0].gate_up[0].shape[0] // 2, keep + ln2 + nxt
+    grid = (ctypes.c_double * (3 * len(grids)))(*[x for g in grids for x in (g.scale, g.shift, 2.0 ** g.v)])
+    return (arr(ws), arr(norms), arr([t.data_ptr() for t in nxt]), layers[0].gate_up[0].shape[0] // 2, grid,
+            keep + ln2 + nxt)
+
+
+def _cache_layout(cache, row: int):
+    """(strides, per-layer K / V / shift pointers of cache row `row` [4 L]) of a compact cache, or
+    None where its layers differ in layout (the C side assumes one); made once per cache shape
+    and row (in `cache.scratch`: a cache that grows gets new tensors and a new shape)."""
+    memo = cache.scratch.get(("block", row))
+    if memo is not None and memo[0] == cache.shape:
+        return memo[1]
+    ks, vs, shifts = cache.k, cache.v, cache.shifts
+    k0, s0 = ks[0], shifts[0]
+    out = None
+    if (attn16._ok(k0, s0) and all(t.stride() == k0.stride() and t.dtype is torch.int16 for t in ks + vs)
+            and all(t.stride() == s0.stride() for t in shifts)):
+        crs, srs = k0.stride(0), s0.stride(0)
+        ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + 2 * row * crs, vs[i].data_ptr() + 2 * row * crs,
+                                                     shifts[2 * i].data_ptr() + row * srs,
+                                                     shifts[2 * i + 1].data_ptr() + row * srs)]
+        out = ((crs, k0.stride(1), srs, s0.stride(1)), (_P * len(ptrs))(*ptrs))
+    cache.scratch[("block", row)] = (cache.shape, out)
+    return out
 
 
 def available() -> bool:
@@ -71,42 +95,30 @@ def available() -> bool:
 
 
 def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: int, nq: int, kv: int, D: int,
-        cache_k: list, cache_v: list, shifts: list, row: int, starts: list[int], mask, grids, rope_vscale: float,
-        eps: float) -> torch.Tensor | None:
+        cache, row: int, starts: list[int], mask, rope_vscale: float, eps: float) -> torch.Tensor | None:
     """All layers over h [R w, H] fp32 (the residual stream, updated in place) -> the final norm's
     output [R w, H] fp32; None where the one-call attention would not run (the caller's loop then
-    does the same in steps). cache_k / cache_v: the cache's per-layer K / V [rows, KV, cap, D]
-    int16, shifts: their [rows, KV, cap] int8 (K, V alternating per layer); row: the first cache row."""
+    does the same in steps). `cache`: a compact `engine.cache.BatchKVCache` (K / V [rows, KV, cap,
+    D] int16 per layer, their shifts [rows, KV, cap] int8); row: the first of its rows."""
     fn = _entry()
-    k0, s0 = cache_k[0], shifts[0]
-    if (fn is None or (nq // kv) * w > attn16.DIRECT_MAX or k0.shape[0] < row + R or max(starts) + w > k0.shape[2]
-            or not attn16._ok(k0, s0)
+    if (fn is None or (nq // kv) * w > attn16.DIRECT_MAX or cache.shape[0] < row + R
+            or max(starts) + w > cache.shape[2]
             or mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1)
             or not (positions.dtype is torch.int64 and positions.is_contiguous())):
         return None
-    for t in cache_k + cache_v:  # the C side assumes one layout for every layer
-        if t.stride() != k0.stride() or t.dtype is not torch.int16:
-            return None
-    for t in shifts:
-        if t.stride() != s0.stride():
-            return None
-    ws, norms, nxt, F, _ = weights
+    layout = _cache_layout(cache, row)
+    if layout is None:
+        return None
+    (crs, chs, srs, shs), kvp = layout
+    ws, norms, nxt, F, grid, _ = weights
     M, H = h.shape
-    crs, srs = k0.stride(0), s0.stride(0)
-    kvp = []
-    for i in range(len(cache_k)):
-        kvp += [cache_k[i].data_ptr() + 2 * row * crs, cache_v[i].data_ptr() + 2 * row * crs,
-                shifts[2 * i].data_ptr() + row * srs, shifts[2 * i + 1].data_ptr() + row * srs]
-    L = len(cache_k)
-    grid = (ctypes.c_double * (3 * L))(*[x for g in grids for x in (g.scale, g.shift, 2.0 ** g.v)])
     st = (ctypes.c_int64 * R)(*starts)
     tab = (_P * 4)(*(t.data_ptr() for t in tables))
     out = torch.empty(M, H, dtype=torch.float32)
     mp, mrs, mts = attn16._mask_args(mask)
-    kvp = (_P * len(kvp))(*kvp)
     at = ctypes.addressof
-    if fn(at(_state["kn"]), L, R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid), crs, k0.stride(1),
-          srs, s0.stride(1), at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
+    if fn(at(_state["kn"]), len(cache.k), R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid), crs,
+          chs, srs, shs, at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
           h.data_ptr(), out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("block: out of memory for a layer's scratch")
     return out
