@@ -232,9 +232,11 @@ def test_a_row_finishing_on_eos_inside_an_accepted_span_leaves_while_others_go_o
 
 
 def test_continuous_batching_rows_move_into_freed_cache_rows(monkeypatch):
-    """The slow row (short prompt: no linear draft accepted) sits last: when the rows before it
+    """The long row (the longest prompt, so the last cache row: prompts entering together take rows
+    shortest first, and 30 new tokens against the others' 6) outlives the rows before it: when they
     finish and no prompt waits, it moves into a freed cache row and goes on from there."""
     from selfspec.engine.cache import BatchKVCache
+    from selfspec.engine.sequence import SamplingParams
 
     moves = []
     real = BatchKVCache.move
@@ -242,11 +244,12 @@ def test_continuous_batching_rows_move_into_freed_cache_rows(monkeypatch):
     m = _model()
     cfg = DecodeConfig(max_new_tokens=30, **MODES["linear two-pass"])
     prompts = _prompts((25, 10, 7, 3))
-    refs = _batch1(m, prompts, cfg, eos_token_id=[])
-    assert len(refs[3][1].accept_lengths) > 2 * len(refs[0][1].accept_lengths)  # the last row is the slow one
+    params = [SamplingParams(max_new_tokens=n) for n in (30, 6, 6, 6)]
+    refs = [generate_ids(m, p, DecodeConfig(max_new_tokens=q.max_new_tokens, **MODES["linear two-pass"]),
+                         eos_token_id=[]) for p, q in zip(prompts, params)]
     for bs in (1, 2, 3, 4):
         moves.clear()
-        outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=bs)
+        outs, _ = generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=bs, params=params)
         assert outs == [r[0] for r in refs], bs
         if bs == 4:  # rows 0..2 finish first with nothing waiting: row 3 moves down
             assert moves and moves[0][0] == 3, moves

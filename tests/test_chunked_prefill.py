@@ -6,6 +6,7 @@ test_invariance), so greedy output equals AR and every row equals its batch-1 ru
 import pytest
 import torch
 
+from selfspec.engine.chunks import prefill_first, prefill_groups, shared_prefixes, token_price
 from selfspec.engine.cost import CostModel
 from selfspec.engine.forward import FastForward
 from selfspec.engine.decoder import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, Decoder, generate_ids, pick_chunk
@@ -148,17 +149,55 @@ def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
         Decoder(m, running, cfg, prefill_chunk=0)
 
 
-def test_a_lone_prompt_and_a_batch_entering_together_are_prefilled_in_one_forward():
-    """With nothing running nobody waits: the fast path prefills whole prompts at once."""
+def test_a_lone_prompt_and_a_batch_entering_together_are_prefilled_whole_at_once():
+    """With nothing running nobody waits: the fast path prefills whole prompts in the first turn,
+    whatever the chunk; prompts of similar length share a forward, a short one is not padded to a
+    long one's length (9 and 70 tokens: two forwards, shortest first; 9, 10 and 70: the two short
+    ones together)."""
     m = _model("int8")
     cfg = DecodeConfig(mode="ar", max_new_tokens=4)
-    prompts = _prompts((70, 9))
-    dec = Decoder(m, prompts, cfg, eos_token_id=[], prefill_chunk=8)
+    for lengths, seen in (((70, 9), [(1, 9), (1, 70)]), ((70, 9, 10), [(2, 10), (1, 70)]), ((12,), [(1, 12)])):
+        prompts = _prompts(lengths)
+        dec = Decoder(m, prompts, cfg, eos_token_id=[], prefill_chunk=8)
+        w = Widths(dec)
+        for _ in dec:
+            pass
+        assert w.seen == seen
+        assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+
+
+def test_a_burst_of_prompts_outnumbering_the_running_rows_is_prefilled_in_one_turn():
+    """One row runs and five prompts arrive at once (plan auto, chunks the decoder's to pick): they
+    outnumber the running rows, so the next turn prefills all of them (shortest first, in forwards
+    over rows of similar length) and every one has its first token after it, instead of a chunk
+    a turn; each row still equals its run alone (= AR). A lone long prompt joining keeps to chunks."""
+    m = _model("w4a8")
+    cfg = DecodeConfig(max_new_tokens=12)
+    running, burst = _prompts((7,)), _prompts((30, 5, 28, 6, 31), seed=4)
+    dec = Decoder(m, running, cfg, batch_size=6, eos_token_id=[])
+    dec.step()
+    seqs = [dec.add(p) for p in burst]
     w = Widths(dec)
-    for _ in dec:
-        pass
-    assert w.seen == [(2, 70)]
-    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+    firsts = {row for row, _ in dec.step()}
+    assert {s.index for s in seqs} <= firsts  # all five in one turn
+    assert sum(r for r, _ in w.seen) == 5 and max(c for _, c in w.seen) == 31  # each prompt whole, in one forward
+    while dec.busy:
+        dec.step()
+    ar = DecodeConfig(mode="ar", max_new_tokens=12)
+    assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in running + burst]
+
+    assert prefill_first(5, 1) and prefill_first(3, 2) and prefill_first(1, 0)  # with no row running, the rest at once
+    assert not prefill_first(1, 1) and not prefill_first(1, 8)  # a prompt joining running rows: chunks
+
+
+def test_prefill_groups_split_rows_where_padding_costs_more_than_a_forward():
+    """The docstring's example, and the extremes: equal lengths share one forward; a forward that
+    costs nothing beyond its tokens runs each row alone; one that costs a lot runs all together."""
+    assert prefill_groups([10, 12, 40, 44], token_price) == [(0, 2), (2, 4)]
+    assert prefill_groups([20, 20, 20], token_price) == [(0, 3)]
+    assert prefill_groups([5, 10, 20], lambda r, w: r * w) == [(0, 1), (1, 2), (2, 3)]
+    assert prefill_groups([5, 10, 20], lambda r, w: r * w + 1000) == [(0, 3)]
+    assert prefill_groups([], token_price) == []
 
 
 def test_a_prompt_cancelled_while_it_is_prefilled_frees_its_row():
@@ -204,7 +243,8 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32"):
     m.__dict__.pop("_selfspec_planners", None)
     cfg = DecodeConfig(max_new_tokens=60, block_length=4, budget=4)
     truth = CostModel.linear(per_token=3e-3, fixed=0.03)  # every forward 3x its price
-    dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=3, eos_token_id=[],
+    long_rows = [SamplingParams(max_new_tokens=200)] * 2  # running through the whole prefill (with none, the rest goes whole)
+    dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=3, eos_token_id=[], params=long_rows,
                   profile=CostModel.linear(per_token=1e-3, fixed=0.01))
     clock = FakeClock()
     dec.stepper.clock = clock
@@ -297,7 +337,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
     columns (the exact attention's scores grow with the square of a forward's width); the K/V,
     the first tokens and the output are the one-forward prefill's, bit for bit."""
     m = _model(fmt)
-    prompts = _prompts((37, 9, 22), seed=5)
+    prompts = _prompts((37, 35, 36), seed=5)  # alike in length: one forward (rows shortest first)
     runs = {}
     for piece in (8, 1000):
         dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])
@@ -307,7 +347,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
         dec.step()  # the prefill turn: every prompt enters, nothing runs
         cache = dec.stepper.cache
         kv = [[(k[r, :, :n].clone(), v[r, :, :n].clone()) for k, v in zip(cache.k, cache.v)]
-              for r, n in enumerate(len(p) for p in prompts)]
+              for r, n in enumerate(len(q.prompt) for q in dec.scheduler.live)]
         for _ in dec:
             pass
         runs[piece] = (kv, list(dec.outputs), widths.seen)
@@ -370,3 +410,66 @@ def test_in_the_exact_formats_a_joining_prompts_chunks_ride_in_the_rounds_forwar
         assert 0 < w.joined <= 9
     ar = DecodeConfig(mode="ar", max_new_tokens=20)
     assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in running + [long]]
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w4a8"])
+def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same_kv(fmt):
+    """Three prompts entering together share their first 20 tokens (a system prompt): the prefix
+    runs once, in one row, and is copied into the others, which run only their own tails; every
+    row's K/V is its lone prefill's bit for bit and every output equals AR's. A burst joining a
+    running row whose prompt holds that prefix copies it from that row: no prefix forward at all."""
+    m = _model(fmt)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=6)
+    head = _prompts((20,), seed=7)[0]
+    prompts = [head + t for t in _prompts((5, 9, 7), seed=8)]
+    dec = Decoder(m, prompts, cfg, eos_token_id=[])
+    w = Widths(dec)
+    dec.step()
+    assert (1, 20) in w.seen, w.seen  # the prefix, in one row
+    assert sum(r * c for r, c in w.seen) < sum(map(len, prompts))  # the prefix did not run three times
+    live = dec.scheduler.live
+    for r, q in enumerate(live):
+        n = len(q.prompt)
+        assert _same_kv([(k[r, :, :n], v[r, :, :n]) for k, v in zip(dec.cache.k, dec.cache.v)], _alone_kv(m, q.prompt))
+    for _ in dec:
+        pass
+    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+
+    dec = Decoder(m, [prompts[0]], cfg, batch_size=4, eos_token_id=[])  # one runs, three more arrive at once
+    dec.step()
+    joining = [head + t for t in _prompts((4, 6, 3), seed=9)]
+    seqs = [dec.add(p) for p in joining]
+    w = Widths(dec)
+    dec.step()
+    assert all(c < 20 for _, c in w.seen), w.seen  # tails only: the prefix came from the running row
+    for s in seqs:
+        r, n = dec.scheduler.live.index(s), len(s.prompt)
+        assert _same_kv([(k[r, :, :n], v[r, :, :n]) for k, v in zip(dec.cache.k, dec.cache.v)], _alone_kv(m, s.prompt))
+    for _ in dec:
+        pass
+    assert [dec.outputs[s.index] for s in seqs] == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in joining]
+
+
+def test_prompts_that_start_alike_run_whole_where_a_row_is_not_exact():
+    """fp32 rows are not bitwise width-invariant: a copied prefix would not be what the row writes
+    itself, so nothing is shared there."""
+    m = tiny_model(seed=2, vocab_size=V)
+    head = _prompts((20,), seed=7)[0]
+    prompts = [head + t for t in _prompts((5, 9), seed=8)]
+    dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=3), eos_token_id=[])
+    w = Widths(dec)
+    dec.step()
+    assert sum(r * c for r, c in w.seen) >= sum(map(len, prompts))
+
+
+def test_shared_prefixes_plan_copies_from_a_donor_or_from_the_first_row_of_a_group():
+    """The docstring's example; a donor holding less than SHARED_MIN of the prefix is not used; each
+    row keeps its last token to run; rows that hold part of their prompt (None) take no part."""
+    A, B = list(range(100, 120)), list(range(200, 230))
+    prompts = [A + [1], A + [2, 3], B]
+    assert shared_prefixes(prompts, []) == [(False, 0, 20, [1])]
+    assert shared_prefixes(prompts, [(7, A + [9])]) == [(True, 7, 20, [0, 1])]
+    assert shared_prefixes(prompts, [(7, A[:10])]) == [(False, 0, 20, [1])]
+    assert shared_prefixes([A, A], []) == [(False, 0, 19, [1])]
+    assert shared_prefixes([A + [1], None, A + [2]], []) == [(False, 0, 20, [2])]
+    assert shared_prefixes([B, A + [1]], []) == []

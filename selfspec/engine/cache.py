@@ -135,6 +135,16 @@ class BatchKVCache:
         if not keep:
             self.lengths[src] = 0
 
+    @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Row `src`'s first `n` slots into row `dst`, which then holds those `n` tokens (prompts
+        that start alike: the prefix's K/V made once)."""
+        if n > self.lengths[src]:
+            raise ValueError(f"row {src} holds {self.lengths[src]} tokens, not {n}")
+        for buf in self._buffers():
+            buf[dst, :, :n] = buf[src, :, :n]
+        self.lengths[dst] = n
+
     def compact(self, occupants: list) -> list:
         """Fill the empty rows (None in `occupants`, one entry per cache row from 0) by moving the
         last occupied rows into them, so the occupied rows are 0..R-1; returns their occupants.

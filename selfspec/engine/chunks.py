@@ -9,6 +9,12 @@ Example: AR rounds of the running rows take 30 ms and a chunk's forward is price
 token, chunks having taken 1.5x their price: a 2,000-token prompt goes in chunks of 10 tokens
 (1.5 x 20 ms <= 30 ms) until what is left costs at most 4 rounds (1.5 x (10 + 70) ms = 120 ms),
 then the last 70 in one.
+
+A burst is another matter: while more prompts wait for their first token than rows run, every
+waiting prompt is prefilled in the turn (`prefill_first`): each of them gains a whole row's
+tokens from joining, each running row loses one gap. Prompts that enter together take rows
+shortest first, and are prefilled in forwards over groups of rows of similar length
+(`prefill_groups`): a forward pads every row to its longest.
 """
 
 from __future__ import annotations
@@ -22,6 +28,44 @@ PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR roun
 PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
 # short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
 CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
+SHARED_MIN = 16  # prompts starting with this many tokens alike or more prefill their common prefix once
+GROUP_FIXED_TOKENS = 8  # without a cost model: a forward's fixed cost (its pass over the weights) in query tokens
+
+
+def prefill_first(prefilling: int, live: int) -> bool:
+    """Whether a turn prefills all `prefilling` prompts at once (a burst: they outnumber the `live`
+    rows) rather than a chunk: a prompt without its first token gains a whole row's decoding from
+    joining, a running row loses one gap. A long prompt joining a running batch (1 <= live) keeps
+    to chunks, so that its rows' inter-token latency holds."""
+    return prefilling > live
+
+
+def prefill_groups(lefts: list[int], price) -> list[tuple[int, int]]:
+    """Consecutive groups [a, b) of rows whose prefill forwards cost least in all: rows with
+    `lefts[i]` prompt tokens to go (shortest first, as they take rows), a forward over rows a..b-1
+    costing price(b - a, max(lefts[a:b])) (every row padded to its longest). Dynamic programming
+    over the split points; `price(rows, width)` is a cost model's f(rows, width), or tokens plus a
+    forward's fixed cost (`token_price`).
+
+    Example: lefts [10, 12, 40, 44] at 8 tokens a forward plus 1 a token: one forward pads to
+    4 x 44 + 8 = 184, two forwards [10, 12] and [40, 44] cost 2 x 12 + 8 + 2 x 44 + 8 = 128."""
+    n = len(lefts)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for b in range(1, n + 1):
+        for a in range(b):
+            c = best[a] + price(b - a, max(lefts[a:b]))
+            if c < best[b]:
+                best[b], cut[b] = c, a
+    groups, b = [], n
+    while b:
+        groups.append((cut[b], b))
+        b = cut[b]
+    return groups[::-1]
+
+
+def token_price(rows: int, width: int) -> float:
+    """A forward's price without a cost model: its query tokens plus GROUP_FIXED_TOKENS."""
+    return rows * width + GROUP_FIXED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -94,3 +138,37 @@ def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: f
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if price(mid) <= budget else (lo, mid)
     return max(lo, min(floor, most))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def shared_prefixes(prompts: list, donors: list, least: int = SHARED_MIN) -> list[tuple]:
+    """Which rows about to be prefilled can copy a prefix's K/V instead of running it: `prompts[i]`
+    the prompt of row i (None: a row that holds part of its prompt already), `donors` `(row,
+    tokens)` of rows whose cache holds `tokens`. Rows whose prompts start with the same `least`
+    tokens form a group; their common prefix (each keeps at least its last token to run) comes
+    from a donor holding `least` or more of it (then as much as it holds), else from the group's
+    first row, which prefills it once. Returns `(donor, src, n, rows)`: copy the first n slots of
+    src into each of `rows` (indices into `prompts`); src is a donor's row (donor True) or an index
+    into `prompts` whose row prefills its first n tokens before the copies (donor False).
+
+    Example: prompts [A+x, A+y, B] with A 20 tokens, no donors: [(False, 0, 20, [1])]; with a donor
+    (7, A+z): [(True, 7, 20, [0, 1])]."""
+    groups: dict = {}
+    for i, p in enumerate(prompts):
+        if p is not None and len(p) > least:
+            groups.setdefault(tuple(p[:least]), []).append(i)
+    plan = []
+    for rows in groups.values():
+        first = prompts[rows[0]]
+        n = min(min(len(prompts[i]) for i in rows) - 1, *(common_prefix(first, prompts[i]) for i in rows))
+        held, src = max(((common_prefix(first, t), r) for r, t in donors), default=(0, None))
+        if held >= least:
+            plan.append((True, src, min(n, held), rows))
+        elif len(rows) > 1 and n >= least:
+            plan.append((False, rows[0], n, rows[1:]))
+    return plan

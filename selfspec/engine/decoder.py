@@ -24,7 +24,7 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    ChunkScale, pick_chunk)
+                                    ChunkScale, pick_chunk, prefill_first)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import AR, config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -293,7 +293,11 @@ class Decoder:
         entering, slot = sched.admit()
         if entering and self.planner is not None and self.batch_size == 1:
             self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
-        if entering and not running:  # nobody waits for it: the whole prompts in one forward
+        burst = running and self.prefill_chunk is None and prefill_first(len(sched.prefilling) + len(entering),
+                                                                         len(sched.live))
+        if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
+            entering.sort(key=lambda s: len(s.prompt))
+        if entering and not running:  # nobody waits for them: the whole prompts at once
             chunks = self.stepper.prefill(entering, slot)
             sched.place(entering, cache)
         else:
@@ -301,9 +305,14 @@ class Decoder:
                 cache.reset(slot + i)
             sched.start_prefill(entering)
             entering, chunks = [], []
+            if burst:  # more prompts wait for their first token than rows run: all of them now
+                R = len(sched.live)
+                donors = [(r, s.prompt) for r, s in enumerate(sched.live)]  # rows whose prompts' K/V a joiner may share
+                n, chunks = self.stepper.prefill_rest(sched.prefilling, R, donors)
+                entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
-            if sched.prefilling and not (sched.live and self.bf.joins):
+            elif sched.prefilling and not (sched.live and self.bf.joins):
                 n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
                 entering, chunked = sched.join(n, cache), True
         yield from self._welcome(entering, chunks)

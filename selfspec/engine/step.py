@@ -33,7 +33,7 @@ from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import Join
-from selfspec.engine.chunks import ChunkRun
+from selfspec.engine.chunks import ChunkRun, prefill_groups, shared_prefixes, token_price
 from selfspec.engine.masks import rows_layout
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
@@ -59,6 +59,7 @@ class Stepper:
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.clock = time.perf_counter  # every time the planner learns from is read here (tests run a fake one)
         self.piece = PREFILL_PIECE
+        self.shares = bool(bf.ff.exact)  # prompts that start alike share their prefix's K/V (`_share_prefixes`)
         self.last_seconds = 0.0  # the latest `timed` call's
         self.last_chunk = None  # the latest chunk's `chunks.ChunkRun`, until the decoder reads it
 
@@ -97,23 +98,59 @@ class Stepper:
         return (self.lora, slice(start, None)) if self.lora is not None else (None, None)
 
     # -- prefill ----------------------------------------------------------------------------------------
-    def prefill(self, seqs: list[Sequence], slot: int) -> list[list[int]]:
-        """The prompts causally into cache rows slot .. slot+k-1 (shorter prompts padded at their
-        end: the padding's K/V lands past the row's length, never read), in one forward or, past
-        `piece` tokens, in forwards of `piece` columns each (the K/V bitwise the same: attention
-        sums are exact and the weight kernels width-invariant); then (one-pass layouts) one
-        read-only mask group per row for the first round's marginals. Returns each sequence's
-        first chunk (one token)."""
+    def prefill(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> list[list[int]]:
+        """The prompts causally into cache rows slot .. slot+k-1 (`_prefill_rows`); then (one-pass
+        layouts) one read-only mask group per row for the first round's marginals. Returns each
+        sequence's first chunk (one token)."""
         for i in range(len(seqs)):
             self.cache.reset(slot + i)
-        lengths, last = [len(s.prompt) for s in seqs], [None] * len(seqs)
-        while any(x is None for x in last):
-            widths = [max(0, min(self.piece, n - self.cache.lengths[slot + i])) for i, n in enumerate(lengths)]
-            hidden = self._prefill_forward(seqs, slot, widths)
-            for i, n in enumerate(lengths):
-                if last[i] is None and widths[i] and self.cache.lengths[slot + i] == n:
-                    last[i] = hidden[i]
-        return self._first_tokens(seqs, slot, torch.stack(last))
+        return self._first_tokens(seqs, slot, self._prefill_rows(seqs, slot, donors))
+
+    def prefill_rest(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> tuple[int, list[list[int]]]:
+        """What is left of every prompt of `seqs` (cache rows slot.., partly in or not yet) in this
+        turn (`_prefill_rows`); each gets its first token as `prefill` gives it. Returns len(seqs)
+        and their first chunks."""
+        return self._ready(seqs, slot, self._prefill_rows(seqs, slot, donors))
+
+    def _prefill_rows(self, seqs: list[Sequence], slot: int, donors: list | None) -> torch.Tensor:
+        """The rest of the prompts of `seqs` (cache rows slot..): first the prefixes they share
+        (`_share_prefixes`), then groups of rows of similar length (`chunks.prefill_groups`, priced
+        by the cost model, else by tokens) in causal forwards of their own, shorter prompts padded
+        at their end (the padding's K/V lands past the row's length, never read), past `piece`
+        tokens in forwards of `piece` columns each (the K/V bitwise the same: attention sums are
+        exact and the weight kernels width-invariant). Returns the hidden state of each row's last
+        prompt token [k, H]."""
+        self._share_prefixes(seqs, slot, donors or [])
+        lengths, cost = self.cache.lengths, self.planner.cost if self.planner is not None else None
+        price = token_price if cost is None else (lambda rows, width: cost(rows, width, 0))
+        last = [None] * len(seqs)
+        for a, b in prefill_groups([len(s.prompt) - lengths[slot + i] for i, s in enumerate(seqs)], price):
+            part = seqs[a:b]
+            while any(x is None for x in last[a:b]):
+                widths = [max(0, min(self.piece, len(s.prompt) - lengths[slot + a + i])) for i, s in enumerate(part)]
+                hidden = self._prefill_forward(part, slot + a, widths)
+                for i, s in enumerate(part):
+                    if last[a + i] is None and widths[i] and lengths[slot + a + i] == len(s.prompt):
+                        last[a + i] = hidden[i]
+        return torch.stack(last)
+
+    def _share_prefixes(self, seqs: list[Sequence], slot: int, donors: list) -> None:
+        """Empty rows of `seqs` (cache rows slot..) whose prompts start alike copy their common
+        prefix's K/V (`chunks.shared_prefixes`) from a donor, a running row `(row, prompt)`, or from
+        the first of them after it prefilled it once. The K/V of a prefix depend on nothing after
+        it, and in the exact formats a row's forward on nothing but its own tokens (width, batch
+        and chunking aside), so a copy is bitwise what the row would write itself."""
+        if not self.shares:
+            return
+        lengths = self.cache.lengths
+        prompts = [s.prompt if lengths[slot + i] == 0 else None for i, s in enumerate(seqs)]
+        for donor, src, n, rows in shared_prefixes(prompts, [(r, p[:lengths[r]]) for r, p in donors]):
+            if not donor:  # one of the rows: it prefills the prefix first
+                src = slot + src
+                while lengths[src] < n:
+                    self._prefill_forward([seqs[src - slot]], src, [min(self.piece, n - lengths[src])])
+            for i in rows:
+                self.cache.copy_prefix(src, slot + i, n)
 
     def prefill_chunk(self, seqs: list[Sequence], slot: int, budget: int) -> tuple[int, list[list[int]]]:
         """One chunk of a chunked prefill in its own forward: `seqs` hold cache rows slot.. with
