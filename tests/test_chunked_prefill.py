@@ -166,13 +166,18 @@ def test_a_lone_prompt_and_a_batch_entering_together_are_prefilled_whole_at_once
         assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
 
 
-def test_a_burst_of_prompts_outnumbering_the_running_rows_is_prefilled_in_one_turn():
+LAYOUTS = [dict(), dict(mode="presto", schedule="one-pass", block_length=4, budget=6), dict(mode="lookup")]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["auto", "presto-one-pass", "lookup"])
+def test_a_burst_of_prompts_outnumbering_the_running_rows_is_prefilled_in_one_turn(fmt, layout):
     """One row runs and five prompts arrive at once (plan auto, chunks the decoder's to pick): they
     outnumber the running rows, so the next turn prefills all of them (shortest first, in forwards
     over rows of similar length) and every one has its first token after it, instead of a chunk
     a turn; each row still equals its run alone (= AR). A lone long prompt joining keeps to chunks."""
-    m = _model("w4a8")
-    cfg = DecodeConfig(max_new_tokens=12)
+    m = _model(fmt)
+    cfg = DecodeConfig(max_new_tokens=12, **layout)
     running, burst = _prompts((7,)), _prompts((30, 5, 28, 6, 31), seed=4)
     dec = Decoder(m, running, cfg, batch_size=6, eos_token_id=[])
     dec.step()
@@ -412,14 +417,16 @@ def test_in_the_exact_formats_a_joining_prompts_chunks_ride_in_the_rounds_forwar
     assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in running + [long]]
 
 
-@pytest.mark.parametrize("fmt", ["int8", "w4a8"])
-def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same_kv(fmt):
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", LAYOUTS[:2], ids=["auto", "presto-one-pass"])
+def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same_kv(fmt, layout):
     """Three prompts entering together share their first 20 tokens (a system prompt): the prefix
     runs once, in one row, and is copied into the others, which run only their own tails; every
     row's K/V is its lone prefill's bit for bit and every output equals AR's. A burst joining a
     running row whose prompt holds that prefix copies it from that row: no prefix forward at all."""
     m = _model(fmt)
-    cfg = DecodeConfig(mode="ar", max_new_tokens=6)
+    cfg = DecodeConfig(max_new_tokens=6, **layout)
+    ar = DecodeConfig(mode="ar", max_new_tokens=6)
     head = _prompts((20,), seed=7)[0]
     prompts = [head + t for t in _prompts((5, 9, 7), seed=8)]
     dec = Decoder(m, prompts, cfg, eos_token_id=[])
@@ -433,7 +440,7 @@ def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same
         assert _same_kv([(k[r, :, :n], v[r, :, :n]) for k, v in zip(dec.cache.k, dec.cache.v)], _alone_kv(m, q.prompt))
     for _ in dec:
         pass
-    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in prompts]
+    assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in prompts]
 
     dec = Decoder(m, [prompts[0]], cfg, batch_size=4, eos_token_id=[])  # one runs, three more arrive at once
     dec.step()
@@ -447,7 +454,7 @@ def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same
         assert _same_kv([(k[r, :, :n], v[r, :, :n]) for k, v in zip(dec.cache.k, dec.cache.v)], _alone_kv(m, s.prompt))
     for _ in dec:
         pass
-    assert [dec.outputs[s.index] for s in seqs] == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in joining]
+    assert [dec.outputs[s.index] for s in seqs] == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in joining]
 
 
 def test_prompts_that_start_alike_run_whole_where_a_row_is_not_exact():

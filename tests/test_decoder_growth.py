@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder, PerSequence
+from selfspec.engine.decoder import Decoder
+from selfspec.engine.per_sequence import PerSequence
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
 

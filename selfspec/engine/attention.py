@@ -39,7 +39,7 @@ row on a CPU, more for wide rounds (`benchmarks/formats.py`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -99,3 +99,23 @@ def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid
     if heads_last and dtype == torch.bfloat16:  # [R, w, H x D]: what o_proj reads, in one C call
         return attn16.out(pv, den, w)
     return pv.div_(den).to(dtype).view(R, H, w, D)  # one division
+
+
+def model_grids(model, head_dim: int, beta: float, orig_max: int, att_factor: float) -> list:
+    """Per layer of `model`, the exact-attention grid (`grid_for`) from bounds on |q|, |k|, |v|:
+    a projection's output is at most its largest row norm times the RMSNorm output's norm (at
+    most the largest norm weight times sqrt(hidden)); RoPE keeps pair norms (times its attention
+    factor, and q times the largest Llama-4 query scale); 25% margin for bf16 rounding."""
+    cfg = model.config
+    q_scale = 1 + beta * math.log(1 + cfg.max_position_embeddings // orig_max)
+    rope = math.sqrt(2) * att_factor
+    out = []
+    for layer in model.encoder.layers:
+        x = float(layer.input_layernorm.weight.detach().float().abs().max()) * math.sqrt(cfg.hidden_size) * 1.25
+        at = layer.self_attn
+        rows = [float(getattr(at, n).weight.detach().float().norm(dim=1).max()) * x for n in ("q_proj", "k_proj",
+                                                                                                "v_proj")]
+        out.append(grid_for(head_dim, rows[0] * rope * q_scale, rows[1] * rope, rows[2],
+                            cfg.max_position_embeddings))
+    qk, v = min(g.qk for g in out), min(g.v for g in out)  # one grid for every layer: the RoPE tables carry it
+    return [replace(g, qk=qk, v=v, scale=head_dim ** -0.5 / 4.0 ** qk) for g in out]

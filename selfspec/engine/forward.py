@@ -16,16 +16,14 @@ adds its deltas on draft rows (q/k/v before RoPE, o, gate/up, down) and its mask
 """
 from __future__ import annotations
 
-import math
 import threading
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from selfspec.checkpoint.quant import matmul
-from selfspec.engine.attention import grid_for
+from selfspec.engine.attention import model_grids
 from selfspec.kernels import block as kb
 from selfspec.kernels import layer as kl
 
@@ -108,7 +106,7 @@ class FastForward:
         self.norm = enc.norm.weight.detach().to(self.act)
         self.head = packed.get("diffusion_head.weight", model.diffusion_head.weight.detach())
         self.devices = [layer.ln1.device for layer in self.layers]
-        self.grids = _grids(self, model) if self.exact else None
+        self.grids = model_grids(model, self.head_dim, self.beta, self.orig_max, self.att_factor) if self.exact else None
         # RoPE tables are shared read-only by every generation on this model; growing them is the
         # one write, done under a lock into new tensors that are swapped in whole
         self._lock = threading.Lock()
@@ -207,9 +205,7 @@ class FastForward:
             h = lora.embed(tokens, h, lora_rows)
         if self.exact:
             out = None if on or tail is not None else self._one_call(h, positions, attend)
-            if out is None:
-                out = self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
-            return out
+            return out if out is not None else self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
         if tail is not None:
             raise ValueError("a tail of rows runs in the exact formats' layer body only")
         h = h.to(self.act)
@@ -375,26 +371,6 @@ def _format_of(model):
     or an edit since makes them stale: the model's own weights are used then)."""
     fmt = model.__dict__.get("selfspec_weights")
     return fmt if fmt is not None and fmt.key == weights_key(model) else None
-
-
-def _grids(ff: FastForward, model) -> list:
-    """Per layer, the exact-attention grid (`attention.grid_for`) from bounds on |q|, |k|, |v|:
-    a projection's output is at most its largest row norm times the RMSNorm output's norm (at
-    most the largest norm weight times sqrt(hidden)); RoPE keeps pair norms (times its attention
-    factor, and q times the largest Llama-4 query scale); 25% margin for bf16 rounding."""
-    cfg = model.config
-    q_scale = 1 + ff.beta * math.log(1 + cfg.max_position_embeddings // ff.orig_max)
-    rope = math.sqrt(2) * ff.att_factor
-    out = []
-    for layer in model.encoder.layers:
-        x = float(layer.input_layernorm.weight.detach().float().abs().max()) * math.sqrt(cfg.hidden_size) * 1.25
-        at = layer.self_attn
-        rows = [float(getattr(at, n).weight.detach().float().norm(dim=1).max()) * x for n in ("q_proj", "k_proj",
-                                                                                                "v_proj")]
-        out.append(grid_for(ff.head_dim, rows[0] * rope * q_scale, rows[1] * rope, rows[2],
-                            cfg.max_position_embeddings))
-    qk, v = min(g.qk for g in out), min(g.v for g in out)  # one grid for every layer: the RoPE tables carry it
-    return [replace(g, qk=qk, v=v, scale=ff.head_dim ** -0.5 / 4.0 ** qk) for g in out]
 
 
 _ENGINE_LOCK = threading.Lock()

@@ -125,20 +125,19 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                     "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                     "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
             else:
+                failed = None
                 try:
                     out, sec = r[0].run(ids, max_new_tokens=base.max_new_tokens, temperature=r[1], top_p=base.top_p,
                                         top_k=base.top_k, eos=eos, seed=seed)
                 except Exception as e:  # a peer's own bug (llama-cpp-python's lookup fails past ~1k tokens) costs its row that prompt, not the run
-                    msg = f"{type(e).__name__}: {e}"
-                    if msg not in peer_errors:
-                        print(f"bench: {r[0].label()} failed on {p['id']} ({msg}); its row leaves that prompt out",
+                    failed, out, sec = f"{type(e).__name__}: {e}", [], 0.0
+                    if failed not in peer_errors:
+                        print(f"bench: {r[0].label()} failed on {p['id']} ({failed}); its row leaves that prompt out",
                               file=sys.stderr)
-                    peer_errors.add(msg)
-                    out, sec = [], 0.0
-                    r = (r[0], r[1], msg)
+                    peer_errors.add(failed)
                 rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
-                if len(r) > 2:
-                    rec["failed"] = r[2]
+                if failed is not None:
+                    rec["failed"] = failed
                 elif getattr(r[0], "first_token_seconds", None) is not None:
                     rec.update(ttft_seconds=r[0].first_token_seconds, decode_seconds=sec - r[0].first_token_seconds,
                                decode_tokens=max(0, len(out) - 1))
