@@ -222,6 +222,38 @@ def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, mode
     assert any(k != "ar" for k in got[1][3].selfspec["plan_hist"]), "the planner drafted nothing"
 
 
+def test_requests_arriving_together_at_an_idle_server_are_prefilled_in_one_turn(own_server, model_tok, monkeypatch):
+    """An idle engine woken by a request waits while more keep coming (each within the burst window
+    of the last), so a burst enters in one turn: not the first request alone and the rest a turn
+    later, behind its prefill."""
+    from selfspec.engine.decoder import Decoder
+
+    entering, real = [], Decoder.turn
+
+    def counted(self):
+        if self.scheduler.waiting:
+            entering.append(len(self.scheduler.waiting))
+        return real(self)
+
+    monkeypatch.setattr(Decoder, "turn", counted)
+    srv = own_server(max_batch=8, burst_window=0.15)
+    start = threading.Barrier(6)
+
+    def run(i):
+        start.wait()
+        time.sleep(0.05 * i)  # six requests over 250 ms (past one window), each well within the window of the last
+        ask(srv.client(), PROMPTS[i % 4], 6)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert entering[:1] == [6], entering
+    with pytest.raises(ValueError, match="burst_window must be between 0 and 1 second"):
+        ServiceOptions(model_id=MODEL, burst_window=-0.01)
+
+
 def test_every_answer_reports_usage_and_the_decoding_stats(server):
     _, ids, _, r = ask(server.client(), "import sys\n", 10)
     assert r.usage.completion_tokens == len(ids) == 10 and r.usage.prompt_tokens > 0

@@ -53,6 +53,9 @@ def add_serve_parser(sub) -> None:
                         "planned for --max-batch x --max-context and refused at startup when it does not fit the "
                         "memory; a longer request is a 400 (default: the model's context, clipped where --max-batch "
                         "such rows would pass the engine's 8 GiB ceiling)")
+    s.add_argument("--burst-window-ms", type=float, default=10.0,
+                   help="an idle server waits this long after a request for another, up to 10 such windows, so "
+                        "that requests arriving together are prefilled together (default 10; 0: none)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _add_decoding_args(s)
     s.set_defaults(func=cmd_serve)
@@ -92,6 +95,8 @@ def _check(a) -> None:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {a.shutdown_timeout}")
     if a.max_tokens is not None and a.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
+    if not 0 <= a.burst_window_ms <= 1000:
+        raise ValueError(f"--burst-window-ms must be between 0 and 1000, got {a.burst_window_ms}")
     if a.max_context is not None and a.max_context < 2:
         raise ValueError(f"--max-context must be >= 2 tokens (a prompt and an answer), got {a.max_context}")
     if a.api_key is not None and not a.api_key.strip():
@@ -265,7 +270,8 @@ def cmd_serve(a) -> int:
     defaults = model_defaults(resolve(a.model, progress=False), a.max_tokens)
     memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens, a.max_context)  # before any cache or cost model
     options = ServiceOptions(model_id=model_id, aliases=aliases, max_batch=a.max_batch, max_queue=a.max_queue,
-                             shutdown_timeout=a.shutdown_timeout, defaults=defaults, max_context=a.max_context)
+                             shutdown_timeout=a.shutdown_timeout, defaults=defaults, max_context=a.max_context,
+                             burst_window=a.burst_window_ms / 1000)
     service = Service(model, tok, cfg, options, profile=a.profile)  # plan "auto": measures the cost model here
     if a.host not in LOOPBACK and not a.api_key:
         print(f"warning: serving on {a.host} without --api-key: anyone who reaches this port can use the model",

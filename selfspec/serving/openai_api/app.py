@@ -133,10 +133,11 @@ async def _generate(request: Request, kind: str):
     service = request.app.state.service
     if service.draining:
         raise errors.shutting_down()
-    req = parse_request(kind, parse_json(await _body(request)))
-    service.check_model(req.model)
-    ids, params = service.encode(req)
-    job = service.open(req, ids, params)
+    with service.engine.reading():
+        req = parse_request(kind, parse_json(await _body(request)))
+        service.check_model(req.model)
+        ids, params = service.encode(req)
+        job = service.open(req, ids, params)
     handed_over = False
     try:
         first = await _unless_gone(request, service.next_event(job))

@@ -19,7 +19,7 @@ from selfspec.engine.request import MAX_CACHE_BYTES, check_request, lookahead, r
 from selfspec.engine.sequence import SamplingParams
 from selfspec.serving.openai_api import errors
 from selfspec.serving.openai_api.defaults import Defaults
-from selfspec.serving.openai_api.engine import Engine, Failed, Finished, Job
+from selfspec.serving.openai_api.engine import GATHER_WINDOW, Engine, Failed, Finished, Job
 from selfspec.serving.openai_api.protocol import GenerationRequest
 from selfspec.streaming import encode_prompt
 
@@ -38,6 +38,7 @@ class ServiceOptions:
     shutdown_timeout: float = 30.0
     defaults: Defaults = Defaults()
     max_context: int | None = None  # tokens a request may have, prompt + max_tokens (--max-context); None: the model's
+    burst_window: float = GATHER_WINDOW  # seconds an idle engine waits after a request for another (`Engine._gather`)
 
     def __post_init__(self):
         if type(self.max_batch) is not int or self.max_batch < 1:
@@ -48,6 +49,8 @@ class ServiceOptions:
             raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout!r}")
         if not self.model_id:
             raise ValueError("the served model needs a non-empty name")
+        if not 0 <= self.burst_window <= 1:
+            raise ValueError(f"burst_window must be between 0 and 1 second, got {self.burst_window!r}")
         if self.max_context is not None and (type(self.max_context) is not int or self.max_context < 2):
             raise ValueError(f"max_context must be an integer >= 2, got {self.max_context!r}")
 
@@ -84,7 +87,7 @@ class Service:
                 log.warning("the KV cache is not reserved at startup (%s); it grows with the requests", e)
             return dec
 
-        self.engine = Engine(make_decoder, tokenizer)
+        self.engine = Engine(make_decoder, tokenizer, window=options.burst_window)
         self.active: set[Job] = set()
         self.draining = False
         self.created = int(time.time())
