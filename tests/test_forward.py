@@ -138,3 +138,22 @@ def test_draft_lora_reaches_only_draft_rows(model):
         assert (mixed - ref).abs().max().item() <= 1e-4
     finally:
         lora.remove()
+
+
+def test_a_dropped_model_is_freed_at_once_even_after_it_generated():
+    """No reference cycle through the compact forward the model keeps: the last reference frees
+    it without the cyclic collector (which a server freezes, and which a process may turn off)."""
+    import gc
+    import weakref
+
+    import selfspec
+
+    model, tok = selfspec.load("pystdlib-nld-9m", weights="int4", progress=False)
+    selfspec.generate(model, tok, "import os\n", max_new_tokens=2, mode="ar")
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()

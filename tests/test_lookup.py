@@ -137,8 +137,11 @@ def test_extend_touches_at_most_max_ngram_entries_per_token_whatever_the_context
     g = torch.Generator().manual_seed(0)
     for length in (10, 5000):
         idx = ContextIndex(torch.randint(0, 8, (length,), generator=g).tolist(), min_ngram=1, max_ngram=3)
+        idx.match_length([0])  # the first read indexes the context
         adds.clear()
         idx.extend([1, 2, 3, 4])
+        assert adds == [] and len(idx) == length + 4  # appended; indexed when next read (AR rounds read nothing)
+        assert idx.propose([3, 4], 2) == idx.propose([3, 4], 2)
         # one update per n (1..3) per appended token, all at the newest positions: no rescan
         assert len(adds) == 4 * 3
         assert min(adds) == length - 1

@@ -27,6 +27,18 @@ def test_ngram_rho_matches_brute_force_counts():
         assert math.isclose(float(got[i]), _brute(ctx, 6, x, y, z), rel_tol=1e-5)
 
 
+def test_ngram_rho_fed_token_by_token_and_read_between_scores_as_one_built_over_the_whole_context():
+    g = torch.Generator().manual_seed(1)
+    ctx = torch.randint(0, 6, (60,), generator=g).tolist()
+    rho = NgramRho(6, ctx[:20])
+    q = [torch.randint(0, 6, (50,), generator=g) for _ in range(3)]
+    for i in range(20, 60):
+        rho.extend([ctx[i]] if i % 3 else torch.tensor([ctx[i]]))
+        if i % 7 == 0:
+            assert torch.equal(rho(*q), NgramRho(6, ctx[: i + 1])(*q))
+    assert torch.equal(rho(*q), NgramRho(6, ctx)(*q))
+
+
 def test_ngram_rho_is_a_log_probability_and_prefers_seen_continuations():
     rho = NgramRho(100, [5, 6, 7, 5, 6])
     seen = rho(torch.tensor([5]), torch.tensor([6]), torch.tensor([7]))

@@ -6,8 +6,9 @@ the context read backwards: the node of an n-gram (a_1 .. a_n) hangs under the n
 (a_2 .. a_n), so one walk from the suffix's last token backwards finds the longest match, and
 appending a token touches one node per n (the n-grams that end just before it).
 
-Costs: `extend` is O(max_ngram) per appended token (no rescan of the context); `propose` is
-O(max_ngram + num_tokens + log occurrences) and `continuations` O(max_ngram + limit).
+Costs: indexing is O(max_ngram) per appended token (no rescan of the context), paid when the
+index is next read (`extend` only appends); `propose` is O(max_ngram + num_tokens + log
+occurrences) and `continuations` O(max_ngram + limit).
 
 Which occurrence `propose` copies from. transformers' `PromptLookupCandidateGenerator`
 (`generate(prompt_lookup_num_tokens=k)`, default `max_matching_ngram_size=2`) tries n from the
@@ -115,17 +116,23 @@ class ContextIndex:
                              f"max_ngram={max_ngram}")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self._tokens: list[int] = []
+        self._new: list[int] = []  # appended, not indexed yet (`_catch_up`)
         self._root = _Node()
         self.extend(tokens)
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self._tokens) + len(self._new)
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Append tokens; each one updates the n-grams (n <= max_ngram) that end just before it."""
+        """Append tokens. They are indexed when the index is next read: a decoder appends every
+        token it emits, and rounds that look nothing up (AR rounds) should not pay for it."""
+        self._new.extend(int(t) for t in tokens)
+
+    def _catch_up(self) -> None:
+        """Index the appended tokens: each one updates the n-grams (n <= max_ngram) that end just before it."""
+        new, self._new = self._new, []
         ctx, root, top = self._tokens, self._root, self.max_ngram
-        for t in tokens:
-            t = int(t)
+        for t in new:
             end = len(ctx) - 1  # the n-grams ending here are now followed by t
             node = root
             for j in range(end, max(end - top, -1), -1):
@@ -140,6 +147,8 @@ class ContextIndex:
 
     def _match(self, suffix: Sequence[int]) -> tuple[_Node | None, int]:
         """(node, n) of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix; (None, 0)."""
+        if self._new:
+            self._catch_up()
         tail = [int(t) for t in suffix[-self.max_ngram :]]
         node, best, length = self._root, None, 0
         for n, w in enumerate(reversed(tail), 1):

@@ -69,15 +69,19 @@ class NgramRho:
 
     def __init__(self, vocab_size: int, context: torch.Tensor | list[int] | None = None):
         self.V = int(vocab_size)
-        self.ctx = torch.as_tensor(context if context is not None else [], dtype=torch.long)
-        self._index()
+        self.ctx = torch.as_tensor(context if context is not None else [], dtype=torch.long).reshape(-1)
+        self._new: list[int] = []  # tokens appended since the counts were made
+        self._stale = True  # counted when first scored: rounds that build no tree pay nothing
 
     def extend(self, tokens: list[int] | torch.Tensor) -> None:
-        self.ctx = torch.cat([self.ctx, torch.as_tensor(tokens, dtype=torch.long).reshape(-1)])
-        self._stale = True  # re-sorted when next scored: rounds that build no tree pay nothing
+        self._new.extend(torch.as_tensor(tokens, dtype=torch.long).reshape(-1).tolist())
+        self._stale = True
 
     def _index(self) -> None:
         self._stale = False
+        if self._new:
+            self.ctx = torch.cat([self.ctx, torch.tensor(self._new, dtype=torch.long)])
+            self._new = []
         c, V = self.ctx, self.V
         # unigram and "as a history" counts are dense gathers; longer n-grams use sorted keys
         self.uni = torch.bincount(c, minlength=V).float()

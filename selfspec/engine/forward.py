@@ -64,7 +64,6 @@ class FastForward:
         enc = model.encoder
         if getattr(cfg, "sliding_window", None) is not None:
             raise ValueError("the compact forward has no sliding-window attention; this checkpoint needs it")
-        self.model = model
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
