@@ -1,7 +1,8 @@
 """Every decoder layer in one C call (`kernels.block`): in w4a8 on a CPU a narrow round runs its
 layers in one call whose logits are bitwise the Python layer loop's, alone and in a batch of rows
-of other lengths, with and without a mask; rounds it does not take (too wide, a draft LoRA, a
-joining chunk, another format) go through the loop."""
+of other lengths, with and without a mask, with a draft LoRA on the draft rows too; rounds it
+does not take (too wide, a LoRA that covers part of a fused projection, a joining chunk, another
+format) go through the loop."""
 
 import pytest
 import torch
@@ -68,14 +69,14 @@ def _rounds(m, one_call: bool):
 def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls):
     m = _model()
     fast = _rounds(m, True)
-    assert calls[0] == 8  # every round above took the one call
+    assert calls[0] == 9  # the 30-token prefill and every round above took the one call
     slow = _rounds(m, False)
-    assert calls[0] == 8
+    assert calls[0] == 9
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
 
 
-def test_wide_rounds_lora_rounds_and_other_formats_take_the_loop(calls):
+def test_wide_rounds_and_other_formats_take_the_loop(calls):
     m = _model()
     bf = BatchForward.of(m)
     cache = bf.new_cache(1, 80)
@@ -105,3 +106,54 @@ def test_greedy_output_with_the_one_call_equals_the_loops(mode, calls):
     FastForward.of(m)._block = None
     assert generate_ids(m, prompt, cfg, eos_token_id=[])[0] == ref
     assert calls[0] >= 10  # the rounds took the one call
+
+
+def _lora(m, targets, rank, seed=0):
+    from selfspec.checkpoint.lora import DraftLoRA, module_of
+
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for i, layer in enumerate(m.encoder.layers):
+        for name in targets:
+            out_f, in_f = module_of(layer, name).weight.shape
+            weights[(i, name)] = (torch.randn(rank, in_f, generator=g) * 0.2, torch.randn(out_f, rank, generator=g) * 0.2)
+    return DraftLoRA(m, weights, scale=0.5, mask_embedding=torch.randn(m.config.hidden_size, generator=g))
+
+
+def _lora_round(m, lora, one_call: bool):
+    """Hidden states of a round of two rows x 6 query tokens whose last 4 are draft rows."""
+    FastForward.of(m)._block = None if one_call else (None,)
+    bf = BatchForward.of(m)
+    cache = bf.new_cache(2, 64)
+    prompt = torch.arange(5, 25) % 50 + 4
+    bf(prompt[None].expand(2, 20).contiguous(), torch.arange(20)[None].expand(2, 20), cache, slice(0, 2), causal=True)
+    cache.set_length(0, 20)
+    cache.set_length(1, 14)
+    toks = torch.tensor([[9, 11, 3, 3, 3, 3], [17, 5, 3, 3, 3, 3]])
+    block = torch.full((6, 6), float("-inf")).triu(1)[None].expand(2, 6, 6)  # no row sees the draft rows after it
+    return bf(toks, torch.arange(6)[None].expand(2, 6), cache, slice(0, 2), block=block, lora=lora,
+              lora_rows=slice(2, None))
+
+
+@pytest.mark.parametrize("rank", [8, 3])
+@pytest.mark.parametrize("targets", [("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                     ("o_proj",)], ids=["every module", "o_proj (upstream's)"])
+def test_a_round_with_a_draft_lora_takes_the_one_call_with_the_loops_bits(calls, targets, rank):
+    m = _model()
+    lora = _lora(m, targets, rank)
+    fast = _lora_round(m, lora, True)
+    assert calls[0] == 2  # the prefill and the round
+    slow = _lora_round(m, lora, False)
+    assert torch.equal(fast, slow)
+    lora.enabled = False
+    plain = _lora_round(m, lora, True)
+    assert torch.equal(plain[:, :2], fast[:, :2])  # rows before the draft rows: no delta
+    assert not torch.equal(plain[:, 2:], fast[:, 2:])  # the draft rows: the delta is there
+
+
+def test_a_lora_on_part_of_a_fused_projection_takes_the_loop(calls):
+    m = _model()
+    lora = _lora(m, ("q_proj", "down_proj"), 4)  # q without k and v: the fused q|k|v output is partly covered
+    fast = _lora_round(m, lora, True)
+    assert calls[0] == 1  # the prefill only
+    assert torch.equal(fast, _lora_round(m, lora, False))

@@ -1,5 +1,5 @@
 """The exact formats' layer steps in C (`kernels/layer.c`: RMSNorm, the residual with the next
-norm, RoPE onto the attention grids, the MLP's gate) and one layer's attention in one call
+norm, RoPE onto the attention grids, the MLP's gate, the draft LoRA's delta) and one layer's attention in one call
 (`attn16.direct`): each gives its torch twin's bits, on one row and on many, and a row's result
 does not depend on the rows beside it. Whole forwards over them stay width-invariant and equal
 to AR (test_invariance, test_format_matrix)."""
@@ -130,3 +130,20 @@ def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone():
     before = [b.clone() for b in cache._buffers()]
     assert cache.write_attend(0, slice(0, 1), [20 - w], wide, 9, None, 1.0, 1.0, 1.0) is None
     assert all(torch.equal(a, b) for a, b in zip(before, cache._buffers()))
+
+
+@needs_kernel
+@pytest.mark.parametrize("k, r, n", [(576, 48, 960), (1536, 16, 576), (100, 3, 70), (64, 64, 130)])
+def test_the_draft_loras_delta_gives_the_twins_bits_on_its_rows_only(k, r, n):
+    g = torch.Generator().manual_seed(k + r)
+    x = (torch.randn(9, k, generator=g) * 2).to(torch.bfloat16)
+    at, bt = torch.randn(k, r, generator=g) * 0.1, torch.randn(r, n, generator=g) * 0.1
+    out = torch.randn(9, n, generator=g).to(torch.bfloat16)
+    rows = torch.tensor([0, 3, 4, 8])
+    c, twin = out.clone(), out.clone()
+    kl.lora(x, at, bt, c, rows)
+    kl.lora(x, at, bt, twin, rows, fallback=True)
+    assert torch.equal(c, twin)
+    assert torch.equal(c[[1, 2, 5, 6, 7]], out[[1, 2, 5, 6, 7]])
+    want = out[rows].float() + (x[rows].float() @ at) @ bt  # the same sums in another order
+    assert torch.allclose(c[rows].float(), want, atol=0.05, rtol=0.01)

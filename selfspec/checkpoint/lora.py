@@ -22,13 +22,25 @@ from contextlib import contextmanager
 
 import torch
 
+from selfspec.kernels import block as kb
+from selfspec.kernels import layer as kl
+
 LORA_DIR = "linear_spec_lora"
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 TARGETS = ATTN + MLP
+# the modules that read one input, in the order of the compact forward's fused outputs (q|k|v, gate|up)
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 MASK_EMBEDDING = "mask_embedding"
 _KEY = re.compile(r"(?:base_model\.model\.)?encoder\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_([AB])"
                   r"(?:\.default)?\.weight$")
+
+
+def draft_rows(R: int, q: int, cols: slice) -> torch.Tensor:
+    """Flat indices (R rows of q query tokens) of the query columns `cols` of every row.
+
+    Example: draft_rows(2, 4, slice(1, None)) -> [1, 2, 3, 5, 6, 7]."""
+    return (torch.arange(R)[:, None] * q + torch.arange(q)[cols]).reshape(-1)
 
 
 def module_of(layer, name: str) -> torch.nn.Linear:
@@ -116,6 +128,53 @@ class DraftLoRA:
                 out[:, rows] += delta[..., start : start + n]
                 start += n
         return outs
+
+    def add_fused(self, layer: int, names: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
+                  rows: torch.Tensor) -> bool:
+        """out[rows] += the delta of the modules `names` of one group (`GROUPS`), in place: x [M, K]
+        their input, out [M, N] their fused output, rows the flat draft rows (int64), in one call
+        (`kernels.layer.lora`: the layer loop and the one-call block give the drafts the same bits).
+        False where that does not apply (some module of the group without LoRA: `add_deltas`)."""
+        if not self.enabled:
+            return True
+        fused = self._fused(layer, names, x)
+        if fused is None:
+            return True
+        a, b, widths = fused
+        if 0 in widths or b.shape[1] != out.shape[1]:
+            return False
+        kl.lora(x, a, b, out, rows)
+        return True
+
+    def block_args(self, n_layers: int, R: int, q: int, cols: slice):
+        """What the one-call block (`kernels.block.run`) takes to add the deltas on query columns
+        `cols` of R rows of q tokens: the groups' pointers (`kernels.block.lora_of` of
+        `block_tables`) and the flat draft rows; None where a group is partly covered (the round
+        keeps the layer loop, whose `add_deltas` handles that)."""
+        memo = self.__dict__.get("_block_ptrs")
+        if memo is None:
+            tables = self.block_tables(n_layers)
+            memo = self.__dict__["_block_ptrs"] = (None if tables is None else kb.lora_of(tables),)
+        return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
+
+    def block_tables(self, n_layers: int):
+        """Per layer and group (`GROUPS`), the fused (A^T, scale * B^T) of `add_fused`, None where no
+        module of the group has LoRA; None in all when a group is partly covered."""
+        memo = self.__dict__.get("_block_tables")
+        if memo is None:
+            cpu = torch.empty(0, dtype=torch.bfloat16)
+            rows = []
+            for i in range(n_layers):
+                for names in GROUPS:
+                    fused = self._fused(i, names, cpu)
+                    if fused is not None and 0 in fused[2]:
+                        rows = None
+                        break
+                    rows.append(None if fused is None else fused[:2])
+                if rows is None:
+                    break
+            memo = self.__dict__["_block_tables"] = (rows,)
+        return memo[0]
 
     def _fused(self, layer: int, names: tuple[str, ...], x: torch.Tensor):
         """(A stacked and scale * B block-diagonal, both fp32 and transposed for x @ A^T @ B^T; each

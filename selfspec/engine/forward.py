@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from selfspec.checkpoint.lora import GROUPS, draft_rows
 from selfspec.checkpoint.quant import matmul
 from selfspec.engine.attention import model_grids
 from selfspec.kernels import block as kb
@@ -203,7 +204,7 @@ class FastForward:
         if on:
             h = lora.embed(tokens, h, lora_rows)
         if self.exact:
-            out = None if on or tail is not None else self._one_call(h, positions, attend)
+            out = None if tail is not None else self._one_call(h, positions, attend, lora if on else None, lora_rows)
             return out if out is not None else self._exact_layers(h, positions, attend, lora if on else None, lora_rows, tail)
         if tail is not None:
             raise ValueError("a tail of rows runs in the exact formats' layer body only")
@@ -258,6 +259,7 @@ class FastForward:
         tables, vscale = {}, 2.0 ** self.grids[0].v
         last = len(self.layers) - 1
         x, fused = None, getattr(attend, "reads_fused", False)
+        lrows = None if lora is None else draft_rows(R, q, lora_rows)
         for i, w in enumerate(self.layers):
             dev = self.devices[i]
             if h.device != dev:
@@ -269,9 +271,8 @@ class FastForward:
             if x is None:
                 x = kl.rms(h, w.ln1, self.eps)
             qkv = matmul(x, w.qkv[0])
-            if lora is not None:  # in place into the fused output (the first R q rows: the tail has none)
-                lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x[:M0].view(R, q, H),
-                                self._split((qkv[:M0].view(R, q, -1),)), lora_rows)
+            if lora is not None and not lora.add_fused(i, GROUPS[0], x, qkv, lrows):  # in place (the tail has none)
+                lora.add_deltas(i, GROUPS[0], x[:M0].view(R, q, H), self._split((qkv[:M0].view(R, q, -1),)), lora_rows)
             xs = kl.rope(qkv, pos, tab, nh, nkv, vscale)
             if tail is not None:
                 a = attend(i, dev, None, None, None, fused=xs.view(M, nh + 2 * nkv, D))
@@ -279,20 +280,21 @@ class FastForward:
                 xs = xs.view(R, q, nh + 2 * nkv, D)
                 a = attend(i, dev, None, None, None, fused=xs) if fused else attend(i, dev, *self.split_heads(xs))
                 a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
-            a = a.reshape(M, -1)
-            o = matmul(a.to(self.dtype), w.wo)
-            if lora is not None:  # in place
+            a = a.reshape(M, -1).to(self.dtype)
+            o = matmul(a, w.wo)
+            if lora is not None and not lora.add_fused(i, GROUPS[1], a, o, lrows):
                 lora.add_delta(i, a[:M0].view(R, q, -1), o[:M0].view(R, q, -1), lora_rows)
             x = kl.add_rms(h, o, w.ln2, self.eps)
-            g, u = matmul(x, w.gate_up[0]).chunk(2, -1)
-            if lora is not None:
+            gu = matmul(x, w.gate_up[0])
+            g, u = gu.chunk(2, -1)
+            if lora is not None and not lora.add_fused(i, GROUPS[2], x, gu, lrows):
                 F_ = g.shape[-1]
-                lora.add_deltas(i, ("gate_proj", "up_proj"), x[:M0].view(R, q, H),
-                                (g[:M0].view(R, q, F_), u[:M0].view(R, q, F_)), lora_rows)
+                lora.add_deltas(i, GROUPS[2], x[:M0].view(R, q, H), (g[:M0].view(R, q, F_), u[:M0].view(R, q, F_)),
+                                lora_rows)
             m = kl.silu_mul(g, u)
             d = matmul(m, w.down)
-            if lora is not None:
-                lora.add_deltas(i, ("down_proj",), m[:M0].view(R, q, -1), (d[:M0].view(R, q, H),), lora_rows)
+            if lora is not None and not lora.add_fused(i, GROUPS[3], m, d, lrows):
+                lora.add_deltas(i, GROUPS[3], m[:M0].view(R, q, -1), (d[:M0].view(R, q, H),), lora_rows)
             if i < last:
                 x = kl.add_rms(h, d, self.layers[i + 1].ln1.to(dev), self.eps)
             else:
@@ -307,20 +309,27 @@ class FastForward:
             self._block = (kb.weights_of(self.layers, self.norm, self.grids) if cpu else None,)
         return self._block[0] is not None
 
-    def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend):
+    def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend, lora=None, lora_rows=None):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
-        cache and a round the one-call attention takes (`attend.block`: its cache rows and mask);
-        the same kernels in the same order as `_exact_layers`, so the same bits -> the final
-        states [R, q, H]. None elsewhere (nothing written)."""
+        cache and a round the one-call attention takes (`attend.block`: its cache rows and mask),
+        with a draft LoRA whose groups are whole (`LoRA.block_tables`); the same kernels in the
+        same order as `_exact_layers`, so the same bits -> the final states [R, q, H]. None
+        elsewhere (nothing written)."""
         if getattr(attend, "block", None) is None or not self.one_call():
             return None
+        lora_args = None
+        if lora is not None and lora.enabled:
+            lora_args = lora.block_args(len(self.layers), int(h.shape[0]), int(h.shape[1]), lora_rows)
+            if lora_args is None:
+                return None
         (R, q, H), (cache, row, starts, mask) = h.shape, attend.block(self.devices[0])
         if not (h.is_cpu and getattr(cache, "block16", False)):
             return None
         positions = positions.reshape(-1).contiguous()
         tab = self._full_tables(int(positions.max()) + 1, self.devices[0])
         out = kb.run(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), positions, tab, R, q,
-                     self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps)
+                     self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps,
+                     lora_args)
         return None if out is None else out.view(R, q, H)
 
     def split_heads(self, xs: torch.Tensor) -> tuple:

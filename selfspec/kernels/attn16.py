@@ -5,7 +5,7 @@
 
 Both are exact integer sums in float64 (the grid's bounds keep them below 2^53), so the C kernel
 and the torch fallback (decompress, then `torch.matmul`) give the same bits. Up to `DIRECT_MAX`
-queries per key head (AR and rounds of up to 16 tokens on the default model: torch's small batched
+queries per key head (AR and rounds of up to 32 tokens on the default model: torch's small batched
 GEMMs cost more than the C loops there, and such a round runs all its layers in one C call,
 `block.c`) the kernel reads the int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key many times, decompress into
 a reused buffer in one C pass and run torch's GEMM.
@@ -31,7 +31,10 @@ _WEIGHTS = [_P, _I, _I, _I, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
 _EXP = [_P, _I]
 _OUT = [_P, _P, _I, _I, _I, _I, _I, _P]
 _DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
-DIRECT_MAX = 48  # queries per key head read in place (rounds of up to 16 tokens here); wider ones decompress once and run a GEMM
+# queries per key head read in place (rounds of up to 32 tokens here; 48 until a linear one-pass
+# round of 20 tokens was measured: a forward of 20 / 32 tokens 20-25% / 10-15% faster in place at
+# 128-3,000 cached tokens, `benchmarks/forward_curve.py`); wider ones decompress once and run a GEMM
+DIRECT_MAX = 96
 _scratch = threading.local()
 
 

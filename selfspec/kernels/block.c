@@ -12,7 +12,9 @@
  *   a = direct(xs, cache rows of layer i)      (K / V stored, then attention over the row's slots)
  *   o = w4a8(a, wo[i]); x = add_rms(h, o, ln2[i])
  *   gu = w4a8(x, gate_up[i]); m = silu_mul(gu[:, :F], gu[:, F:]); d = w4a8(m, down[i])
- *   x = add_rms(h, d, norm[i])                 (norm[i]: ln1[i + 1], or the final norm into fp32) */
+ *   x = add_rms(h, d, norm[i])                 (norm[i]: ln1[i + 1], or the final norm into fp32)
+ * With a draft LoRA, each of the four matmuls' outputs gets its group's delta on the draft rows
+ * (`lora`, `layer.c`'s layer_lora) right after it, as the loop adds it (`LoRA.add_fused`). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -31,6 +33,8 @@ typedef void (*rope_t)(const uint16_t *x, const int64_t *pos, int64_t M, int64_t
                        double vscale, double *out, int threads);
 typedef void (*silu_mul_t)(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, int64_t stride, uint16_t *out,
                            int threads);
+typedef int (*lora_t)(const uint16_t *x, int64_t ldx, int64_t K, const float *at, int64_t r, const float *bt, int64_t N,
+                      uint16_t *out, int64_t ldo, const int64_t *rows, int64_t n, int threads);
 
 typedef struct {
     linear_t linear;
@@ -39,20 +43,29 @@ typedef struct {
     add_rms_t add_rms;
     rope_t rope;
     silu_mul_t silu_mul;
+    lora_t lora;
 } kernels_t;
+
+/* the draft LoRA of layer i's group g (0 q|k|v, 1 o, 2 gate|up, 3 down) on out [M, N], if any */
+#define LORA(g, xin, K, out, N) \
+    (nl && lab[8 * i + 2 * (g)] ? kn->lora(xin, K, K, lab[8 * i + 2 * (g)], lr[4 * i + (g)], lab[8 * i + 2 * (g) + 1], \
+                                          N, out, N, lrows, nl, threads) : 0)
 
 /* shape: R rows of w tokens (M = R w), hidden H, nq query and KV key / value heads of D, MLP width
  * F. Per layer i: weights[4 i ..] = packed qkv, wo, gate_up, down; norms[2 i], norms[2 i + 1] =
  * ln1 (ln1 of layer 0 for the first rms), the norm after the attention (ln2); next[i] = the norm
  * the layer's last add_rms applies; kv[4 i ..] = K, V, K shifts, V shifts of cache row `row`
- * (already offset); grid[3 i ..] = scale, shift, vscale of the layer's attention. h [M, H] fp32,
+ * (already offset); grid[3 i ..] = scale, shift, vscale of the layer's attention; lab[8 i + 2 g ..]
+ * = A^T, scale B^T (fp32) of LoRA group g of layer i (NULL: none), lr[4 i + g] its rank, lrows
+ * [nl] the draft rows (flat; nl = 0: no LoRA). h [M, H] fp32,
  * the residual stream, updated in place; out [M, H] fp32: the final norm's output. Returns 0, or
  * 1 when memory ran out (nothing of the cache is then certain: the caller raises). */
 int block_layers(const kernels_t *kn, int64_t L, int64_t R, int64_t w, int64_t H, int64_t nq, int64_t KV, int64_t D,
                  int64_t F, const uint8_t *const *weights, const float *const *norms, const float *const *next,
                  const void *const *kv, const double *grid, int64_t crs, int64_t chs, int64_t srs, int64_t shs,
                  const int64_t *starts, int64_t S, const double *mask, int64_t mrs, int64_t mts, const int64_t *pos,
-                 const double *const *tables, double rope_vscale, double eps, float *h, float *out, int threads) {
+                 const double *const *tables, double rope_vscale, double eps, float *h, float *out,
+                 const float *const *lab, const int64_t *lr, const int64_t *lrows, int64_t nl, int threads) {
     int64_t M = R * w, heads = nq + 2 * KV;
     uint16_t *x = malloc((size_t)(M * H) * 2), *qkv = malloc((size_t)(M * heads * D) * 2);
     uint16_t *a = malloc((size_t)(M * nq * D) * 2), *o = malloc((size_t)(M * H) * 2);
@@ -65,18 +78,18 @@ int block_layers(const kernels_t *kn, int64_t L, int64_t R, int64_t w, int64_t H
         const void *const *c = kv + 4 * i;
         const double *g = grid + 3 * i;
         int last = i == L - 1;
-        err = kn->linear(x, 1, M, H, wi[0], heads * D, qkv, 1, threads);
+        err = kn->linear(x, 1, M, H, wi[0], heads * D, qkv, 1, threads) || LORA(0, x, H, qkv, heads * D);
         if (err) break;
         kn->rope(qkv, pos, M, nq, KV, KV, D, tables[0], tables[1], tables[2], tables[3], rope_vscale, xs, threads);
         err = kn->direct(xs, R, w, nq, KV, D, starts, S, c[0], c[1], crs, chs, c[2], c[3], srs, shs, mask, mrs, mts,
                          g[0], g[1], g[2], a, threads)
-              || kn->linear(a, 1, M, nq * D, wi[1], H, o, 1, threads);
+              || kn->linear(a, 1, M, nq * D, wi[1], H, o, 1, threads) || LORA(1, a, nq * D, o, H);
         if (err) break;
         kn->add_rms(h, o, M, H, norms[2 * i + 1], eps, x, 1, threads);
-        err = kn->linear(x, 1, M, H, wi[2], 2 * F, gu, 1, threads);
+        err = kn->linear(x, 1, M, H, wi[2], 2 * F, gu, 1, threads) || LORA(2, x, H, gu, 2 * F);
         if (err) break;
         kn->silu_mul(gu, gu + F, M, F, 2 * F, m, threads);
-        err = kn->linear(m, 1, M, F, wi[3], H, o, 1, threads);
+        err = kn->linear(m, 1, M, F, wi[3], H, o, 1, threads) || LORA(3, m, F, o, H);
         if (err) break;
         kn->add_rms(h, o, M, H, next[i], eps, last ? (void *)out : (void *)x, !last, threads);
     }

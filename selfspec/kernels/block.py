@@ -6,7 +6,7 @@ loop's own overhead (ctypes calls, tensor allocations and views) goes.
     out = run(weights, h, positions, ...)     # the final norm's output, or None (the loop runs)
 
 It runs where every piece would run as one C call anyway: w4a8 weights (fused q/k/v and gate/up),
-the compact cache's one-call attention (`attn16.direct`: a round of up to 16 tokens here), the
+the compact cache's one-call attention (`attn16.direct`: a round of up to 32 tokens here), the
 layer steps' C kernels, a CPU; elsewhere the caller keeps its loop (`available`).
 """
 
@@ -22,11 +22,11 @@ _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(n, _P) for n in ("linear", "direct", "rms", "add_rms", "rope", "silu_mul")]
+    _fields_ = [(n, _P) for n in ("linear", "direct", "rms", "add_rms", "rope", "silu_mul", "lora")]
 
 
 _ARGS = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _D, _D,
-         _P, _P, ctypes.c_int]
+         _P, _P, _P, _P, _P, _I, ctypes.c_int]
 _state: dict = {}
 
 
@@ -38,7 +38,7 @@ def _entry():
             blk, wl, al, ll = libs
             ptr = lambda f: ctypes.cast(f, _P).value  # noqa: E731
             kn = _Kernels(ptr(wl.w4a8_linear), ptr(al.attn16_direct), ptr(ll.layer_rms), ptr(ll.layer_add_rms),
-                          ptr(ll.layer_rope), ptr(ll.layer_silu_mul))
+                          ptr(ll.layer_rope), ptr(ll.layer_silu_mul), ptr(ll.layer_lora))
             fn = blk.block_layers
             fn.argtypes, fn.restype = _ARGS, ctypes.c_int
             _state["kn"] = kn
@@ -94,12 +94,24 @@ def available() -> bool:
     return _entry() is not None
 
 
+def lora_of(tables) -> tuple:
+    """The pointer arrays of a draft LoRA's per-layer groups (`checkpoint.lora.LoRA.block_tables`:
+    [(A^T, scale B^T) or None] x 4 per layer): (A^T / B^T pointers [8 L], ranks [4 L], the tensors)."""
+    ptrs, ranks, keep = [], [], []
+    for ab in tables:
+        ptrs += [0, 0] if ab is None else [ab[0].data_ptr(), ab[1].data_ptr()]
+        ranks.append(0 if ab is None else ab[0].shape[1])
+        keep += [] if ab is None else list(ab)
+    return (_P * len(ptrs))(*ptrs), (_I * len(ranks))(*ranks), keep
+
+
 def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: int, nq: int, kv: int, D: int,
-        cache, row: int, starts: list[int], mask, rope_vscale: float, eps: float) -> torch.Tensor | None:
+        cache, row: int, starts: list[int], mask, rope_vscale: float, eps: float, lora=None) -> torch.Tensor | None:
     """All layers over h [R w, H] fp32 (the residual stream, updated in place) -> the final norm's
     output [R w, H] fp32; None where the one-call attention would not run (the caller's loop then
     does the same in steps). `cache`: a compact `engine.cache.BatchKVCache` (K / V [rows, KV, cap,
-    D] int16 per layer, their shifts [rows, KV, cap] int8); row: the first of its rows."""
+    D] int16 per layer, their shifts [rows, KV, cap] int8); row: the first of its rows. `lora`: a
+    draft LoRA's (`lora_of`, flat draft rows int64) or None."""
     fn = _entry()
     if (fn is None or (nq // kv) * w > attn16.DIRECT_MAX or cache.shape[0] < row + R
             or max(starts) + w > cache.shape[2]
@@ -119,6 +131,8 @@ def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: in
     at = ctypes.addressof
     if fn(at(_state["kn"]), len(cache.k), R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid), crs,
           chs, srs, shs, at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
-          h.data_ptr(), out.data_ptr(), torch.get_num_threads()):
+          h.data_ptr(), out.data_ptr(), None if lora is None else at(lora[0][0]),
+          None if lora is None else at(lora[0][1]), None if lora is None else lora[1].data_ptr(),
+          0 if lora is None else int(lora[1].shape[0]), torch.get_num_threads()):
         raise MemoryError("block: out of memory for a layer's scratch")
     return out

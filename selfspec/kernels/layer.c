@@ -15,6 +15,7 @@
  *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
  * Every row is computed alone, so a row's result is the same bits in any batch or width. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <omp.h>
@@ -159,4 +160,109 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
 #endif
         for (; i < F; i++) om[i] = silu_mul1(gm[i], um[i]);
     }
+}
+
+/* The draft LoRA's delta on some rows of a projection's output (`checkpoint/lora.py`; draft rows
+ * only, so no exactness rests on it: it is fixed so that the layer loop and the one-call block
+ * give the drafts the same bits, with or without a compiler). For each row m of rows[0 .. n-1]:
+ *   u = x[m] @ at     (x bf16 [K], at fp32 [K, r]): u_j = x_0 a_0j, then u_j + x_k a_kj for k = 1, 2, ...
+ *   d = u @ bt        (bt fp32 [r, N]): the same in j order
+ *   out[m] = bf16((float) out[m] + d)
+ * all in fp32, each product rounded before its add (`layer.py`'s twin repeats the order). x rows
+ * ldx elements apart, out rows ldo apart (a fused projection's output, in place). Returns nonzero
+ * when scratch cannot be had (nothing written). */
+#define LORA_COLS 64
+#if defined(__AVX2__)
+/* u = x @ at for r = 8 RB (RB <= 8) in registers: the same products and adds, in the same order,
+ * as the scalar loop (each lane is one j) */
+static inline __attribute__((always_inline)) void lora_u_rb(const uint16_t *xi, int64_t K, const float *at, int RB,
+                                                             float *ui) {
+    __m256 acc[8];
+    __m256 x0 = _mm256_set1_ps(bf16_to_float(xi[0]));
+    for (int b = 0; b < RB; b++) acc[b] = _mm256_mul_ps(x0, _mm256_loadu_ps(at + 8 * b));
+    for (int64_t k = 1; k < K; k++) {
+        __m256 xk = _mm256_set1_ps(bf16_to_float(xi[k]));
+        const float *ak = at + k * 8 * RB;
+        for (int b = 0; b < RB; b++) acc[b] = _mm256_add_ps(acc[b], _mm256_mul_ps(xk, _mm256_loadu_ps(ak + 8 * b)));
+    }
+    for (int b = 0; b < RB; b++) _mm256_storeu_ps(ui + 8 * b, acc[b]);
+}
+
+static void lora_u8(const uint16_t *xi, int64_t K, const float *at, int64_t r, float *ui) {
+    switch (r / 8) {
+        case 1: lora_u_rb(xi, K, at, 1, ui); break;
+        case 2: lora_u_rb(xi, K, at, 2, ui); break;
+        case 3: lora_u_rb(xi, K, at, 3, ui); break;
+        case 4: lora_u_rb(xi, K, at, 4, ui); break;
+        case 5: lora_u_rb(xi, K, at, 5, ui); break;
+        case 6: lora_u_rb(xi, K, at, 6, ui); break;
+        case 7: lora_u_rb(xi, K, at, 7, ui); break;
+        default: lora_u_rb(xi, K, at, 8, ui); break;
+    }
+}
+
+/* 64 columns of out += u @ bt (bt's columns start at bt, rows N apart), sums in registers in j
+ * order, then added to the bf16 output: the scalar loop's steps, eight columns a lane each */
+static void lora_d64(const float *ui, int64_t r, const float *bt, int64_t N, uint16_t *o) {
+    __m256 acc[8];
+    __m256 u0 = _mm256_set1_ps(ui[0]);
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_mul_ps(u0, _mm256_loadu_ps(bt + 8 * t));
+    for (int64_t j = 1; j < r; j++) {
+        __m256 uj = _mm256_set1_ps(ui[j]);
+        const float *bj = bt + j * N;
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(uj, _mm256_loadu_ps(bj + 8 * t)));
+    }
+    for (int t = 0; t < 8; t++) {
+        __m256i y = ps_to_bf16_bits(_mm256_add_ps(bf16x8_to_ps(o + 8 * t), acc[t]));
+        _mm_storeu_si128((__m128i *)(o + 8 * t), _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)));
+    }
+}
+#endif
+int layer_lora(const uint16_t *x, int64_t ldx, int64_t K, const float *at, int64_t r, const float *bt, int64_t N,
+               uint16_t *out, int64_t ldo, const int64_t *rows, int64_t n, int threads) {
+    float *u = (float *)malloc((size_t)(n * r) * sizeof(float));
+    if (!u) return 1;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * K * r >= 4 * PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float *ui = u + i * r;
+        const uint16_t *xi = x + rows[i] * ldx;
+#if defined(__AVX2__)
+        if (r % 8 == 0 && r <= 64) {
+            lora_u8(xi, K, at, r, ui);
+            continue;
+        }
+#endif
+        float x0 = bf16_to_float(xi[0]);
+        for (int64_t j = 0; j < r; j++) ui[j] = x0 * at[j];
+        for (int64_t k = 1; k < K; k++) {
+            float xk = bf16_to_float(xi[k]);
+            const float *ak = at + k * r;
+            for (int64_t j = 0; j < r; j++) ui[j] = ui[j] + xk * ak[j];
+        }
+    }
+    int64_t chunks = (N + LORA_COLS - 1) / LORA_COLS;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * N * r >= 4 * PAR_MIN)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t c0 = c * LORA_COLS, cn = N - c0 < LORA_COLS ? N - c0 : LORA_COLS;
+        for (int64_t i = 0; i < n; i++) {  /* the chunk of bt stays in L1 for every row */
+            float acc[LORA_COLS];
+            const float *ui = u + i * r;
+            uint16_t *o = out + rows[i] * ldo + c0;
+#if defined(__AVX2__)
+            if (cn == LORA_COLS) {
+                lora_d64(ui, r, bt + c0, N, o);
+                continue;
+            }
+#endif
+            for (int64_t t = 0; t < cn; t++) acc[t] = ui[0] * bt[c0 + t];
+            for (int64_t j = 1; j < r; j++) {
+                float uj = ui[j];
+                const float *bj = bt + j * N + c0;
+                for (int64_t t = 0; t < cn; t++) acc[t] = acc[t] + uj * bj[t];
+            }
+            for (int64_t t = 0; t < cn; t++) o[t] = float_to_bf16(bf16_to_float(o[t]) + acc[t]);
+        }
+    }
+    free(u);
+    return 0;
 }

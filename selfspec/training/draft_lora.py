@@ -74,8 +74,16 @@ class TrainLoRA:
     """`DraftParams` in the shape the layer body calls (`checkpoint.lora.DraftLoRA`'s): deltas on
     the given query columns, the trainable mask embedding on mask tokens."""
 
+    enabled = True
+
     def __init__(self, params: "DraftParams", mask_id: int):
         self.params, self.mask_id = params, mask_id
+
+    def add_fused(self, *args) -> bool:  # no fused C delta: per module, with gradients (`add_deltas`)
+        return False
+
+    def block_args(self, *args):  # and never the one-call block
+        return None
 
     def add_deltas(self, layer: int, names, x, outs, rows):
         assert rows == slice(0, None), "the trainer's blocks are all draft rows"
