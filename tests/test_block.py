@@ -46,17 +46,23 @@ def _model(fmt="w4a8", layers=3):
     return m
 
 
+def _two_rows(m, one_call: bool, n: int, short: int):
+    """(forward, cache) with two rows prefilled n tokens, the second then cut to `short`; one call
+    or (`_block = (None,)`: the weights "are not w4a8") the layer loop."""
+    FastForward.of(m)._block = None if one_call else (None,)
+    bf = BatchForward.of(m)
+    cache = bf.new_cache(2, 64)
+    prompt = torch.arange(5, 5 + n) % 50 + 4
+    bf(prompt[None].expand(2, n).contiguous(), torch.arange(n)[None].expand(2, n), cache, slice(0, 2), causal=True)
+    cache.set_length(0, n)
+    cache.set_length(1, short)
+    return bf, cache
+
+
 def _rounds(m, one_call: bool):
     """Logits of rounds of width 1, 3, 8 and 16: two rows of different lengths with a causal block,
     then one of them alone without a mask."""
-    ff = FastForward.of(m)
-    ff._block = None if one_call else (None,)  # (None,): the weights "are not w4a8", the loop runs
-    bf = BatchForward.of(m)
-    cache = bf.new_cache(2, 64)
-    prompt = torch.arange(5, 35) % 50 + 4
-    bf(prompt[None].expand(2, 30).contiguous(), torch.arange(30)[None].expand(2, 30), cache, slice(0, 2), causal=True)
-    cache.set_length(0, 30)
-    cache.set_length(1, 23)
+    bf, cache = _two_rows(m, one_call, 30, 23)
     out = []
     for w in (1, 3, 8, 16):
         toks = (torch.arange(w) * 7 % 50 + 4)[None].expand(2, w).contiguous()
@@ -122,13 +128,7 @@ def _lora(m, targets, rank, seed=0):
 
 def _lora_round(m, lora, one_call: bool):
     """Hidden states of a round of two rows x 6 query tokens whose last 4 are draft rows."""
-    FastForward.of(m)._block = None if one_call else (None,)
-    bf = BatchForward.of(m)
-    cache = bf.new_cache(2, 64)
-    prompt = torch.arange(5, 25) % 50 + 4
-    bf(prompt[None].expand(2, 20).contiguous(), torch.arange(20)[None].expand(2, 20), cache, slice(0, 2), causal=True)
-    cache.set_length(0, 20)
-    cache.set_length(1, 14)
+    bf, cache = _two_rows(m, one_call, 20, 14)
     toks = torch.tensor([[9, 11, 3, 3, 3, 3], [17, 5, 3, 3, 3, 3]])
     block = torch.full((6, 6), float("-inf")).triu(1)[None].expand(2, 6, 6)  # no row sees the draft rows after it
     return bf(toks, torch.arange(6)[None].expand(2, 6), cache, slice(0, 2), block=block, lora=lora,

@@ -112,9 +112,7 @@ class DraftLoRA:
         The modules that share `x` take one delta: x A^T with their A stacked, times their scaled
         B on a block diagonal (two matmuls instead of two per module: a one-pass round's LoRA is
         hundreds of tiny matmuls, and each costs its call, not its arithmetic)."""
-        if not self.enabled:
-            return outs
-        fused = self._fused(layer, names, x)
+        fused = self._fused(layer, names, x) if self.enabled else None
         if fused is None:
             return outs
         a, b, widths = fused
@@ -135,9 +133,7 @@ class DraftLoRA:
         their input, out [M, N] their fused output, rows the flat draft rows (int64), in one call
         (`kernels.layer.lora`: the layer loop and the one-call block give the drafts the same bits).
         False where that does not apply (some module of the group without LoRA: `add_deltas`)."""
-        if not self.enabled:
-            return True
-        fused = self._fused(layer, names, x)
+        fused = self._fused(layer, names, x) if self.enabled else None
         if fused is None:
             return True
         a, b, widths = fused
