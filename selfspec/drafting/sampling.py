@@ -111,7 +111,7 @@ class PositionNoise:
             if g is None:
                 gen = torch.Generator().manual_seed(mix(self.key, t, self.TARGET))
                 u = torch.rand(self.vocab, generator=gen, dtype=torch.float64)
-                g = self._cache[t] = -torch.log(-torch.log(u))
+                g = self._cache[t] = u.log_().neg_().log_().neg_()  # -log(-log(u)), in place: the same bits
             rows.append(g)
         return torch.stack(rows)
 
