@@ -157,3 +157,25 @@ def test_a_lora_on_part_of_a_fused_projection_takes_the_loop(calls):
     fast = _lora_round(m, lora, True)
     assert calls[0] == 1  # the prefill only
     assert torch.equal(fast, _lora_round(m, lora, False))
+
+
+def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output():
+    """The layer loop's fused call on part of a group (q and v, not k) adds what `add_deltas`
+    adds to each module's own columns, and leaves k's columns and the other rows alone."""
+    from selfspec.checkpoint.lora import draft_rows
+
+    m = _model()
+    lora = _lora(m, ("q_proj", "v_proj"), 3)
+    names, R, q = ("q_proj", "k_proj", "v_proj"), 2, 5
+    cols = tuple(getattr(m.encoder.layers[0].self_attn, n).weight.shape[0] for n in names)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(R * q, m.config.hidden_size, generator=g).to(torch.bfloat16)
+    out = torch.randn(R * q, sum(cols), generator=g).to(torch.bfloat16)
+    fused, per_module = out.clone(), out.clone()
+    lora.add_fused(0, names, x, fused, draft_rows(R, q, slice(2, None)), cols)
+    lora.add_deltas(0, names, x.view(R, q, -1), tuple(v.view(R, q, -1) for v in per_module.split(cols, -1)),
+                    slice(2, None))
+    assert torch.equal(fused, per_module)
+    k = slice(cols[0], cols[0] + cols[1])
+    assert torch.equal(fused[:, k], out[:, k]) and torch.equal(fused.view(R, q, -1)[:, :2], out.view(R, q, -1)[:, :2])
+    assert not torch.equal(fused, out)

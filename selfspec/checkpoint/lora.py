@@ -112,7 +112,7 @@ class DraftLoRA:
         The modules that share `x` take one delta: x A^T with their A stacked, times their scaled
         B on a block diagonal (two matmuls instead of two per module: a one-pass round's LoRA is
         hundreds of tiny matmuls, and each costs its call, not its arithmetic)."""
-        fused = self._fused(layer, names, x) if self.enabled else None
+        fused = self._fused(layer, names, x.device) if self.enabled else None
         if fused is None:
             return outs
         a, b, widths = fused
@@ -128,58 +128,47 @@ class DraftLoRA:
         return outs
 
     def add_fused(self, layer: int, names: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
-                  rows: torch.Tensor) -> bool:
+                  rows: torch.Tensor, cols: tuple[int, ...]) -> None:
         """out[rows] += the delta of the modules `names` of one group (`GROUPS`), in place: x [M, K]
-        their input, out [M, N] their fused output, rows the flat draft rows (int64), in one call
-        (`kernels.layer.lora`: the layer loop and the one-call block give the drafts the same bits).
-        False where that does not apply (some module of the group without LoRA: `add_deltas`)."""
-        fused = self._fused(layer, names, x) if self.enabled else None
+        their input, out [M, N] their fused output (module j's `cols[j]` columns side by side), rows
+        the flat draft rows (int64). A whole group in one call (`kernels.layer.lora`: the layer loop
+        and the one-call block give the drafts the same bits); part of one (q without k and v) as
+        `add_deltas` adds it, module by module."""
+        fused = self._fused(layer, names, x.device) if self.enabled else None
         if fused is None:
-            return True
+            return
         a, b, widths = fused
-        if 0 in widths or b.shape[1] != out.shape[1]:
-            return False
-        kl.lora(x, a, b, out, rows)
-        return True
+        if 0 not in widths:
+            kl.lora(x, a, b, out, rows)
+            return
+        delta = (x[rows].float() @ a) @ b
+        col = start = 0
+        for n_out, n in zip(cols, widths):
+            if n:
+                out[rows, col : col + n] += delta[:, start : start + n]
+                start += n
+            col += n_out
 
     def block_args(self, n_layers: int, R: int, q: int, cols: slice):
         """What the one-call block (`kernels.block.run`) takes to add the deltas on query columns
-        `cols` of R rows of q tokens: the groups' pointers (`kernels.block.lora_of` of
-        `block_tables`) and the flat draft rows; None where a group is partly covered (the round
-        keeps the layer loop, whose `add_deltas` handles that)."""
+        `cols` of R rows of q tokens: every layer's groups (`kernels.block.lora_of`) and the flat
+        draft rows; None where a group is partly covered (the round keeps the layer loop)."""
         memo = self.__dict__.get("_block_ptrs")
         if memo is None:
-            tables = self.block_tables(n_layers)
-            memo = self.__dict__["_block_ptrs"] = (None if tables is None else kb.lora_of(tables),)
+            groups = [self._fused(i, names, torch.device("cpu")) for i in range(n_layers) for names in GROUPS]
+            whole = all(g is None or 0 not in g[2] for g in groups)
+            memo = self.__dict__["_block_ptrs"] = (
+                kb.lora_of([None if g is None else g[:2] for g in groups]) if whole else None,)
         return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
 
-    def block_tables(self, n_layers: int):
-        """Per layer and group (`GROUPS`), the fused (A^T, scale * B^T) of `add_fused`, None where no
-        module of the group has LoRA; None in all when a group is partly covered."""
-        memo = self.__dict__.get("_block_tables")
-        if memo is None:
-            cpu = torch.empty(0, dtype=torch.bfloat16)
-            rows = []
-            for i in range(n_layers):
-                for names in GROUPS:
-                    fused = self._fused(i, names, cpu)
-                    if fused is not None and 0 in fused[2]:
-                        rows = None
-                        break
-                    rows.append(None if fused is None else fused[:2])
-                if rows is None:
-                    break
-            memo = self.__dict__["_block_tables"] = (rows,)
-        return memo[0]
-
-    def _fused(self, layer: int, names: tuple[str, ...], x: torch.Tensor):
+    def _fused(self, layer: int, names: tuple[str, ...], device: torch.device):
         """(A stacked and scale * B block-diagonal, both fp32 and transposed for x @ A^T @ B^T; each
-        module's output width, 0 without LoRA), kept per layer, modules and device."""
+        module's output width, 0 without LoRA) on `device`, kept per layer, modules and device."""
         memo = self.__dict__.setdefault("_fused_ab", {})
-        key = (layer, names, x.device)
+        key = (layer, names, device)
         if key not in memo:  # from the stored A/B: `_ab` would round them to x's dtype first (bf16)
             abs_ = [self.ab[name][layer] if name in self.ab else None for name in names]
-            abs_ = [None if ab is None else tuple(t.to(x.device, torch.float32) for t in ab) for ab in abs_]
+            abs_ = [None if ab is None else tuple(t.to(device, torch.float32) for t in ab) for ab in abs_]
             present = [ab for ab in abs_ if ab is not None]
             memo[key] = None if not present else (
                 torch.cat([a for a, _ in present]).T.contiguous(),

@@ -71,14 +71,12 @@ class NgramRho:
         self.V = int(vocab_size)
         self.ctx = torch.as_tensor(context if context is not None else [], dtype=torch.long).reshape(-1)
         self._new: list[int] = []  # tokens appended since the counts were made
-        self._stale = True  # counted when first scored: rounds that build no tree pay nothing
+        self.uni = None  # the counts, made when first scored: rounds that build no tree pay nothing
 
     def extend(self, tokens: list[int] | torch.Tensor) -> None:
         self._new.extend(torch.as_tensor(tokens, dtype=torch.long).reshape(-1).tolist())
-        self._stale = True
 
     def _index(self) -> None:
-        self._stale = False
         if self._new:
             self.ctx = torch.cat([self.ctx, torch.tensor(self._new, dtype=torch.long)])
             self._new = []
@@ -98,7 +96,7 @@ class NgramRho:
         return (torch.searchsorted(keys, q, right=True) - torch.searchsorted(keys, q)).float()
 
     def __call__(self, w2: torch.Tensor, w1: torch.Tensor, t: torch.Tensor, depth: int = 0) -> torch.Tensor:
-        if self._stale:
+        if self._new or self.uni is None:
             self._index()
         V = self.V
         p1 = (self.uni[t] + 1) / (self.ctx.numel() + V)

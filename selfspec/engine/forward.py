@@ -219,7 +219,7 @@ class FastForward:
             x = _rms(h, w.ln1, self.eps).to(mm)
             qkv = (matmul(x, w.qkv[0]),) if len(w.qkv) == 1 else tuple(matmul(x, p) for p in w.qkv)
             if on:  # the runtime's LoRA adds in place into the fused output; a trainer's returns new tensors
-                deltas = lora.add_deltas(i, ("q_proj", "k_proj", "v_proj"), x, self._split(qkv), lora_rows)
+                deltas = lora.add_deltas(i, GROUPS[0], x, self._split(qkv), lora_rows)
                 qkv = qkv if self.exact else tuple(deltas)
             qs, ks, vs = self._rotate(qkv, tables[dev], R, q)
             a = attend(i, dev, qs, ks, vs).transpose(1, 2).reshape(R, q, -1)
@@ -233,11 +233,11 @@ class FastForward:
             else:
                 g, u = matmul(x, w.gate_up[0]), matmul(x, w.gate_up[1])
             if on:
-                g, u = lora.add_deltas(i, ("gate_proj", "up_proj"), x, (g, u), lora_rows)
+                g, u = lora.add_deltas(i, GROUPS[2], x, (g, u), lora_rows)
             m = F.silu(g) * u
             d = matmul(m.to(mm), w.down)
             if on:
-                d = lora.add_deltas(i, ("down_proj",), m, (d,), lora_rows)[0]
+                d = lora.add_deltas(i, GROUPS[3], m, (d,), lora_rows)[0]
             h = h + d
         return _rms(h, self.norm.to(h.device), self.eps)
 
@@ -271,8 +271,8 @@ class FastForward:
             if x is None:
                 x = kl.rms(h, w.ln1, self.eps)
             qkv = matmul(x, w.qkv[0])
-            if lora is not None and not lora.add_fused(i, GROUPS[0], x, qkv, lrows):  # in place (the tail has none)
-                lora.add_deltas(i, GROUPS[0], x[:M0].view(R, q, H), self._split((qkv[:M0].view(R, q, -1),)), lora_rows)
+            if lora is not None:  # in place (the tail has none)
+                lora.add_fused(i, GROUPS[0], x, qkv, lrows, (nh * D, nkv * D, nkv * D))
             xs = kl.rope(qkv, pos, tab, nh, nkv, vscale)
             if tail is not None:
                 a = attend(i, dev, None, None, None, fused=xs.view(M, nh + 2 * nkv, D))
@@ -282,19 +282,16 @@ class FastForward:
                 a = a if a.dim() == 3 else a.transpose(1, 2).reshape(R, q, -1)
             a = a.reshape(M, -1).to(self.dtype)
             o = matmul(a, w.wo)
-            if lora is not None and not lora.add_fused(i, GROUPS[1], a, o, lrows):
-                lora.add_delta(i, a[:M0].view(R, q, -1), o[:M0].view(R, q, -1), lora_rows)
+            if lora is not None:
+                lora.add_fused(i, GROUPS[1], a, o, lrows, (H,))
             x = kl.add_rms(h, o, w.ln2, self.eps)
             gu = matmul(x, w.gate_up[0])
-            g, u = gu.chunk(2, -1)
-            if lora is not None and not lora.add_fused(i, GROUPS[2], x, gu, lrows):
-                F_ = g.shape[-1]
-                lora.add_deltas(i, GROUPS[2], x[:M0].view(R, q, H), (g[:M0].view(R, q, F_), u[:M0].view(R, q, F_)),
-                                lora_rows)
-            m = kl.silu_mul(g, u)
+            if lora is not None:
+                lora.add_fused(i, GROUPS[2], x, gu, lrows, (gu.shape[-1] // 2,) * 2)
+            m = kl.silu_mul(*gu.chunk(2, -1))
             d = matmul(m, w.down)
-            if lora is not None and not lora.add_fused(i, GROUPS[3], m, d, lrows):
-                lora.add_deltas(i, GROUPS[3], m[:M0].view(R, q, -1), (d[:M0].view(R, q, H),), lora_rows)
+            if lora is not None:
+                lora.add_fused(i, GROUPS[3], m, d, lrows, (H,))
             if i < last:
                 x = kl.add_rms(h, d, self.layers[i + 1].ln1.to(dev), self.eps)
             else:
@@ -312,7 +309,7 @@ class FastForward:
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend, lora=None, lora_rows=None):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
         cache and a round the one-call attention takes (`attend.block`: its cache rows and mask),
-        with a draft LoRA whose groups are whole (`LoRA.block_tables`); the same kernels in the
+        with a draft LoRA whose groups are whole (`DraftLoRA.block_args`); the same kernels in the
         same order as `_exact_layers`, so the same bits -> the final states [R, q, H]. None
         elsewhere (nothing written)."""
         if getattr(attend, "block", None) is None or not self.one_call():

@@ -95,8 +95,8 @@ def available() -> bool:
 
 
 def lora_of(tables) -> tuple:
-    """The pointer arrays of a draft LoRA's per-layer groups (`checkpoint.lora.LoRA.block_tables`:
-    [(A^T, scale B^T) or None] x 4 per layer): (A^T / B^T pointers [8 L], ranks [4 L], the tensors)."""
+    """The pointer arrays of a draft LoRA's groups (`checkpoint.lora.DraftLoRA.block_args`: [(A^T,
+    scale B^T) or None] x 4 per layer): (A^T / B^T pointers [8 L], ranks [4 L], the tensors)."""
     ptrs, ranks, keep = [], [], []
     for ab in tables:
         ptrs += [0, 0] if ab is None else [ab[0].data_ptr(), ab[1].data_ptr()]

@@ -79,8 +79,8 @@ class TrainLoRA:
     def __init__(self, params: "DraftParams", mask_id: int):
         self.params, self.mask_id = params, mask_id
 
-    def add_fused(self, *args) -> bool:  # no fused C delta: per module, with gradients (`add_deltas`)
-        return False
+    def add_fused(self, *args) -> None:  # the exact formats' in-place path: the trainer runs the fp32 body
+        return None
 
     def block_args(self, *args):  # and never the one-call block
         return None

@@ -189,14 +189,15 @@ class Engine:
         `window` seconds of the last, or still being read), GATHER_ROUNDS windows at most, so that
         a burst is prefilled in one turn. Without it the first request of a burst is prefilled
         alone and those that arrive meanwhile wait for that turn, then for their own: 16 clients
-        started at once reach this engine over 40-70 ms, and their first tokens came after 0.75-1.3
-        s instead of 0.7-0.85 s (`benchmarks/serve_load.py`, 2-core AVX2). A lone request pays one
-        window. Called with the lock held; waiting releases it."""
+        started at once reach this engine over 40-70 ms, and one arriving during the burst's
+        prefill waited for it too (first tokens p95 up to 1.2-1.3 s; with the window 0.65-0.85 s,
+        at the price of the median: `docs/serving.md`). A lone request pays one window. Called
+        with the lock held; waiting releases it."""
         now = time.perf_counter()
         end, quiet = now + GATHER_ROUNDS * self.window, now + self.window
         seen = len(self._inbox)
         while not self._stopping and now < end and (now < quiet or self._reading):
-            self._cond.wait(min(end, quiet if not self._reading else end) - now)
+            self._cond.wait((end if self._reading else min(end, quiet)) - now)
             now = time.perf_counter()
             if len(self._inbox) > seen:
                 seen, quiet = len(self._inbox), now + self.window
