@@ -97,3 +97,21 @@ def test_softmax_weights_are_the_fallbacks_bits_and_do_not_depend_on_where_a_sco
     one_mask = None if mask is None else (mask[0:1] if mask.dim() == 2 else mask[r : r + 1, :, 0:1])
     alone, _ = attn16.weights(s[r : r + 1, 1:2, 2:3].clone(), one_mask, 1, *args[1:])
     assert torch.equal(alone[0, 0, 0], p[r, 1, 2])
+
+
+def test_a_rounded_query_row_keeps_q_bits_and_its_scores_fit_int32():
+    """round_q: the docstring example; every row a multiple of its own power of two with at most
+    q_bits significant bits, so q' k summed over D dimensions of the int16 cache stays below 2^31."""
+    row = torch.zeros(1, 64, dtype=torch.float64)
+    row[0, :4] = torch.tensor([3000.0, 1001.0, 1003.0, -7.0])
+    assert attn16.round_q(row)[0, :4].tolist() == [3000.0, 1000.0, 1004.0, -8.0]
+    g = torch.Generator().manual_seed(3)
+    for D in (64, 80, 128):
+        q = torch.round(torch.randn(50, D, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(0, 40, (50, 1), generator=g))
+        r = attn16.round_q(q)
+        _, e = torch.frexp(q.abs().amax(-1, keepdim=True))
+        step = torch.pow(2.0, (e - attn16.q_bits(D)).clamp(min=0).double())
+        ints = r / step
+        assert torch.equal(ints, torch.round(ints)) and (r - q).abs().le(step / 2).all()
+        assert ints.abs().max() * 32767 * D < 2 ** 31
+        assert torch.equal(attn16.round_q(q[:7]), r[:7])  # a row's rounding is its own

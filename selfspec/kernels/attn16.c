@@ -20,6 +20,7 @@
 #include <math.h>
 #include <omp.h>
 #include "bf16.h"
+#include "attn16_int.h"
 
 #define D_MAX 256
 
@@ -362,10 +363,11 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
 
 /* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
  * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at
- * slots starts[r] .. of cache rows r (attn16_store), then the scores against slots 0 .. S - 1
- * (attn16_scores), the softmax weights (attn16_weights), the weighted values (attn16_pv) and the
- * output in bf16 (attn16_out): the same calls, in the same order, as `attn16.py`'s steps one by
- * one, so the same bits. Scratch is this thread's, reused (a fresh allocation of a long context's
+ * slots starts[r] .. of cache rows r (attn16_store), then each query row rounded (q_round) and its
+ * scores against slots 0 .. S - 1 as integer dot products (scores_i16: attn16_scores' bits over
+ * the rounded rows), the softmax weights (attn16_weights), the weighted values (attn16_pv) and the
+ * output in bf16 (attn16_out): the steps of `engine.attention.exact_attention`, in the same order,
+ * so the same bits. Scratch is this thread's, reused (a fresh allocation of a long context's
  * scores would page-fault every layer). Returns nonzero when scratch cannot be had. */
 static __thread double *direct_buf = NULL;
 static __thread size_t direct_cap = 0;
@@ -374,24 +376,28 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                   int64_t S, int16_t *kc, int16_t *vc, int64_t crs, int64_t chs, int8_t *ks, int8_t *vs,
                   int64_t srs, int64_t shs, const double *mask, int64_t mrs, int64_t mts, double scale,
                   double shift, double vscale, uint16_t *out, int threads) {
-    int64_t heads = nq + 2 * KV, J = nq / KV, G = J * w;
-    size_t need = (size_t)(R * KV * G) * (size_t)(S + 2 * D + 1);
+    int64_t heads = nq + 2 * KV, J = nq / KV, G = J * w, n = R * KV * G;
+    size_t need = (size_t)n * (size_t)(S + D + 1) + ((size_t)n * (size_t)(2 * D + 1) + 7) / 8;
     if (need > direct_cap) {
         double *buf = (double *)realloc(direct_buf, need * sizeof(double));
         if (!buf) return 1;
         direct_buf = buf;
         direct_cap = need;
     }
-    double *qg = direct_buf, *sc = qg + R * KV * G * D, *pv = sc + R * KV * G * S, *den = pv + R * KV * G * D;
+    double *sc = direct_buf, *pv = sc + n * S, *den = pv + n * D;
+    int16_t *qi = (int16_t *)(den + n);
+    int8_t *qs = (int8_t *)(qi + n * D);
     int64_t xrs = w * heads * D, xts = heads * D;
+    int qb = q_bits(D);
     attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs);
     attn16_store(x + (nq + KV) * D, xrs, D, xts, R, KV, w, D, starts, vc, crs, chs, vs, srs, shs);
     for (int64_t r = 0; r < R; r++)  /* q [R, nq, w, D] -> [R, KV, J w, D]: head kv J + j, query t at row j w + t */
         for (int64_t kv = 0; kv < KV; kv++)
-            for (int64_t g = 0; g < G; g++)
-                memcpy(qg + ((r * KV + kv) * G + g) * D, x + r * xrs + (g % w) * xts + (kv * J + g / w) * D,
-                       D * sizeof(double));
-    attn16_scores(qg, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads);
+            for (int64_t g = 0; g < G; g++) {
+                int64_t row = (r * KV + kv) * G + g;
+                qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
+            }
+    scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN);
     attn16_weights(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads);
     attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
     attn16_out(pv, den, R, KV, J, w, D, out);

@@ -8,7 +8,9 @@ and the torch fallback (decompress, then `torch.matmul`) give the same bits. Up 
 queries per key head (AR and rounds of up to 32 tokens on the default model: torch's small batched
 GEMMs cost more than the C loops there, and such a round runs all its layers in one C call,
 `block.c`) the kernel reads the int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key many times, decompress into
-a reused buffer in one C pass and run torch's GEMM.
+a reused buffer in one C pass and run torch's GEMM. Query rows come rounded (`round_q`): the
+one-call attention (`direct`) sums their scores as int16 products in int32 (`attn16_int.h`), the
+same numbers.
 """
 
 from __future__ import annotations
@@ -103,6 +105,24 @@ def _wide(m: torch.Tensor, shift: torch.Tensor, slot: int) -> torch.Tensor:
 def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.int16 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
             and shift.stride(-1) == 1 and x.shape[-1] <= 256)
+
+
+def q_bits(D: int) -> int:
+    """Bits a rounded query keeps (`round_q`): a score's integer sum then stays below 2^31."""
+    return 16 - (D - 1).bit_length()
+
+
+def round_q(q: torch.Tensor) -> torch.Tensor:
+    """Query rows [..., D] (float64 grid integers) as block floats of `q_bits(D)` bits: q' 2^s with
+    s = max(0, e - bits), 2^(e-1) <= max |q| < 2^e, q' = rint(q 2^-s); `attn16_int.h`'s q_round,
+    the same bits. A function of the row alone, so width-, batch- and cache-invariant; the scores
+    of rounded rows are int16 dot products, exact in int32.
+
+    Example: round_q of a row whose largest value is 3000 (e = 12) with D = 64 (10 bits) keeps
+    multiples of 4: 1001 -> 1000, 1003 -> 1004."""
+    _, e = torch.frexp(q.abs().amax(-1, keepdim=True))
+    f = torch.pow(2.0, (e - q_bits(q.shape[-1])).clamp(min=0).to(torch.float64))
+    return torch.round(q / f) * f
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:

@@ -1,0 +1,112 @@
+/* The exact attention's scores as integer dot products (included by attn16.c; the build key reads
+ * this header too).
+ *
+ * A query row (one token, one head: D grid integers in float64) is rounded to a block float before
+ * its scores: q = q' 2^s with s = max(0, e - QB), where 2^(e-1) <= max |q| < 2^e, and q' =
+ * rint(q 2^-s), so |q'| <= 2^QB. QB = 16 - ceil(log2 D) (10 for D = 64) keeps a score's integer sum
+ * below 2^31 whatever the order: |q'| |k| D <= 2^QB (2^15 - 1) D < 2^31 with k the cache's int16
+ * (|k| <= 32767). So sum q'_d k_d is exact in int32 (pairs of int16 products summed by one
+ * instruction), and q' k 2^(s + shift_k) is the same double as the float64 product sums of the
+ * rounded q: the C loops here, the float64 loops of attn16.c and torch's float64 matmul give the same
+ * bits. The rounding is a function of the row alone (the same at any width, batch or cache size);
+ * what it costs in quality is measured as a weight format's is (10 bits kept the mean KL to fp32
+ * within noise on real text). `kernels.attn16.round_q` is its torch twin. */
+#ifndef SELFSPEC_ATTN16_INT_H
+#define SELFSPEC_ATTN16_INT_H
+#include <math.h>
+#include <stdint.h>
+
+static inline int q_bits(int64_t D) {
+    int b = 0;
+    while (((int64_t)1 << b) < D) b++;
+    return 16 - b;
+}
+
+/* q [D] float64 grid integers -> qi [D] = rint(q 2^-s); returns s */
+static inline int q_round(const double *q, int64_t D, int qb, int16_t *qi) {
+    double top = 0.0;
+    for (int64_t d = 0; d < D; d++) top = fabs(q[d]) > top ? fabs(q[d]) : top;
+    int e = 0;
+    frexp(top, &e);
+    int s = e - qb > 0 ? e - qb : 0;
+    union { double d; int64_t i; } f;
+    f.i = ((int64_t)(1023 - s)) << 52;  /* 2^-s */
+    for (int64_t d = 0; d < D; d++) qi[d] = (int16_t)nearbyint(q[d] * f.d);
+    return s;
+}
+
+static inline double pow2i(int e) {
+    union { double d; int64_t i; } t;
+    t.i = ((int64_t)e + 1023) << 52;
+    return t.d;
+}
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* [sum a0, sum a1, sum a2, sum a3] of four vectors of eight int32 (exact: the sums stay below 2^31) */
+static inline __m128i hsum4_epi32(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
+ * sums of sixteen products each step (D % 16 == 0). Returns the first key it left. */
+static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
+                              const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+    for (; j + 4 <= j1; j += 4) {
+        const int16_t *k0 = kh + j * D;
+        for (int64_t i0 = 0; i0 < G; i0 += 3) {
+            const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
+                          *q2 = qi + (i0 + 2 < G ? i0 + 2 : i0) * D;
+            __m256i a[3][4];
+            for (int u = 0; u < 3; u++) for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_si256();
+            for (int64_t d = 0; d < D; d += 16) {
+                __m256i x[4], y[3];
+                for (int v = 0; v < 4; v++) x[v] = _mm256_loadu_si256((const __m256i *)(k0 + v * D + d));
+                y[0] = _mm256_loadu_si256((const __m256i *)(q0 + d));
+                y[1] = _mm256_loadu_si256((const __m256i *)(q1 + d));
+                y[2] = _mm256_loadu_si256((const __m256i *)(q2 + d));
+                for (int u = 0; u < 3; u++)
+                    for (int v = 0; v < 4; v++) a[u][v] = _mm256_add_epi32(a[u][v], _mm256_madd_epi16(y[u], x[v]));
+            }
+            for (int u = 0; u < 3 && i0 + u < G; u++) {
+                __m256d s = _mm256_cvtepi32_pd(hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]));
+                __m256d f = _mm256_set_pd(pow2i(qs[i0 + u] + sh[j + 3]), pow2i(qs[i0 + u] + sh[j + 2]),
+                                          pow2i(qs[i0 + u] + sh[j + 1]), pow2i(qs[i0 + u] + sh[j]));
+                _mm256_storeu_pd(out + (i0 + u) * S + j, _mm256_mul_pd(s, f));
+            }
+        }
+    }
+    return j;
+}
+#endif
+
+/* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k, shifts and scores as attn16_scores */
+static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t D,
+                       const int16_t *k, int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs,
+                       int64_t S, double *scores, int threads, int64_t par_min) {
+    int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
+    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= par_min)
+    for (int64_t rh = 0; rh < R * KV; rh++) {
+        for (int64_t jb = 0; jb < nj; jb++) {
+            int64_t r = rh / KV, h = rh % KV;
+            const int16_t *qh = qi + rh * G * D, *kh = k + r * krs + h * khs;
+            const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
+            double *out = scores + rh * G * S;
+            int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
+#if defined(__AVX2__)
+            if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
+#endif
+            for (; j < j1; j++) {
+                const int16_t *kj = kh + j * D;
+                for (int64_t i = 0; i < G; i++) {
+                    const int16_t *q = qh + i * D;
+                    int32_t acc = 0;
+                    for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
+                    out[i * S + j] = (double)acc * pow2i(qsh[i] + sh[j]);
+                }
+            }
+        }
+    }
+}
+#endif
