@@ -12,7 +12,7 @@ cannot matter:
   and multiplied in float64: every product and partial sum of a score is an integer below 2^53,
   so the score is exact; each query row is first rounded to a block float of 10 bits
   (`attn16.round_q`, a function of the row alone), which makes a score a sum of int16 products,
-  exact in int32 too: the one-call kernel sums it so (`kernels/attn16_int.h`), the same bits;
+  exact in int32 too: the C kernels sum it so (`kernels/attn16_int.h`), the same bits;
 * P = round(exp(score * scale - max + p ln 2)) is an integer up to 2^p, a function of the row's
   own scores only (the max over its visible keys is exact; the exponential is a fixed sequence
   of IEEE operations, `kernels.attn16.exp_round`, the same in C and in torch wherever the score
@@ -94,8 +94,8 @@ def exact_attention(q: torch.Tensor, k, v, mask: torch.Tensor | None, grid: Grid
     Heads share their key head in groups of H / KV (grouped-query attention)."""
     R, H, w, D = q.shape
     kv = (k[0] if isinstance(k, tuple) else k).shape[1]
-    qg = attn16.round_q(q.reshape(R, kv, (H // kv) * w, D))  # integer scores (`attn16.round_q`)
-    s = attn16.scores(qg, *k) if isinstance(k, tuple) else torch.matmul(qg, k.transpose(-1, -2))  # exact
+    qg = q.reshape(R, kv, (H // kv) * w, D)  # rows rounded for integer scores (`attn16.round_q`): exact
+    s = attn16.scores(qg, *k) if isinstance(k, tuple) else torch.matmul(attn16.round_q(qg), k.transpose(-1, -2))
     s, den = attn16.weights(s, mask, w, grid.scale, grid.shift, 2.0 ** grid.v)  # P: integers up to 2^P_BITS
     pv = attn16.weighted(s, *v) if isinstance(v, tuple) else torch.matmul(s, v)  # P @ V: exact integers
     if heads_last and dtype == torch.bfloat16:  # [R, w, H x D]: what o_proj reads, in one C call

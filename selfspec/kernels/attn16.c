@@ -44,40 +44,8 @@ static inline __m256d madd(__m256d a, __m256d x, __m256d y) {
     return _mm256_add_pd(a, _mm256_mul_pd(x, y));
 #endif
 }
-static inline double hsum4(__m256d v) {
-    __m128d lo = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)));
-}
-
-/* Scores of keys j .. j1 - 1 four at a time: the four keys as float64 once, then for every three
- * queries twelve independent vector sums (one sum per query and key is a chain of dependent adds
- * that waits on the adder's latency). Exact integer sums, so the same bits as the loop below in
- * any order. Returns the first key it left (fewer than four remain). */
-static int64_t scores_by4(const double *qh, int64_t G, int64_t D, const int16_t *kh, const int8_t *sh, int64_t j,
-                          int64_t j1, int64_t S, double *out) {
-    double kd[4 * D_MAX];
-    for (; j + 4 <= j1; j += 4) {
-        const int16_t *k0 = kh + j * D;
-        for (int64_t t = 0; t < 4 * D; t += 4)
-            _mm256_storeu_pd(kd + t, _mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(k0 + t)))));
-        for (int64_t i0 = 0; i0 < G; i0 += 3) {
-            const double *q0 = qh + i0 * D, *q1 = qh + (i0 + 1 < G ? i0 + 1 : i0) * D, *q2 = qh + (i0 + 2 < G ? i0 + 2 : i0) * D;
-            __m256d a[3][4];
-            for (int u = 0; u < 3; u++) for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_pd();
-            for (int64_t d = 0; d < D; d += 4) {
-                __m256d x[4] = {_mm256_loadu_pd(kd + d), _mm256_loadu_pd(kd + D + d), _mm256_loadu_pd(kd + 2 * D + d),
-                                _mm256_loadu_pd(kd + 3 * D + d)};
-                __m256d y[3] = {_mm256_loadu_pd(q0 + d), _mm256_loadu_pd(q1 + d), _mm256_loadu_pd(q2 + d)};
-                for (int u = 0; u < 3; u++)
-                    for (int v = 0; v < 4; v++) a[u][v] = madd(a[u][v], y[u], x[v]);
-            }
-            for (int u = 0; u < 3 && i0 + u < G; u++)
-                for (int v = 0; v < 4; v++) out[(i0 + u) * S + j + v] = hsum4(a[u][v]) * pow2(sh[j + v]);
-        }
-    }
-    return j;
-}
 #endif
+
 
 #if defined(__AVX2__)
 /* Weighted values of n <= QCHUNK queries (weights p [n, S], rows S apart) -> out [n, D]: eight
@@ -139,39 +107,25 @@ static void pv_by16(const double *p, int64_t n, int64_t S, int64_t D, int64_t d,
 }
 #endif
 
-/* q [R, KV, G, D] contiguous; k rows at k + r*krs + h*khs + j*D (int16), shifts at
- * ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous. */
-void attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *k,
-                   int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
-                   double *scores, int threads) {
-    int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
-    #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
-    for (int64_t rh = 0; rh < R * KV; rh++) {
-        for (int64_t jb = 0; jb < nj; jb++) {
-            int64_t r = rh / KV, h = rh % KV;
-            const double *qh = q + rh * G * D;
-            const int16_t *kh = k + r * krs + h * khs;
-            const int8_t *sh = ks + r * srs + h * shs;
-            double *out = scores + rh * G * S;
-            double kd[D_MAX];
-            int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
-#if defined(__AVX2__)
-            if (D % 4 == 0) j = scores_by4(qh, G, D, kh, sh, j, j1, S, out);
-#endif
-            for (; j < j1; j++) {
-                const int16_t *kj = kh + j * D;
-                for (int64_t d = 0; d < D; d++) kd[d] = (double)kj[d];
-                double scale = pow2(sh[j]);
-                for (int64_t i = 0; i < G; i++) {
-                    const double *qi = qh + i * D;
-                    double acc = 0.0;
-                    #pragma omp simd reduction(+:acc)
-                    for (int64_t d = 0; d < D; d++) acc += qi[d] * kd[d];  /* exact: any order, FMA or not */
-                    out[i * S + j] = acc * scale;
-                }
-            }
-        }
+/* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16),
+ * shifts at ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous: each query row rounded
+ * (q_round) and its scores summed as int16 products (scores_i16). Returns 1 when scratch cannot
+ * be had (nothing written), else 0. */
+int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *k,
+                  int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
+                  double *scores, int threads) {
+    int64_t n = R * KV * G;
+    int16_t *qi = malloc((size_t)(n * D) * sizeof(int16_t));
+    int8_t *qs = malloc((size_t)n);
+    if (!qi || !qs) {
+        free(qi); free(qs);
+        return 1;
     }
+    int qb = q_bits(D);
+    for (int64_t row = 0; row < n; row++) qs[row] = (int8_t)q_round(q + row * D, D, qb, qi + row * D);
+    scores_i16(qi, qs, R, KV, G, D, k, krs, khs, ks, srs, shs, S, scores, threads, PAR_MIN);
+    free(qi); free(qs);
+    return 0;
 }
 
 /* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */

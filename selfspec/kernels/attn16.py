@@ -3,14 +3,13 @@
     s = scores(q, k, k_shift)      # q [R, KV, G, D] float64 grid integers, k [R, KV, S, D] int16
     o = weighted(p, v, v_shift)    # p [R, KV, G, S] float64 integers -> [R, KV, G, D]
 
-Both are exact integer sums in float64 (the grid's bounds keep them below 2^53), so the C kernel
-and the torch fallback (decompress, then `torch.matmul`) give the same bits. Up to `DIRECT_MAX`
-queries per key head (AR and rounds of up to 32 tokens on the default model: torch's small batched
-GEMMs cost more than the C loops there, and such a round runs all its layers in one C call,
-`block.c`) the kernel reads the int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM reuses each key many times, decompress into
-a reused buffer in one C pass and run torch's GEMM. Query rows come rounded (`round_q`): the
-one-call attention (`direct`) sums their scores as int16 products in int32 (`attn16_int.h`), the
-same numbers.
+Both are exact integer sums, so the C kernels and the torch fallback (decompress, then
+`torch.matmul`) give the same bits. Scores round each query row first (`round_q`, 10 bits): the C
+kernel then sums int16 products in int32 at any width (`attn16_int.h`), reading the cache in
+place. Weighted sums are float64: up to `DIRECT_MAX` queries per key head (AR and rounds of up to
+32 tokens on the default model, whose layers run in one C call, `block.c`) the kernel reads the
+int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM
+reuses each value many times, decompress into a reused buffer in one C pass and run torch's GEMM.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def _fn(name: str):
     if fn.argtypes is None:
         fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
                        "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT}.get(name, _ARGS)
-        fn.restype = ctypes.c_int if name == "attn16_direct" else None
+        fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores") else None
     return fn
 
 
@@ -127,18 +126,18 @@ def round_q(q: torch.Tensor) -> torch.Tensor:
 
 def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
     """q [R, KV, G, D] float64, k [R, KV, S, D] int16 (a view of the cache), shift [R, KV, S]
-    int8 -> [R, KV, G, S] float64: q @ (k * 2^shift)^T, exact."""
+    int8 -> [R, KV, G, S] float64: round_q(q) @ (k * 2^shift)^T, exact (in C, int16 products summed
+    in int32, at every width: no float64 copy of the keys)."""
     fn = None if fallback or not _ok(k, shift) else _fn("attn16_scores")
     if fn is None:
-        return torch.matmul(q, decompress(k, shift).transpose(-1, -2))
-    if q.shape[2] > DIRECT_MAX:
-        return torch.matmul(q, _wide(k, shift, 0).transpose(-1, -2))
+        return torch.matmul(round_q(q), decompress(k, shift).transpose(-1, -2))
     R, KV, G, D = q.shape
     S = k.shape[2]
     q = q.contiguous()
     out = torch.empty(R, KV, G, S, dtype=torch.float64)
-    fn(q.data_ptr(), R, KV, G, D, k.data_ptr(), k.stride(0), k.stride(1), shift.data_ptr(), shift.stride(0),
-       shift.stride(1), S, out.data_ptr(), torch.get_num_threads())
+    if fn(q.data_ptr(), R, KV, G, D, k.data_ptr(), k.stride(0), k.stride(1), shift.data_ptr(), shift.stride(0),
+          shift.stride(1), S, out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("attn16: out of memory for the rounded query rows")
     return out
 
 
