@@ -24,11 +24,6 @@
 
 #define D_MAX 256
 
-static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly ldexp(1.0, e), without the call */
-    union { double d; int64_t i; } t;
-    t.i = ((int64_t)e + 1023) << 52;
-    return t.d;
-}
 #define QCHUNK 4
 #define PAR_MIN 262144  /* multiply-adds below which a step runs on one thread: a team costs ~10 us to wake */
 

@@ -86,16 +86,15 @@ def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return m.double() * torch.exp2(shift.double())[..., None]
 
 
-def _wide(m: torch.Tensor, shift: torch.Tensor, slot: int) -> torch.Tensor:
-    """m * 2^shift [R, KV, S, D] float64 in this thread's reused buffer `slot` (0: K, 1: V): a
-    fresh allocation this size would cost page faults every layer."""
+def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """m * 2^shift [R, KV, S, D] float64 (the values of a wide round's weighted sums) in this
+    thread's reused buffer: a fresh allocation this size would cost page faults every layer."""
     R, KV, S, D = m.shape
-    bufs = getattr(_scratch, "bufs", None)
-    if bufs is None:
-        bufs = _scratch.bufs = [torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64)]
-    if bufs[slot].numel() < m.numel():
-        bufs[slot] = torch.empty(max(m.numel(), 2 * bufs[slot].numel()), dtype=torch.float64)
-    out = bufs[slot][: m.numel()].view(R, KV, S, D)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < m.numel():
+        grown = 0 if buf is None else 2 * buf.numel()
+        buf = _scratch.buf = torch.empty(max(m.numel(), grown), dtype=torch.float64)
+    out = buf[: m.numel()].view(R, KV, S, D)
     _fn("attn16_decompress")(m.data_ptr(), R, KV, S, D, m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0),
                              shift.stride(1), out.data_ptr(), torch.get_num_threads())
     return out
@@ -148,7 +147,7 @@ def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback:
     if fn is None:
         return torch.matmul(p, decompress(v, shift))
     if p.shape[2] > DIRECT_MAX:
-        return torch.matmul(p, _wide(v, shift, 1))
+        return torch.matmul(p, _wide(v, shift))
     R, KV, G, S = p.shape
     D = v.shape[-1]
     p = p.contiguous()

@@ -22,6 +22,12 @@ static inline int q_bits(int64_t D) {
     return 16 - b;
 }
 
+static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly ldexp(1.0, e), without the call */
+    union { double d; int64_t i; } t;
+    t.i = ((int64_t)e + 1023) << 52;
+    return t.d;
+}
+
 /* q [D] float64 grid integers -> qi [D] = rint(q 2^-s); returns s */
 static inline int q_round(const double *q, int64_t D, int qb, int16_t *qi) {
     double top = 0.0;
@@ -29,17 +35,11 @@ static inline int q_round(const double *q, int64_t D, int qb, int16_t *qi) {
     int e = 0;
     frexp(top, &e);
     int s = e - qb > 0 ? e - qb : 0;
-    union { double d; int64_t i; } f;
-    f.i = ((int64_t)(1023 - s)) << 52;  /* 2^-s */
-    for (int64_t d = 0; d < D; d++) qi[d] = (int16_t)nearbyint(q[d] * f.d);
+    double f = pow2(-s);
+    for (int64_t d = 0; d < D; d++) qi[d] = (int16_t)nearbyint(q[d] * f);
     return s;
 }
 
-static inline double pow2i(int e) {
-    union { double d; int64_t i; } t;
-    t.i = ((int64_t)e + 1023) << 52;
-    return t.d;
-}
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -71,8 +71,8 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
             }
             for (int u = 0; u < 3 && i0 + u < G; u++) {
                 __m256d s = _mm256_cvtepi32_pd(hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]));
-                __m256d f = _mm256_set_pd(pow2i(qs[i0 + u] + sh[j + 3]), pow2i(qs[i0 + u] + sh[j + 2]),
-                                          pow2i(qs[i0 + u] + sh[j + 1]), pow2i(qs[i0 + u] + sh[j]));
+                __m256d f = _mm256_set_pd(pow2(qs[i0 + u] + sh[j + 3]), pow2(qs[i0 + u] + sh[j + 2]),
+                                          pow2(qs[i0 + u] + sh[j + 1]), pow2(qs[i0 + u] + sh[j]));
                 _mm256_storeu_pd(out + (i0 + u) * S + j, _mm256_mul_pd(s, f));
             }
         }
@@ -103,7 +103,7 @@ static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t K
                     const int16_t *q = qh + i * D;
                     int32_t acc = 0;
                     for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
-                    out[i * S + j] = (double)acc * pow2i(qsh[i] + sh[j]);
+                    out[i * S + j] = (double)acc * pow2(qsh[i] + sh[j]);
                 }
             }
         }
