@@ -51,7 +51,8 @@ def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q):
 
 
 @needs_kernel
-@pytest.mark.parametrize("G", [1, 3, 5, attn16.DIRECT_MAX, attn16.DIRECT_MAX + 1, 48])  # in place, and decompressed
+@pytest.mark.parametrize("G", [1, 2, 3, 4, 5, 7, 9, 10, 13, 15, 48, attn16.DIRECT_MAX, attn16.DIRECT_MAX + 1, 375])
+# every tile the weighted sums take (3, 6, 9, 12 queries, a last one of 1-3 beside full ones), in place and wide
 def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G):
     R, KV, S, D = 2, 3, 301, 64  # keys in blocks of 64, read four at a time: 301 leaves a tail of one
     m, s = attn16.compress(_grid_ints(R, KV, S + 20, D))

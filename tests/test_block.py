@@ -86,7 +86,7 @@ def test_wide_rounds_and_other_formats_take_the_loop(calls):
     m = _model()
     bf = BatchForward.of(m)
     cache = bf.new_cache(1, 80)
-    wide = attn16.DIRECT_MAX // 2 + 1  # 2 query heads a key head: one query past what the one call takes
+    wide = attn16.direct_max() // 2 + 1  # 2 query heads a key head: one query past what the one call takes
     bf(torch.arange(wide)[None] % 50 + 4, torch.arange(wide)[None], cache, slice(0, 1), causal=True)
     assert calls[0] == 0
     cache.set_length(0, 20)

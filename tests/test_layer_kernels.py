@@ -123,12 +123,15 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
 
 
 @needs_kernel
-def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone():
-    cache, x = _layer_inputs(1, 20)
-    w = attn16.DIRECT_MAX // 3 + 1  # queries per row: 3 w per key head, past DIRECT_MAX
+@pytest.mark.parametrize("past", ["queries", "scores"])
+def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone(past, monkeypatch):
+    w = attn16.direct_max() // 3 + 1 if past == "queries" else 4  # queries per row: 3 w per key head
+    if past == "scores":
+        monkeypatch.setattr(attn16, "DIRECT_SCORES", 3 * 3 * w * (20 + w) - 1)  # one score more than it keeps
+    cache, x = _layer_inputs(1, 20 + w)
     wide = torch.cat([x] * w, 1)
     before = [b.clone() for b in cache._buffers()]
-    assert cache.write_attend(0, slice(0, 1), [20 - w], wide, 9, None, 1.0, 1.0, 1.0) is None
+    assert cache.write_attend(0, slice(0, 1), [20], wide, 9, None, 1.0, 1.0, 1.0) is None
     assert all(torch.equal(a, b) for a, b in zip(before, cache._buffers()))
 
 

@@ -102,6 +102,65 @@ static void pv_by16(const double *p, int64_t n, int64_t S, int64_t D, int64_t d,
 }
 #endif
 
+#if defined(__AVX512F__)
+/* Weighted values of n <= Q queries (weights p [n, S], rows S apart), dimensions d .. d + 16 B - 1
+ * -> out [n, D] at those columns: 2 B Q sums of eight in registers, each key's values converted
+ * and scaled once for the Q queries (a tile of twelve reuses them twelve times: wide rounds, where
+ * torch's float64 GEMM of this skinny shape ran at half this speed). A one-token round's three
+ * queries take 32 dimensions a task (half the per-key work of 16, and still a task per thread)
+ * and skip a key all three give weight 0. Exact integer sums: the same bits as the loop in
+ * attn16_pv. Q and B are constants at each call, so the loops over them unroll into registers. */
+static inline __attribute__((always_inline)) void pv_zmm(const double *p, int64_t n, const int Q, const int B,
+                                                         int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                                                         const int8_t *sh, double *out) {
+    const double *pr[12];
+    __m512d a[12][4];
+    for (int u = 0; u < Q; u++) {
+        pr[u] = p + (u < n ? u : 0) * S;
+        for (int t = 0; t < 2 * B; t++) a[u][t] = _mm512_setzero_pd();
+    }
+    for (int64_t j = 0; j < S; j++) {
+        if (Q <= 3) {
+            double any = 0.0;
+            for (int u = 0; u < Q; u++) any += pr[u][j];  /* weights are >= 0: a zero sum is all zeros */
+            if (any == 0.0) continue;
+        }
+        __m512d sc = _mm512_set1_pd(pow2(sh[j])), x[4];
+        for (int b = 0; b < B; b++) {
+            __m512i v32 = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(vh + j * D + d + 16 * b)));
+            x[2 * b] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(v32)), sc);
+            x[2 * b + 1] = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(v32, 1)), sc);
+        }
+        for (int u = 0; u < Q; u++) {
+            __m512d y = _mm512_set1_pd(pr[u][j]);
+            for (int t = 0; t < 2 * B; t++) a[u][t] = _mm512_fmadd_pd(y, x[t], a[u][t]);
+        }
+    }
+    for (int u = 0; u < n; u++)
+        for (int t = 0; t < 2 * B; t++) _mm512_storeu_pd(out + u * D + d + 8 * t, a[u][t]);
+}
+
+/* dimensions d .. d + bw - 1 (16, or 32 where n <= 3) of n <= 12 queries' weighted values */
+static void pv_tile(const double *p, int64_t n, int64_t bw, int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                    const int8_t *sh, double *out) {
+    if (bw == 32) pv_zmm(p, n, 3, 2, S, D, d, vh, sh, out);
+    else if (n <= 3) pv_zmm(p, n, 3, 1, S, D, d, vh, sh, out);
+    else if (n <= 6) pv_zmm(p, n, 6, 1, S, D, d, vh, sh, out);
+    else if (n <= 9) pv_zmm(p, n, 9, 1, S, D, d, vh, sh, out);
+    else pv_zmm(p, n, 12, 1, S, D, d, vh, sh, out);
+}
+#endif
+
+/* 1 where attn16_pv's tiles beat torch's float64 GEMM at every width (AVX-512: twice its speed on a
+ * prefill chunk's shape), so that `attn16.weighted` runs them for wide rounds too; else 0 */
+int attn16_pv_wide(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16),
  * shifts at ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous: each query row rounded
  * (q_round) and its scores summed as int16 products (scores_i16). Returns 1 when scratch cannot
@@ -126,6 +185,21 @@ int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, 
 /* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */
 void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
                int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        int64_t tq = G <= 3 ? 3 : (G <= 6 ? 6 : (G <= 9 ? 9 : 12)), ng = (G + tq - 1) / tq;
+        int64_t bw = G <= 3 && D % 32 == 0 ? 32 : 16, nd = D / bw;  /* pv_tile's dimensions a task */
+        #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+        for (int64_t rh = 0; rh < R * KV; rh++)
+            for (int64_t qg = 0; qg < ng; qg++)
+                for (int64_t db = 0; db < nd; db++) {
+                    int64_t r = rh / KV, h = rh % KV, i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq;
+                    pv_tile(p + (rh * G + i0) * S, n, bw, S, D, bw * db, v + r * vrs + h * vhs, vs + r * srs + h * shs,
+                            out + (rh * G + i0) * D);
+                }
+        return;
+    }
+#endif
 #if defined(__AVX2__)
     if (D % 16 == 0) {
         int64_t ng = (G + 2) / 3, nd = D / 16;

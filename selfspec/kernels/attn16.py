@@ -8,8 +8,10 @@ Both are exact integer sums, so the C kernels and the torch fallback (decompress
 kernel then sums int16 products in int32 at any width (`attn16_int.h`), reading the cache in
 place. Weighted sums are float64: up to `DIRECT_MAX` queries per key head (AR and rounds of up to
 32 tokens on the default model, whose layers run in one C call, `block.c`) the kernel reads the
-int16 cache in place, a quarter of the float64 cache's bytes; wider rounds, whose float64 GEMM
-reuses each value many times, decompress into a reused buffer in one C pass and run torch's GEMM.
+int16 cache in place, a quarter of the float64 cache's bytes. Wider rounds (a prefill's chunks) do
+too where the kernel has AVX-512 tiles of twelve queries (twice the speed of torch's float64 GEMM
+of this skinny shape, `attn16_pv_wide`); elsewhere they decompress into a reused buffer in one C
+pass and run torch's GEMM.
 """
 
 from __future__ import annotations
@@ -36,7 +38,24 @@ _DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _
 # round of 20 tokens was measured: a forward of 20 / 32 tokens 20-25% / 10-15% faster in place at
 # 128-3,000 cached tokens, `benchmarks/forward_curve.py`); wider ones decompress once and run a GEMM
 DIRECT_MAX = 96
+# ... and where the weighted sums have AVX-512 tiles (`_pv_wide`): a prefill's pieces of 128 tokens
+# (384 queries a key head on the default model, 512 with four query heads a key head) run in one
+# call too. A 3,000-token prefill 11.5 -> 7.5-7.9 s (the per-layer steps with the tiles: 8.3 s)
+DIRECT_MAX_WIDE = 512
+DIRECT_SCORES = 1 << 25  # at most this many scores (float64) in one call's kept scratch: 256 MiB
 _scratch = threading.local()
+
+
+def direct_max() -> int:
+    """Queries per key head a round may have to run in one C call here (`direct_fits`)."""
+    return DIRECT_MAX_WIDE if _pv_wide() else DIRECT_MAX
+
+
+def direct_fits(R: int, KV: int, G: int, S: int) -> bool:
+    """Whether a round of R rows, G queries per key head over S keys runs in one C call
+    (`direct`, `block.run`): G within `direct_max()` and its scores within `DIRECT_SCORES` (the
+    call keeps its scratch)."""
+    return G <= direct_max() and R * KV * G * S <= DIRECT_SCORES
 
 
 def _fn(name: str):
@@ -46,8 +65,9 @@ def _fn(name: str):
     fn = getattr(lib, name)
     if fn.argtypes is None:
         fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
-                       "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT}.get(name, _ARGS)
-        fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores") else None
+                       "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT,
+                       "attn16_pv_wide": []}.get(name, _ARGS)
+        fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores", "attn16_pv_wide") else None
     return fn
 
 
@@ -100,6 +120,12 @@ def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _pv_wide() -> bool:
+    """Whether the C weighted sums beat torch's float64 GEMM for wide rounds too (their AVX-512 tiles)."""
+    fn = _fn("attn16_pv_wide")
+    return bool(fn is not None and fn())
+
+
 def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == torch.int16 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
             and shift.stride(-1) == 1 and x.shape[-1] <= 256)
@@ -146,7 +172,7 @@ def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback:
     fn = None if fallback or not _ok(v, shift) else _fn("attn16_pv")
     if fn is None:
         return torch.matmul(p, decompress(v, shift))
-    if p.shape[2] > DIRECT_MAX:
+    if p.shape[2] > DIRECT_MAX and not _pv_wide():
         return torch.matmul(p, _wide(v, shift))
     R, KV, G, S = p.shape
     D = v.shape[-1]
@@ -235,7 +261,8 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     (the same bits) -> bf16 [R, w, nq D]. mask as `weights` takes it."""
     R, w, heads, D = x.shape
     KV = (heads - nq) // 2
-    if (nq // KV) * w > DIRECT_MAX or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu):
+    if (not direct_fits(R, KV, (nq // KV) * w, max(starts) + w)
+            or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu)):
         return None
     if not (_ok(k, kshift) and _ok(v, vshift) and k.stride() == v.stride() and kshift.stride() == vshift.stride()
             and k.shape[0] >= row + R):

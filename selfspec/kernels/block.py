@@ -113,7 +113,7 @@ def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: in
     D] int16 per layer, their shifts [rows, KV, cap] int8); row: the first of its rows. `lora`: a
     draft LoRA's (`lora_of`, flat draft rows int64) or None."""
     fn = _entry()
-    if (fn is None or (nq // kv) * w > attn16.DIRECT_MAX or cache.shape[0] < row + R
+    if (fn is None or not attn16.direct_fits(R, kv, (nq // kv) * w, max(starts) + w) or cache.shape[0] < row + R
             or max(starts) + w > cache.shape[2]
             or mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1)
             or not (positions.dtype is torch.int64 and positions.is_contiguous())):
