@@ -18,6 +18,13 @@ forecast: the planner's answer when it may not bet) pays nothing for any of it. 
 carries over between generations with the same settings and across a server's requests (which
 share one planner).
 
+A round that took more than PAUSE times its prediction was stalled by something it did not
+cause (a full collection of the cyclic GC among torch's ~370,000 objects: 100-200 ms on a 2-core
+CPU; another process): it is counted at PAUSE times the prediction, and a forecast's time at most
+PAUSE times the larger of its running estimate and an AR round. Charged whole, one 180 ms stall in
+a 1k-token prompt's first lookup (6 ms AR rounds) cost 30 AR rounds and a forecast estimate of 36
+ms: no bet for the next ~1,700 rounds, i.e. auto ran AR for the rest of a bench.
+
 Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
 from CREDIT 1 the funds reach 3 after 100 AR rounds; the probe is bet and lost (funds 0), and the
 next one waits for another 150 AR rounds: 3 of every 153 rounds' time, ~2%.
@@ -32,6 +39,7 @@ CREDIT = 1.0  # AR rounds a new planner may lose before anything was won: a firs
 CAP = 8.0  # funds never exceed this many AR rounds: when a text stops being predictable, old wins pay
 # for at most this much of the losing streak
 PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
+PAUSE = 4.0  # a round's time beyond this many times its prediction is a stall it did not cause
 
 
 @dataclass
@@ -46,15 +54,19 @@ class Ledger:
         return loss <= self.funds
 
     def record(self, *, committed: float, seconds: float, ar_seconds: float, bare: bool,
-               plan_seconds: float = 0.0) -> float:
+               plan_seconds: float = 0.0, expected: float | None = None) -> float:
         """Count one finished round: it committed `committed` AR rounds' worth of tokens in
-        `seconds`, where an AR round takes `ar_seconds`. Returns its gain in AR rounds (0 for a
-        bare round: the reference itself)."""
+        `seconds` (counted at most PAUSE x `expected`, its predicted time, when given), where an
+        AR round takes `ar_seconds`. Returns its gain in AR rounds (0 for a bare round: the
+        reference itself)."""
+        if expected is not None:
+            seconds = min(seconds, PAUSE * expected)
         spent = seconds / max(ar_seconds, 1e-12)
         gain = 0.0 if bare else committed - spent
         self.funds = min(CAP, self.funds + EPS * spent + gain)
         self.won += gain
         self.rounds += spent
         if not bare:
+            plan_seconds = min(plan_seconds, PAUSE * max(self.plan_seconds, ar_seconds))
             self.plan_seconds += PLAN_EMA * (plan_seconds - self.plan_seconds)
         return gain

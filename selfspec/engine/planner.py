@@ -37,7 +37,7 @@ import torch
 from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores
 from selfspec.engine.choice import PROBE_MIN, PROBE_SHARE, Choice, last_rows, round_value
 from selfspec.engine.layouts import AR, Option
-from selfspec.engine.ledger import Ledger
+from selfspec.engine.ledger import PAUSE, Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
@@ -244,8 +244,10 @@ class Planner:
         R = len(rnd.rows)
         rooms = [r.room for r in rnd.rows]
         value = round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining))
+        expected = self.seconds(rnd.option, R, rnd.cache_len)[1] + (0.0 if rnd.bare else self.ledger.plan_seconds)
         self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
-                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds)
+                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds,
+                           expected=expected)
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
         for n in self.budgets[1:]:
@@ -267,6 +269,8 @@ class Planner:
         if rnd.model_seconds > 0:
             ratio = rnd.model_seconds / predicted
             old = self.scale.get(fam)
+            if old is not None:  # a stall (`ledger.PAUSE`) moves the scale as a round PAUSE x slower would
+                ratio = min(ratio, PAUSE * old)
             self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
         recent = self._recent.setdefault(fam, [])
         recent.append(max(0.0, rnd.seconds - rnd.model_seconds - rnd.plan_seconds) / R)  # forecasts: the ledger's
