@@ -49,6 +49,16 @@ static inline __m128i hsum4_epi32(__m256i a0, __m256i a1, __m256i a2, __m256i a3
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* a + the pair sums of y x (eight int32 lanes): one VNNI instruction where the CPU has it; vpdpwssd
+ * does not saturate, so both are the same exact integer sums */
+static inline __m256i dot_acc(__m256i a, __m256i y, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(a, y, x);
+#else
+    return _mm256_add_epi32(a, _mm256_madd_epi16(y, x));
+#endif
+}
+
 /* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
  * sums of sixteen products each step (D % 16 == 0). Returns the first key it left. */
 static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
@@ -67,7 +77,7 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
                 y[1] = _mm256_loadu_si256((const __m256i *)(q1 + d));
                 y[2] = _mm256_loadu_si256((const __m256i *)(q2 + d));
                 for (int u = 0; u < 3; u++)
-                    for (int v = 0; v < 4; v++) a[u][v] = _mm256_add_epi32(a[u][v], _mm256_madd_epi16(y[u], x[v]));
+                    for (int v = 0; v < 4; v++) a[u][v] = dot_acc(a[u][v], y[u], x[v]);
             }
             for (int u = 0; u < 3 && i0 + u < G; u++) {
                 __m256d s = _mm256_cvtepi32_pd(hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]));
