@@ -9,6 +9,7 @@ import torch
 from selfspec.engine.chunks import prefill_first, prefill_groups, shared_prefixes, token_price
 from selfspec.engine.cost import CostModel
 from selfspec.engine.forward import FastForward
+from selfspec.engine.chunks import PREFILL_OWN_ROUNDS, PREFILL_SHARE
 from selfspec.engine.decoder import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, Decoder, generate_ids, pick_chunk
 from selfspec.engine.formats import set_weights
 from selfspec.engine.options import DecodeConfig
@@ -237,47 +238,71 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
     assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
 
 
-def _join_on_a_clock(learn: bool, fmt: str = "fp32"):
-    """Two rows run (plan auto); a 150-token prompt joins. The cost model says a forward costs
-    10 ms plus 1 ms a token; the truth is three times that. Returns (seconds each chunk stalled
+def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_token: float = 1e-3):
+    """Two rows run (plan auto); a `length`-token prompt joins. The cost model says a forward costs
+    10 ms plus `per_token` a token; the truth is three times that. Returns (seconds each chunk stalled
     the rows: its own forward in fp32, what it added to the round's in an exact format, where it
-    rides there; seconds of an AR round of the two rows)."""
+    rides there; seconds of an AR round of the two rows; (start, end) on the clock of every
+    own-forward chunk)."""
     m = tiny_model(seed=2, vocab_size=V)
     if fmt != "fp32":
         set_weights(m, fmt)
     m.__dict__.pop("_selfspec_planners", None)
     cfg = DecodeConfig(max_new_tokens=60, block_length=4, budget=4)
-    truth = CostModel.linear(per_token=3e-3, fixed=0.03)  # every forward 3x its price
+    truth = CostModel.linear(per_token=3 * per_token, fixed=0.03)  # every forward 3x its price
     long_rows = [SamplingParams(max_new_tokens=200)] * 2  # running through the whole prefill (with none, the rest goes whole)
     dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=3, eos_token_id=[], params=long_rows,
-                  profile=CostModel.linear(per_token=1e-3, fixed=0.01))
+                  profile=CostModel.linear(per_token=per_token, fixed=0.01))
     clock = FakeClock()
     dec.stepper.clock = clock
     dec.bf = dec.stepper.bf = priced = PricedForward(dec.stepper.bf, clock, truth)
     for _ in range(3):
         dec.step()
-    dec.add(_prompts((150,), seed=5)[0])
-    priced.prefills = []
+    dec.add(_prompts((length,), seed=5)[0])
+    priced.prefills, spans = [], []
+    own = dec.stepper.prefill_chunk
+
+    def timed(*a):
+        t0 = clock.t
+        out = own(*a)
+        spans.append((t0, clock.t))
+        return out
+
+    dec.stepper.prefill_chunk = timed
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
             dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
-    return priced.prefills, truth(2, 1, 10)
+    return priced.prefills, truth(2, 1, 10), spans
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "int8"])
-def test_a_long_prompt_joining_costs_each_running_row_at_most_one_more_round_a_turn(fmt):
+def test_a_long_prompt_whose_chunks_ride_costs_each_running_row_at_most_one_more_round_a_turn():
     """The cost model underprices a chunk 3x (its cache axis, a busy machine): after the first
     chunk the decoder prices chunks by what they took, so each later one costs at most one AR
     round of the running rows (their gap between tokens at most about doubles) until the rest
     costs at most PREFILL_WHOLE_ROUNDS and goes in one; a decoder that trusts the cost model alone
     runs chunks of nearly two rounds or more every turn. In int8 the chunks ride in the rounds'
     forwards, and what a chunk took is what the forward took beyond the round's prediction."""
-    chunks, ar = _join_on_a_clock(learn=True, fmt=fmt)
+    chunks, ar, _ = _join_on_a_clock(learn=True, fmt="int8")
     assert len(chunks) > 5 and all(0.75 * ar <= c <= ar * 1.0001 for c in chunks[1:-1]), (chunks, ar)  # and no less
     assert chunks[-1] <= PREFILL_WHOLE_ROUNDS * ar * 1.0001  # the rest in one, once it is that short
-    blind, _ = _join_on_a_clock(learn=False, fmt=fmt)
+    blind, _, _ = _join_on_a_clock(learn=False, fmt="int8")
     assert all(c > 1.5 * ar for c in blind[:-1]), (blind, ar)
+
+
+def test_a_chunk_in_a_forward_of_its_own_is_worth_its_weight_pass_and_comes_spaced():
+    """In fp32 a chunk runs in a forward of its own, a whole pass over the weights: after the first
+    (priced 3x too cheap), each costs up to PREFILL_OWN_ROUNDS AR rounds of the running rows and
+    no less than half that but the last, and the rows run (1 - PREFILL_SHARE) / PREFILL_SHARE
+    times a chunk's time before the next: the rows keep 2/3 of the machine and most of their gaps
+    are one round. A decoder that trusts the cost model alone runs chunks of 1.5x that or more."""
+    chunks, ar, spans = _join_on_a_clock(learn=True, length=180, per_token=3e-2)
+    own = PREFILL_OWN_ROUNDS * ar
+    assert len(chunks) > 4 and all(0.5 * own <= c <= own * 1.0001 for c in chunks[1:-1]), (chunks, ar)
+    wait = (1 - PREFILL_SHARE) / PREFILL_SHARE
+    assert all(b0 - a1 >= wait * (a1 - a0) - 1e-9 for (a0, a1), (b0, _) in zip(spans, spans[1:])), spans
+    blind, _, _ = _join_on_a_clock(learn=False, length=180, per_token=3e-2)
+    assert all(c > 1.5 * own for c in blind[:-1]), (blind, ar)
 
 
 def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():

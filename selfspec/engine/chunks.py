@@ -10,6 +10,12 @@ token, chunks having taken 1.5x their price: a 2,000-token prompt goes in chunks
 (1.5 x 20 ms <= 30 ms) until what is left costs at most 4 rounds (1.5 x (10 + 70) ms = 120 ms),
 then the last 70 in one.
 
+A chunk that cannot ride (its own forward: fp32, and w4a8, whose rounds run all their layers in
+one C call) pays a whole pass over the weights however few its tokens, so it is made big enough
+to be worth one (PREFILL_OWN_ROUNDS AR rounds) and spaced (`chunk_due`): the rows run twice its
+time before the next one. A 2,000-token prompt joining 4 running rows (w4a8, AVX-512): every
+turn a 3-4-token chunk made each row's gap 2.7x (p95) and took 11.4 s to its first token.
+
 A burst is another matter: while more prompts wait for their first token than rows run, every
 waiting prompt is prefilled in the turn (`prefill_first`): each of them gains a whole row's
 tokens from joining, each running row loses one gap. Prompts that enter together take rows
@@ -27,6 +33,12 @@ PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR roun
 # row then waits at most about twice its usual gap between tokens while a long prompt joins
 PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
 # short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
+PREFILL_OWN_ROUNDS = 12.0  # ... except a chunk in a forward of its own (it cannot ride: fp32, w4a8's one-call rounds),
+# which pays a whole pass over the weights however few its tokens (a 1-token chunk already costs about an AR round
+# of 4 rows): it may cost this many, and such chunks come spaced (PREFILL_SHARE)
+PREFILL_SHARE = 1 / 3  # own-forward chunks take at most this share of the time while rows run: the next one waits
+# until the rows have run (1 - share) / share times the last one's time. At 12 rounds a chunk, about 1 turn in 25
+# has one: the running rows' p95 gap stays their own, their slowest ~13 rounds
 CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 SHARED_MIN = 16  # prompts starting with this many tokens alike or more prefill their common prefix once
 GROUP_FIXED_TOKENS = 8  # without a cost model: a forward's fixed cost (its pass over the weights) in query tokens
@@ -138,6 +150,14 @@ def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: f
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if price(mid) <= budget else (lo, mid)
     return max(lo, min(floor, most))
+
+
+def chunk_due(rows_seconds: float, chunk_seconds: float, share: float = PREFILL_SHARE) -> bool:
+    """Whether an own-forward chunk may run: the rows have run `rows_seconds` since the last one,
+    which took `chunk_seconds`, and chunks take at most `share` of the time.
+
+    Example: a chunk took 80 ms; at share 1/3 the next waits for 160 ms of rounds."""
+    return rows_seconds >= chunk_seconds * (1.0 - share) / share
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

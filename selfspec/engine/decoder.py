@@ -22,7 +22,7 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    ChunkScale, pick_chunk, prefill_first)
+                                    PREFILL_OWN_ROUNDS, PREFILL_ROUNDS, ChunkScale, chunk_due, pick_chunk, prefill_first)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import AR, config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -94,6 +94,7 @@ class Decoder:
             raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
         self._chunk_scale = ChunkScale()  # what this decoder's chunks took over their price
+        self._spacing = [0.0, 0.0]  # own-forward chunks: the rows' round time since the last one, its time
         check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
         self.model, self.cfg = model, cfg
         prompts = [[int(t) for t in p] for p in prompts]
@@ -259,15 +260,18 @@ class Decoder:
                 entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
-            elif sched.prefilling and not (sched.live and self.bf.joins):
+            elif sched.prefilling and not (sched.live and self.bf.joins) and self._chunk_due():
+                t0 = self.stepper.clock()
                 n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
                 entering, chunked = sched.join(n, cache), True
+                self._spacing = [0.0, self.stepper.clock() - t0]
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
             if sched.prefilling and self.bf.joins and not chunked:  # one chunk a turn
                 join = (sched.prefilling, len(sched.live), self.chunk_tokens())
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
+            self._spacing[0] += rnd.seconds
             n, chunks = rnd.joined
             entering = sched.join(n, cache) if n else []
             sched.retire(cache)
@@ -281,10 +285,19 @@ class Decoder:
             self._observers[s.index] = self._observers_of(s)
             yield s.index, chunk
 
+    def _chunk_due(self) -> bool:
+        """Whether this turn runs an own-forward chunk: always with nothing running, a fixed
+        `prefill_chunk` or no planner; under plan "auto" once the rows have run their share since
+        the last one (`chunks.chunk_due`)."""
+        if not self.scheduler.live or self.prefill_chunk is not None or self.planner is None:
+            return True
+        return chunk_due(*self._spacing)
+
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a
         planner (plan "auto"), the largest chunk whose forward (one row, over what the first
-        prefilling row holds) costs at most PREFILL_ROUNDS AR rounds of the live rows, both as
+        prefilling row holds) costs at most PREFILL_ROUNDS AR rounds of the live rows where it rides
+        in their round's forward, PREFILL_OWN_ROUNDS where it runs in its own (spaced), both as
         measured: the planner's AR round time (its cost model times the AR rounds' measured scale,
         plus their overhead) and the cost model's chunk time times what earlier chunks took over
         their prediction (a cost model's cache axis ends at 1,024 tokens; a long prompt's chunks
@@ -302,8 +315,9 @@ class Decoder:
         cached = lengths[R] if sched.prefilling else 0
         cache = max(lengths[:R], default=0)
         base = R if R and self.bf.joins else 0  # a chunk in the round's forward adds to its R query rows
+        rounds = PREFILL_OWN_ROUNDS if R and not base else PREFILL_ROUNDS
         return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=self.planner.seconds(AR, max(1, R), cache)[1],
-                          scale=self._chunk_scale.factor, base=base)
+                          scale=self._chunk_scale.factor, base=base, rounds=rounds)
 
     @property
     def busy(self) -> bool:
