@@ -1,10 +1,13 @@
 """Greedy selection is the argmax of the logits with the mask id banned, also where the mask id is
-a row's maximum or ties with it, in float32 and in bf16."""
+a row's maximum or ties with it, in float32 and in bf16; the C pass the engine runs on bf16 rows
+(`kernels.layer.argmax`) gives the same index as torch in every such row, and with NaNs, signed
+zeros and rows of -inf."""
 
 import pytest
 import torch
 
 from selfspec.drafting.sampling import ban_token, select
+from selfspec.kernels import layer
 
 V, MASK = 50, 7
 
@@ -21,3 +24,33 @@ def test_greedy_selection_is_the_argmax_without_the_mask_id(dtype):
     assert torch.equal(got, ban_token(logits, MASK).argmax(-1))
     assert torch.equal(select(logits[[0, 4]], temperature=0.0, banned=MASK), logits[[0, 4]].float().argmax(-1))
     assert torch.equal(select(logits, temperature=0.0), logits.float().argmax(-1))  # nothing banned
+
+
+def _awkward_rows() -> torch.Tensor:
+    x = torch.randn(10, 300, generator=torch.Generator().manual_seed(1)).bfloat16()
+    x[0, MASK] = 100.0  # the mask id is the maximum
+    x[1, MASK] = x[1, 250] = 100.0  # tied with a later token, in another block of the C pass
+    x[2, 3] = x[2, MASK] = 100.0  # tied with an earlier one
+    x[3] = float("-inf")  # nothing but -inf: index 0, as torch
+    x[4] = 0.0
+    x[4, :5] = -0.0  # -0 == +0: the first zero
+    x[5, 120] = float("nan")  # torch: the NaN's index
+    x[6, MASK] = float("nan")  # a NaN at the mask id is banned away
+    x[7, 299] = 100.0  # the last index
+    x[8, :] = -1.0
+    x[8, 0] = -0.5  # the first index
+    x.view(torch.int16)[9, 60] = -64  # 0xffc0: a NaN with its sign bit set is a NaN too
+    assert x[9, 60].isnan()
+    return x
+
+
+@pytest.mark.skipif(not layer.available(), reason="no C compiler: the torch twin runs")
+@pytest.mark.parametrize("banned", [MASK, 0, None])
+def test_the_c_argmax_of_bf16_rows_is_torchs(banned):
+    x = _awkward_rows()
+    got = layer.argmax(x, banned)
+    assert torch.equal(got, layer.argmax(x, banned, fallback=True)), got
+    want = select(x, temperature=0.0, banned=banned)
+    assert torch.equal(got, want), (got, want)
+    big = torch.randn(4, 49152, generator=torch.Generator().manual_seed(2)).bfloat16()
+    assert torch.equal(layer.argmax(big, banned), select(big, temperature=0.0, banned=banned))

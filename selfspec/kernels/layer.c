@@ -266,3 +266,50 @@ int layer_lora(const uint16_t *x, int64_t ldx, int64_t K, const float *at, int64
     free(u);
     return 0;
 }
+
+/* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
+ * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
+ * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
+ * caller asks torch). Values compare as integers, which the loops vectorise: k(b) = +-(b & 0x7fff)
+ * by the sign bit orders bf16 numbers as their values (no NaN). */
+static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
+#define KEY_NEG_INF (-0x7f80)
+#define ARGMAX_BLOCK 64
+
+static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *nan) {
+    int nn = 0;
+    for (int64_t i = a; i < b; i++) {
+        int32_t k = bf16_key(x[i]);
+        m = k > m ? k : m;
+        nn |= (x[i] & 0x7fff) > 0x7f80;
+    }
+    *nan |= nn;
+    return m;
+}
+
+void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y) {
+    for (int64_t r = 0; r < M; r++) {
+        const uint16_t *row = x + r * V;
+        int nan = 0;
+        int32_t m = KEY_NEG_INF;
+        if (banned >= 0 && banned < V) {
+            m = key_max(row, 0, banned, m, &nan);
+            m = key_max(row, banned + 1, V, m, &nan);
+        } else {
+            m = key_max(row, 0, V, m, &nan);
+        }
+        if (nan) { y[r] = -1; continue; }
+        int64_t found = 0;  /* all -inf: index 0, torch's answer */
+        for (int64_t b0 = 0; b0 < V; b0 += ARGMAX_BLOCK) {
+            int64_t b1 = b0 + ARGMAX_BLOCK < V ? b0 + ARGMAX_BLOCK : V;
+            int hit = 0;
+            for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
+            hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
+            if (!hit) continue;
+            int64_t i = b0;
+            for (; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) break;
+            if (i < b1) { found = i; break; }
+        }
+        y[r] = found;
+    }
+}
