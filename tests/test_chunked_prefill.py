@@ -243,7 +243,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
     10 ms plus `per_token` a token; the truth is three times that. Returns (seconds each chunk stalled
     the rows: its own forward in fp32, what it added to the round's in an exact format, where it
     rides there; seconds of an AR round of the two rows; (start, end) on the clock of every
-    own-forward chunk)."""
+    own-forward chunk; the decoder, its prompt prefilled)."""
     m = tiny_model(seed=2, vocab_size=V)
     if fmt != "fp32":
         set_weights(m, fmt)
@@ -273,7 +273,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
         if not learn:
             dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
-    return priced.prefills, truth(2, 1, 10), spans
+    return priced.prefills, truth(2, 1, 10), spans, dec
 
 
 def test_a_long_prompt_whose_chunks_ride_costs_each_running_row_at_most_one_more_round_a_turn():
@@ -283,10 +283,10 @@ def test_a_long_prompt_whose_chunks_ride_costs_each_running_row_at_most_one_more
     costs at most PREFILL_WHOLE_ROUNDS and goes in one; a decoder that trusts the cost model alone
     runs chunks of nearly two rounds or more every turn. In int8 the chunks ride in the rounds'
     forwards, and what a chunk took is what the forward took beyond the round's prediction."""
-    chunks, ar, _ = _join_on_a_clock(learn=True, fmt="int8")
+    chunks, ar, _, _ = _join_on_a_clock(learn=True, fmt="int8")
     assert len(chunks) > 5 and all(0.75 * ar <= c <= ar * 1.0001 for c in chunks[1:-1]), (chunks, ar)  # and no less
     assert chunks[-1] <= PREFILL_WHOLE_ROUNDS * ar * 1.0001  # the rest in one, once it is that short
-    blind, _, _ = _join_on_a_clock(learn=False, fmt="int8")
+    blind, _, _, _ = _join_on_a_clock(learn=False, fmt="int8")
     assert all(c > 1.5 * ar for c in blind[:-1]), (blind, ar)
 
 
@@ -296,13 +296,28 @@ def test_a_chunk_in_a_forward_of_its_own_is_worth_its_weight_pass_and_comes_spac
     no less than half that but the last, and the rows run (1 - PREFILL_SHARE) / PREFILL_SHARE
     times a chunk's time before the next: the rows keep 2/3 of the machine and most of their gaps
     are one round. A decoder that trusts the cost model alone runs chunks of 1.5x that or more."""
-    chunks, ar, spans = _join_on_a_clock(learn=True, length=180, per_token=3e-2)
+    chunks, ar, spans, _ = _join_on_a_clock(learn=True, length=180, per_token=3e-2)
     own = PREFILL_OWN_ROUNDS * ar
     assert len(chunks) > 4 and all(0.5 * own <= c <= own * 1.0001 for c in chunks[1:-1]), (chunks, ar)
     wait = (1 - PREFILL_SHARE) / PREFILL_SHARE
     assert all(b0 - a1 >= wait * (a1 - a0) - 1e-9 for (a0, a1), (b0, _) in zip(spans, spans[1:])), spans
-    blind, _, _ = _join_on_a_clock(learn=False, length=180, per_token=3e-2)
+    blind, _, _, _ = _join_on_a_clock(learn=False, length=180, per_token=3e-2)
     assert all(c > 1.5 * own for c in blind[:-1]), (blind, ar)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_prompt_joining_in_auto_sized_chunks_gives_ar_output_in_every_format(fmt):
+    """Plan auto sizes the chunks (riding in int8 / int4 / bf16, spaced forwards of their own in
+    w4a8, whose rounds run in one C call): the joining prompt and the running rows still decode
+    exactly what AR gives each alone."""
+    _, _, spans, dec = _join_on_a_clock(learn=True, fmt=fmt, length=180, per_token=3e-2)
+    assert (len(spans) > 1) == (not dec.bf.joins), (fmt, spans)  # own forwards only where chunks cannot ride
+    for _ in dec:
+        pass
+    m, prompts = dec.model, dec.prompts
+    for i, p in enumerate(prompts):
+        want = generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=len(dec.outputs[i])), eos_token_id=[])[0]
+        assert dec.outputs[i] == want, (fmt, i)
 
 
 def test_a_seeded_sample_joining_in_chunks_equals_its_run_alone():

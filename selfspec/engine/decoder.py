@@ -94,7 +94,7 @@ class Decoder:
             raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
         self.prefill_chunk = prefill_chunk
         self._chunk_scale = ChunkScale()  # what this decoder's chunks took over their price
-        self._spacing = [0.0, 0.0]  # own-forward chunks: the rows' round time since the last one, its time
+        self._since_chunk = self._chunk_seconds = 0.0  # own-forward chunks: rounds' time since the last, its time
         check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds, max_cache_bytes)
         self.model, self.cfg = model, cfg
         prompts = [[int(t) for t in p] for p in prompts]
@@ -264,14 +264,14 @@ class Decoder:
                 t0 = self.stepper.clock()
                 n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
                 entering, chunked = sched.join(n, cache), True
-                self._spacing = [0.0, self.stepper.clock() - t0]
+                self._since_chunk, self._chunk_seconds = 0.0, self.stepper.clock() - t0
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
             if sched.prefilling and self.bf.joins and not chunked:  # one chunk a turn
                 join = (sched.prefilling, len(sched.live), self.chunk_tokens())
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
-            self._spacing[0] += rnd.seconds
+            self._since_chunk += rnd.seconds
             n, chunks = rnd.joined
             entering = sched.join(n, cache) if n else []
             sched.retire(cache)
@@ -291,7 +291,7 @@ class Decoder:
         the last one (`chunks.chunk_due`)."""
         if not self.scheduler.live or self.prefill_chunk is not None or self.planner is None:
             return True
-        return chunk_due(*self._spacing)
+        return chunk_due(self._since_chunk, self._chunk_seconds)
 
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a

@@ -44,6 +44,7 @@ DIRECT_MAX = 96
 DIRECT_MAX_WIDE = 512
 DIRECT_SCORES = 1 << 25  # at most this many scores (float64) in one call's kept scratch: 256 MiB
 _scratch = threading.local()
+_PV_WIDE: bool | None = None  # `_pv_wide()`, once known
 
 
 def direct_max() -> int:
@@ -121,9 +122,13 @@ def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 
 
 def _pv_wide() -> bool:
-    """Whether the C weighted sums beat torch's float64 GEMM for wide rounds too (their AVX-512 tiles)."""
-    fn = _fn("attn16_pv_wide")
-    return bool(fn is not None and fn())
+    """Whether the C weighted sums beat torch's float64 GEMM for wide rounds too (their AVX-512
+    tiles): a property of the built library, asked once (every round's `direct_fits` reads it)."""
+    global _PV_WIDE
+    if _PV_WIDE is None:
+        fn = _fn("attn16_pv_wide")
+        _PV_WIDE = bool(fn is not None and fn())
+    return _PV_WIDE
 
 
 def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:

@@ -194,7 +194,7 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
     one C pass (torch's bf16 argmax reads a 49,152-wide row in ~180 us, its float32 copy's ~70);
     rows holding a NaN, other dtypes and the fallback: torch."""
     fn = None if logits.dtype != torch.bfloat16 or logits.dim() != 2 else _c(fallback, "layer_argmax_bf16", logits)
-    if fn is None:
+    if fn is None:  # drafting.sampling.ban_token's steps: kernels sit below drafting and keep their own twin
         x = logits.float()
         if banned is not None:
             x = x.clone()
