@@ -65,6 +65,39 @@ def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G):
     assert torch.equal(attn16.weighted(p, k, ks), attn16.weighted(p, k, ks, fallback=True))
 
 
+@needs_kernel
+@pytest.mark.parametrize("case", ["largest", "zeros", "one key", "past 2^20", "a fraction", "negative", "mixed shifts"])
+@pytest.mark.parametrize("G", [1, 2, 3])
+def test_a_one_token_rounds_weighted_sums_in_integers_are_the_float64_sums_at_their_bounds(case, G):
+    """AVX-512 VNNI: a round of up to three queries a key head sums weight x value in int32 lanes, 30
+    key pairs at a time: at the largest weights (2^20) and values (-32768) the lanes come within 7%
+    of 2^31, and a weight past 2^20, a fraction, a negative one or shifts that widen the weights
+    past 2^20 fall back to the float64 loop. Every case gives the fallback's bits."""
+    R, KV, S, D = 1, 3, 200, 64
+    g = torch.Generator().manual_seed(4)
+    p = torch.round(torch.rand(R, KV, G, S, generator=g, dtype=torch.float64) * 2 ** 20)
+    v = torch.randint(-32767, 32768, (R, KV, S + 3, D), generator=g, dtype=torch.int16)[:, :, :S]
+    shift = torch.zeros(R, KV, S + 3, dtype=torch.int8)[:, :, :S]
+    if case == "largest":
+        p.fill_(2.0 ** 20)
+        v.fill_(-32768)
+    elif case == "zeros":
+        p[:, 1] = 0.0  # a key head no query weighs
+        p[:, 0, :, 1::2] = 0.0
+    elif case == "one key":
+        p, v, shift = p[..., :1].contiguous(), v[:, :, :1], shift[:, :, :1]
+    elif case == "past 2^20":
+        p[..., -1] = 2.0 ** 20 + 1
+    elif case == "a fraction":
+        p[..., 7] = 0.5
+    elif case == "negative":
+        p[..., 3] = -2.0 ** 30  # an int32 whose high limb is no int16
+    else:
+        shift[:, :, ::3] = 2
+        p[:, 0] = torch.round(p[:, 0] / 4)  # 2^20 after the shift: still integers
+    assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
+
+
 def test_the_fixed_exponential_rounds_like_exp_and_is_the_same_in_c_and_torch():
     x = torch.cat([torch.linspace(-3, 20 * 0.6931471805599453, 50001, dtype=torch.float64),
                    torch.tensor([float("-inf"), -1.0, -1.0 - 1e-12, 0.0])])

@@ -140,9 +140,140 @@ static inline __attribute__((always_inline)) void pv_zmm(const double *p, int64_
         for (int t = 0; t < 2 * B; t++) _mm512_storeu_pd(out + u * D + d + 8 * t, a[u][t]);
 }
 
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* The same weighted sums in integers, for n <= 3 queries (a one-token round's heads of a key head)
+ * and 32 dimensions a task:
+ * where every weight is an integer 0 <= p 2^(vs_j - vs_min) <= 2^20 (always, for the softmax
+ * weights of `attn16_weights` over a cache whose V shifts agree, as a real model's do), p splits
+ * into two 10-bit limbs, and the keys any query weighs are taken two at a time: one VNNI
+ * instruction adds p_j v_j + p_j' v_j' for sixteen dimensions (the two keys' values interleaved,
+ * the limbs of the two weights paired in one broadcast word): half the float64 loop's arithmetic
+ * and none of its conversions. Products are below 2^25, so 30 pairs fit an int32 lane before it is
+ * added to a float64 sum; every sum is an integer below 2^53, so the result is the float64 loop's,
+ * bit for bit. Returns 0 (nothing written) where a weight breaks the bound or scratch cannot be
+ * had: the caller runs the float64 tile. */
+#define PV_FLUSH 30
+static __thread int32_t *pvi_buf = NULL;
+static __thread size_t pvi_cap = 0;
+
+static int pv_int(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                  const int8_t *sh, double *out) {
+    enum { Q = 3 };
+    int64_t npad = S + 16;
+    size_t need = (size_t)npad * (1 + 2 * Q) + 64;  /* key indices, the weights, their pair words */
+    if (need > pvi_cap) {
+        int32_t *b = (int32_t *)realloc(pvi_buf, need * sizeof(int32_t));
+        if (!b) return 0;
+        pvi_buf = b;
+        pvi_cap = need;
+    }
+    int32_t *idx = pvi_buf, *w[Q], *pw = pvi_buf + (1 + Q) * npad;
+    for (int u = 0; u < Q; u++) w[u] = pvi_buf + (1 + u) * npad;
+    int lo_sh = 127, hi_sh = -128;
+    for (int64_t j = 0; j < S; j++) {
+        lo_sh = sh[j] < lo_sh ? sh[j] : lo_sh;
+        hi_sh = sh[j] > hi_sh ? sh[j] : hi_sh;
+    }
+    if (S == 0 || hi_sh - lo_sh > 20) return 0;
+    const __m256i top = _mm256_set1_epi32(1 << 20);
+    const __m512d zero = _mm512_setzero_pd();
+    int64_t cnt = 0;
+    for (int64_t j = 0; j < S; j += 8) {  /* keys some query weighs, and their weights as int32 */
+        __mmask8 in = S - j >= 8 ? 0xFF : (__mmask8)((1u << (S - j)) - 1), any = 0, bad = 0;
+        __m512d f = _mm512_set1_pd(1.0), x[Q];
+        __m256i xi[Q];
+        if (hi_sh != lo_sh) {  /* 2^(vs_j - vs_min), from its bits */
+            __m256i e = _mm256_maskz_cvtepi8_epi32(in, _mm_maskz_loadu_epi8(in, sh + j));
+            e = _mm256_add_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(lo_sh)), _mm256_set1_epi32(1023));
+            f = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_cvtepi32_epi64(e), 52));
+        }
+        for (int u = 0; u < Q; u++) {
+            x[u] = u < n ? _mm512_mul_pd(_mm512_maskz_loadu_pd(in, p + u * S + j), f) : zero;
+            xi[u] = _mm512_cvtpd_epi32(x[u]);  /* exact for the integers that count; anything else fails below */
+            any |= _mm256_test_epi32_mask(xi[u], xi[u]);
+            bad |= _mm512_cmp_pd_mask(x[u], _mm512_cvtepi32_pd(xi[u]), _CMP_NEQ_UQ) |
+                   _mm256_cmpgt_epu32_mask(xi[u], top);  /* a fraction, out of range, NaN; < 0 or > 2^20 */
+        }
+        if (bad) return 0;
+        if (!any) continue;
+        /* compressed in a register and stored whole (a compressing store to memory is slow on some
+         * CPUs); the lanes past the count are overwritten by the next block's, or never read */
+        __m256i jj = _mm256_add_epi32(_mm256_set1_epi32((int)j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_storeu_si256((__m256i *)(idx + cnt), _mm256_maskz_compress_epi32(any, jj));
+        for (int u = 0; u < Q; u++)
+            _mm256_storeu_si256((__m256i *)(w[u] + cnt), _mm256_maskz_compress_epi32(any, xi[u]));
+        cnt += __builtin_popcount(any);
+    }
+    if (cnt == 0) {
+        for (int u = 0; u < n; u++) memset(out + u * D + d, 0, 32 * sizeof(double));
+        return 1;
+    }
+    if (cnt & 1) {  /* an even count: a partner of weight 0 */
+        idx[cnt] = idx[cnt - 1];
+        for (int u = 0; u < Q; u++) w[u][cnt] = 0;
+        cnt++;
+    }
+    int64_t np = cnt / 2, np8 = (np + 7) & ~(int64_t)7;
+    int32_t *word[Q][2];  /* [query][limb][m] = limb(w[2m]) | limb(w[2m + 1]) << 16, eight pairs at a time */
+    for (int u = 0; u < Q; u++) {
+        word[u][0] = pw + (2 * u) * np8;
+        word[u][1] = pw + (2 * u + 1) * np8;
+        for (int64_t m = 0; m < np; m += 8) {
+            __mmask16 in = np - m >= 8 ? 0xFFFF : (__mmask16)((1u << (2 * (np - m))) - 1);
+            __m512i x = _mm512_maskz_loadu_epi32(in, w[u] + 2 * m);
+            __m512i limb[2] = {_mm512_srli_epi32(x, 10), _mm512_and_si512(x, _mm512_set1_epi32(1023))};
+            for (int l = 0; l < 2; l++) {  /* (even | odd << 32) -> even | odd << 16 in each 64-bit lane */
+                __m512i t = _mm512_or_si512(limb[l], _mm512_srli_epi64(limb[l], 16));
+                _mm256_storeu_si256((__m256i *)(word[u][l] + m), _mm512_cvtepi64_epi32(t));
+            }
+        }
+    }
+    double acc[Q][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
+    memset(acc, 0, sizeof acc);
+    for (int64_t m0 = 0; m0 < np; m0 += PV_FLUSH) {
+        int64_t m1 = m0 + PV_FLUSH < np ? m0 + PV_FLUSH : np;
+        __m512i a[Q][2][2];
+        for (int u = 0; u < Q; u++)
+            for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
+        for (int64_t m = m0; m < m1; m++) {
+            __m512i va = _mm512_loadu_si512((const void *)(vh + (int64_t)idx[2 * m] * D + d));
+            __m512i vb = _mm512_loadu_si512((const void *)(vh + (int64_t)idx[2 * m + 1] * D + d));
+            __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
+            for (int u = 0; u < Q; u++)
+                for (int l = 0; l < 2; l++) {
+                    __m512i y = _mm512_set1_epi32(word[u][l][m]);
+                    a[u][l][0] = _mm512_dpwssd_epi32(a[u][l][0], x0, y);
+                    a[u][l][1] = _mm512_dpwssd_epi32(a[u][l][1], x1, y);
+                }
+        }
+        for (int u = 0; u < n; u++)
+            for (int l = 0; l < 2; l++)
+                for (int h = 0; h < 2; h++) {
+                    double *o = acc[u][l] + 16 * h;
+                    _mm512_storeu_pd(o, _mm512_add_pd(_mm512_loadu_pd(o), _mm512_cvtepi32_pd(_mm512_castsi512_si256(a[u][l][h]))));
+                    _mm512_storeu_pd(o + 8, _mm512_add_pd(_mm512_loadu_pd(o + 8),
+                                                          _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a[u][l][h], 1))));
+                }
+    }
+    /* lane i of the interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 */
+    double f = pow2(lo_sh);
+    for (int u = 0; u < n; u++)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 16; i++)
+                out[u * D + d + 8 * (i / 4) + 4 * h + i % 4] = (acc[u][0][16 * h + i] * 1024.0 + acc[u][1][16 * h + i]) * f;
+    return 1;
+}
+#endif
+
+#if defined(__AVX512F__)
 /* dimensions d .. d + bw - 1 (16, or 32 where n <= 3) of n <= 12 queries' weighted values */
 static void pv_tile(const double *p, int64_t n, int64_t bw, int64_t S, int64_t D, int64_t d, const int16_t *vh,
                     const int8_t *sh, double *out) {
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (bw == 32 && pv_int(p, n, S, D, d, vh, sh, out)) return;
+#endif
     if (bw == 32) pv_zmm(p, n, 3, 2, S, D, d, vh, sh, out);
     else if (n <= 3) pv_zmm(p, n, 3, 1, S, D, d, vh, sh, out);
     else if (n <= 6) pv_zmm(p, n, 6, 1, S, D, d, vh, sh, out);
