@@ -78,16 +78,17 @@ def test_attention_output_in_bf16_heads_side_by_side_is_the_twins(w):
     assert torch.equal(attn16.out(pv, den, w), attn16.out(pv, den, w, fallback=True))
 
 
-def _layer_inputs(R, S, seed=6, first=0):
+def _layer_inputs(R, S, seed=6, first=0, bits=16):
     """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache whose rows first .. first + R - 1
-    hold S - 1 tokens (the rows before them others)."""
+    hold S - 1 tokens (the rows before them others); values of about 2^bits (bits 12: every V
+    shift 0)."""
     from selfspec.engine.cache import BatchKVCache
 
     g = torch.Generator().manual_seed(seed)
     cache = BatchKVCache([torch.device("cpu")], 3, 64, first + R, S + 8, torch.int16)
-    old = torch.round(torch.randn(first + R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
+    old = torch.round(torch.randn(first + R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** bits)
     cache.write(0, slice(0, first + R), [0] * (first + R), old, old * 0.5)
-    x = torch.round(torch.randn(R, 1, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** 16)
+    x = torch.round(torch.randn(R, 1, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** bits)
     return cache, x
 
 
@@ -120,6 +121,38 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
     assert torch.equal(a, ref)
     for buf1, buf2 in zip(c1._buffers(), c2._buffers()):
         assert torch.equal(buf1, buf2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("R,w,first", [(1, 1, 0), (3, 1, 0), (1, 3, 0), (2, 5, 2)])
+def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, first):
+    """Where V's shifts agree (values below 2^15), the one call's weighted sums run in int32 lanes
+    on AVX-512 VNNI (`pv_words`, words written with the weights): the same bits as with that path
+    off (`attn16_set_int_pv`), for one token, three (tiles of six queries and a last one of three),
+    rows of different lengths and rows behind others; a machine without it runs the float64 tiles
+    both times."""
+    from selfspec.engine.attention import grid_for
+
+    S = 61  # an odd count of keys: the last pairs with a weight of 0
+    starts = [S - w - r for r in range(R)]
+    grid = grid_for(64, 2.0 ** 4, 2.0 ** 4, 2.0 ** 3, 4096)
+    mask = torch.zeros(R, 1, w, S, dtype=torch.float64)
+    for r, st in enumerate(starts):
+        for t in range(w):
+            mask[r, 0, t, st + t + 1:] = float("-inf")
+    mask = mask[0, 0] if R == 1 else mask
+    args = (grid.scale, grid.shift, 2.0 ** grid.v)
+    toggle = attn16._fn("attn16_set_int_pv")
+    outs = []
+    for on in (1, 0):
+        cache, x = _layer_inputs(R, S, first=first, bits=12)
+        assert int(cache.shifts[1].abs().max()) == 0  # V shifts all 0: the integer path's condition
+        before = toggle(on)
+        try:
+            outs.append(cache.write_attend(0, slice(first, first + R), starts, torch.cat([x] * w, 1), 9, mask, *args))
+        finally:
+            toggle(before)
+    assert outs[0] is not None and torch.equal(outs[0], outs[1])
 
 
 @needs_kernel

@@ -25,6 +25,7 @@
 #define D_MAX 256
 
 #define QCHUNK 4
+static int int_pv_on = 1;  /* attn16_set_int_pv */
 #define PAR_MIN 262144  /* multiply-adds below which a step runs on one thread: a team costs ~10 us to wake */
 
 #if defined(__AVX2__)
@@ -142,113 +143,118 @@ static inline __attribute__((always_inline)) void pv_zmm(const double *p, int64_
 
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-/* The same weighted sums in integers, for n <= 3 queries (a one-token round's heads of a key head)
- * and 32 dimensions a task:
- * where every weight is an integer 0 <= p 2^(vs_j - vs_min) <= 2^20 (always, for the softmax
- * weights of `attn16_weights` over a cache whose V shifts agree, as a real model's do), p splits
- * into two 10-bit limbs, and the keys any query weighs are taken two at a time: one VNNI
- * instruction adds p_j v_j + p_j' v_j' for sixteen dimensions (the two keys' values interleaved,
- * the limbs of the two weights paired in one broadcast word): half the float64 loop's arithmetic
- * and none of its conversions. Products are below 2^25, so 30 pairs fit an int32 lane before it is
- * added to a float64 sum; every sum is an integer below 2^53, so the result is the float64 loop's,
- * bit for bit. Returns 0 (nothing written) where a weight breaks the bound or scratch cannot be
- * had: the caller runs the float64 tile. */
-#define PV_FLUSH 30
-static __thread int32_t *pvi_buf = NULL;
-static __thread size_t pvi_cap = 0;
 
-static int pv_int(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int16_t *vh,
-                  const int8_t *sh, double *out) {
-    enum { Q = 3 };
-    int64_t npad = S + 16;
-    size_t need = (size_t)npad * (1 + 2 * Q) + 64;  /* key indices, the weights, their pair words */
-    if (need > pvi_cap) {
-        int32_t *b = (int32_t *)realloc(pvi_buf, need * sizeof(int32_t));
-        if (!b) return 0;
-        pvi_buf = b;
-        pvi_cap = need;
-    }
-    int32_t *idx = pvi_buf, *w[Q], *pw = pvi_buf + (1 + Q) * npad;
-    for (int u = 0; u < Q; u++) w[u] = pvi_buf + (1 + u) * npad;
-    int lo_sh = 127, hi_sh = -128;
-    for (int64_t j = 0; j < S; j++) {
-        lo_sh = sh[j] < lo_sh ? sh[j] : lo_sh;
-        hi_sh = sh[j] > hi_sh ? sh[j] : hi_sh;
-    }
-    if (S == 0 || hi_sh - lo_sh > 20) return 0;
-    const __m256i top = _mm256_set1_epi32(1 << 20);
-    const __m512d zero = _mm512_setzero_pd();
-    int64_t cnt = 0;
-    for (int64_t j = 0; j < S; j += 8) {  /* keys some query weighs, and their weights as int32 */
-        __mmask8 in = S - j >= 8 ? 0xFF : (__mmask8)((1u << (S - j)) - 1), any = 0, bad = 0;
-        __m512d f = _mm512_set1_pd(1.0), x[Q];
-        __m256i xi[Q];
-        if (hi_sh != lo_sh) {  /* 2^(vs_j - vs_min), from its bits */
-            __m256i e = _mm256_maskz_cvtepi8_epi32(in, _mm_maskz_loadu_epi8(in, sh + j));
-            e = _mm256_add_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(lo_sh)), _mm256_set1_epi32(1023));
-            f = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_cvtepi32_epi64(e), 52));
+#if defined(__AVX512F__)
+/* dimensions d .. d + bw - 1 (16, or 32 where n <= 3) of n <= 12 queries' weighted values */
+static void pv_tile(const double *p, int64_t n, int64_t bw, int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                    const int8_t *sh, double *out) {
+    if (bw == 32) pv_zmm(p, n, 3, 2, S, D, d, vh, sh, out);
+    else if (n <= 3) pv_zmm(p, n, 3, 1, S, D, d, vh, sh, out);
+    else if (n <= 6) pv_zmm(p, n, 6, 1, S, D, d, vh, sh, out);
+    else if (n <= 9) pv_zmm(p, n, 9, 1, S, D, d, vh, sh, out);
+    else pv_zmm(p, n, 12, 1, S, D, d, vh, sh, out);
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* The weighted sums in integers where AVX-512 VNNI is at hand: each row's weights (integers
+ * 0 .. 2^20, as attn16_weights makes them) are written once as words for its pairs of keys
+ * (2m, 2m + 1), the two weights' high 10-bit limbs side by side in one 32-bit word (wh) and their
+ * low limbs in another (wl). A key pair then costs one instruction per limb, query and sixteen
+ * dimensions, p_2m v_2m + p_2m+1 v_2m+1 summed in int32 (the two keys' values interleaved, the
+ * word broadcast from memory): a quarter of the float64 tiles' instructions and none of their
+ * conversions. Products are below 2^25, so a lane takes 30 pairs before it is added to a float64
+ * sum; every sum is the float64 loop's exact integer, so the same bits. Where a key head's V
+ * shifts differ (a real model's never did: `pv_uniform`) or a weight is no integer in 0 .. 2^20,
+ * the float64 tiles run instead. */
+#define PV_FLUSH 30  /* key pairs an int32 lane takes: 30 x 2 x 2^10 x 2^15 < 2^31 */
+static __thread int32_t *pvw_buf = NULL;  /* the words, reused */
+static __thread size_t pvw_cap = 0;
+#define DPWSSD_BCAST(acc, x, m) __asm__("vpdpwssd %[xm]%{1to16%}, %[xv], %[av]" : [av] "+v"(acc) : [xv] "v"(x), [xm] "m"(m))
+
+static int pv_uniform(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_t srs, int64_t shs) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < KV; h++) {
+            const int8_t *sh = vs + r * srs + h * shs;
+            for (int64_t j = 1; j < S; j++)
+                if (sh[j] != sh[0]) return 0;
         }
-        for (int u = 0; u < Q; u++) {
-            x[u] = u < n ? _mm512_mul_pd(_mm512_maskz_loadu_pd(in, p + u * S + j), f) : zero;
-            xi[u] = _mm512_cvtpd_epi32(x[u]);  /* exact for the integers that count; anything else fails below */
-            any |= _mm256_test_epi32_mask(xi[u], xi[u]);
-            bad |= _mm512_cmp_pd_mask(x[u], _mm512_cvtepi32_pd(xi[u]), _CMP_NEQ_UQ) |
-                   _mm256_cmpgt_epu32_mask(xi[u], top);  /* a fraction, out of range, NaN; < 0 or > 2^20 */
+    return 1;
+}
+
+/* weights p [n, S] (doubles) -> wh, wl [n, ws] (ws >= (S + 1) / 2 + 8); 0 where one is no integer in 0 .. 2^20 */
+/* one row's weights sr [S] -> its words whr, wlr [(S + 1) / 2 + 8]; nonzero where a weight is no
+ * integer in 0 .. 2^20 */
+static int row_words(const double *sr, int64_t S, int32_t *whr, int32_t *wlr) {
+    const __m512i top = _mm512_set1_epi32(1 << 20), low = _mm512_set1_epi32(1023);
+    int bad = 0;
+    for (int64_t j = 0; j < S; j += 16) {  /* eight pairs: 16 weights */
+        __mmask8 m0 = S - j >= 8 ? 0xFF : (S - j > 0 ? (__mmask8)((1u << (S - j)) - 1) : 0);
+        __mmask8 m1 = S - j >= 16 ? 0xFF : (S - j > 8 ? (__mmask8)((1u << (S - j - 8)) - 1) : 0);
+        __m512d p0 = _mm512_maskz_loadu_pd(m0, sr + j), p1 = _mm512_maskz_loadu_pd(m1, sr + j + 8);
+        __m256i i0 = _mm512_cvtpd_epi32(p0), i1 = _mm512_cvtpd_epi32(p1);
+        __m512i pi = _mm512_inserti64x4(_mm512_castsi256_si512(i0), i1, 1);
+        bad |= _mm512_cmpgt_epu32_mask(pi, top) != 0;  /* < 0 or > 2^20 (NaN and overflow convert to < 0) */
+        bad |= (_mm512_cmp_pd_mask(p0, _mm512_cvtepi32_pd(i0), _CMP_NEQ_UQ) |  /* a fraction */
+                _mm512_cmp_pd_mask(p1, _mm512_cvtepi32_pd(i1), _CMP_NEQ_UQ)) != 0;
+        __m512i limb[2] = {_mm512_srli_epi32(pi, 10), _mm512_and_si512(pi, low)};
+        int32_t *dst[2] = {whr + j / 2, wlr + j / 2};
+        for (int l = 0; l < 2; l++) {  /* (even | odd << 32) -> even | odd << 16 in each 64-bit lane */
+            __m512i t = _mm512_or_si512(limb[l], _mm512_srli_epi64(limb[l], 16));
+            _mm256_storeu_si256((__m256i *)dst[l], _mm512_cvtepi64_epi32(t));
         }
-        if (bad) return 0;
-        if (!any) continue;
-        /* compressed in a register and stored whole (a compressing store to memory is slow on some
-         * CPUs); the lanes past the count are overwritten by the next block's, or never read */
-        __m256i jj = _mm256_add_epi32(_mm256_set1_epi32((int)j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_storeu_si256((__m256i *)(idx + cnt), _mm256_maskz_compress_epi32(any, jj));
-        for (int u = 0; u < Q; u++)
-            _mm256_storeu_si256((__m256i *)(w[u] + cnt), _mm256_maskz_compress_epi32(any, xi[u]));
-        cnt += __builtin_popcount(any);
     }
-    if (cnt == 0) {
-        for (int u = 0; u < n; u++) memset(out + u * D + d, 0, 32 * sizeof(double));
-        return 1;
+    return bad;
+}
+
+/* weights p [n, S] -> wh, wl [n, ws] (ws >= (S + 1) / 2 + 8); 0 where one is no integer in 0 .. 2^20 */
+static int weights_words(const double *p, int64_t n, int64_t S, int32_t *wh, int32_t *wl, int64_t ws, int threads) {
+    int bad = 0;
+    #pragma omp parallel for schedule(static) num_threads(threads) reduction(|:bad) if (n * S * 4 >= PAR_MIN)
+    for (int64_t row = 0; row < n; row++) bad |= row_words(p + row * S, S, wh + row * ws, wl + row * ws);
+    return !bad;
+}
+
+/* the words' scratch (this thread's, reused), or NULL */
+static int32_t *words_scratch(size_t need) {
+    if (need > pvw_cap) {
+        int32_t *b = (int32_t *)realloc(pvw_buf, need * sizeof(int32_t));
+        if (!b) return NULL;
+        pvw_buf = b;
+        pvw_cap = need;
     }
-    if (cnt & 1) {  /* an even count: a partner of weight 0 */
-        idx[cnt] = idx[cnt - 1];
-        for (int u = 0; u < Q; u++) w[u][cnt] = 0;
-        cnt++;
-    }
-    int64_t np = cnt / 2, np8 = (np + 7) & ~(int64_t)7;
-    int32_t *word[Q][2];  /* [query][limb][m] = limb(w[2m]) | limb(w[2m + 1]) << 16, eight pairs at a time */
+    return pvw_buf;
+}
+
+/* n <= Q queries' weighted values (their words rows ws apart), dimensions d .. d + 31 */
+static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *wh, const int32_t *wl, int64_t ws,
+                                                                int64_t n, const int Q, int64_t S, int64_t D, int64_t d,
+                                                                const int16_t *vh, double f, double *out) {
+    const int32_t *hr[6], *lr[6];
     for (int u = 0; u < Q; u++) {
-        word[u][0] = pw + (2 * u) * np8;
-        word[u][1] = pw + (2 * u + 1) * np8;
-        for (int64_t m = 0; m < np; m += 8) {
-            __mmask16 in = np - m >= 8 ? 0xFFFF : (__mmask16)((1u << (2 * (np - m))) - 1);
-            __m512i x = _mm512_maskz_loadu_epi32(in, w[u] + 2 * m);
-            __m512i limb[2] = {_mm512_srli_epi32(x, 10), _mm512_and_si512(x, _mm512_set1_epi32(1023))};
-            for (int l = 0; l < 2; l++) {  /* (even | odd << 32) -> even | odd << 16 in each 64-bit lane */
-                __m512i t = _mm512_or_si512(limb[l], _mm512_srli_epi64(limb[l], 16));
-                _mm256_storeu_si256((__m256i *)(word[u][l] + m), _mm512_cvtepi64_epi32(t));
-            }
-        }
+        hr[u] = wh + (u < n ? u : 0) * ws;
+        lr[u] = wl + (u < n ? u : 0) * ws;
     }
-    double acc[Q][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
+    int64_t np = (S + 1) / 2;
+    double acc[6][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
     memset(acc, 0, sizeof acc);
     for (int64_t m0 = 0; m0 < np; m0 += PV_FLUSH) {
         int64_t m1 = m0 + PV_FLUSH < np ? m0 + PV_FLUSH : np;
-        __m512i a[Q][2][2];
+        __m512i a[6][2][2];
         for (int u = 0; u < Q; u++)
             for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
         for (int64_t m = m0; m < m1; m++) {
-            __m512i va = _mm512_loadu_si512((const void *)(vh + (int64_t)idx[2 * m] * D + d));
-            __m512i vb = _mm512_loadu_si512((const void *)(vh + (int64_t)idx[2 * m + 1] * D + d));
+            const int16_t *ra = vh + 2 * m * D + d, *rb = 2 * m + 1 < S ? ra + D : ra;  /* a last odd key: weight 0 */
+            __m512i va = _mm512_loadu_si512((const void *)ra), vb = _mm512_loadu_si512((const void *)rb);
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
-            for (int u = 0; u < Q; u++)
-                for (int l = 0; l < 2; l++) {
-                    __m512i y = _mm512_set1_epi32(word[u][l][m]);
-                    a[u][l][0] = _mm512_dpwssd_epi32(a[u][l][0], x0, y);
-                    a[u][l][1] = _mm512_dpwssd_epi32(a[u][l][1], x1, y);
-                }
+            for (int u = 0; u < Q; u++) {
+                DPWSSD_BCAST(a[u][0][0], x0, hr[u][m]);
+                DPWSSD_BCAST(a[u][0][1], x1, hr[u][m]);
+                DPWSSD_BCAST(a[u][1][0], x0, lr[u][m]);
+                DPWSSD_BCAST(a[u][1][1], x1, lr[u][m]);
+            }
         }
-        for (int u = 0; u < n; u++)
+        for (int u = 0; u < Q; u++)  /* Q, not n: a constant bound keeps a[][][] in registers */
             for (int l = 0; l < 2; l++)
                 for (int h = 0; h < 2; h++) {
                     double *o = acc[u][l] + 16 * h;
@@ -257,30 +263,39 @@ static int pv_int(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, c
                                                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a[u][l][h], 1))));
                 }
     }
-    /* lane i of the interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 */
-    double f = pow2(lo_sh);
-    for (int u = 0; u < n; u++)
+    for (int u = 0; u < n; u++)  /* lane i of the interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 */
         for (int h = 0; h < 2; h++)
             for (int i = 0; i < 16; i++)
                 out[u * D + d + 8 * (i / 4) + 4 * h + i % 4] = (acc[u][0][16 * h + i] * 1024.0 + acc[u][1][16 * h + i]) * f;
-    return 1;
+}
+
+/* attn16_pv's sums from the words: tasks of 3 queries (a one-token round) or 6, 32 dimensions */
+static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R, int64_t KV, int64_t G, int64_t D,
+                     const int16_t *v, int64_t vrs, int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S,
+                     double *out, int threads) {
+    int64_t tq = G <= 3 ? 3 : 6, ng = (G + tq - 1) / tq, nd = D / 32;
+    #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+    for (int64_t rh = 0; rh < R * KV; rh++)
+        for (int64_t qg = 0; qg < ng; qg++)
+            for (int64_t db = 0; db < nd; db++) {
+                int64_t r = rh / KV, h = rh % KV, i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
+                const int16_t *vh = v + r * vrs + h * vhs;
+                double f = pow2(vs[r * srs + h * shs]);
+                if (tq == 3)
+                    pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, vh, f, out + row * D);
+                else
+                    pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, vh, f, out + row * D);
+            }
 }
 #endif
 
-#if defined(__AVX512F__)
-/* dimensions d .. d + bw - 1 (16, or 32 where n <= 3) of n <= 12 queries' weighted values */
-static void pv_tile(const double *p, int64_t n, int64_t bw, int64_t S, int64_t D, int64_t d, const int16_t *vh,
-                    const int8_t *sh, double *out) {
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    if (bw == 32 && pv_int(p, n, S, D, d, vh, sh, out)) return;
-#endif
-    if (bw == 32) pv_zmm(p, n, 3, 2, S, D, d, vh, sh, out);
-    else if (n <= 3) pv_zmm(p, n, 3, 1, S, D, d, vh, sh, out);
-    else if (n <= 6) pv_zmm(p, n, 6, 1, S, D, d, vh, sh, out);
-    else if (n <= 9) pv_zmm(p, n, 9, 1, S, D, d, vh, sh, out);
-    else pv_zmm(p, n, 12, 1, S, D, d, vh, sh, out);
+/* Whether attn16_pv may take the integer path (where it exists, 1 by default); returns the previous
+ * setting. For tests and A/B timing in one process: both paths give the same bits. */
+int attn16_set_int_pv(int on) {
+    int old = int_pv_on;
+    int_pv_on = on;
+    return old;
 }
-#endif
 
 /* 1 where attn16_pv's tiles beat torch's float64 GEMM at every width (AVX-512: twice its speed on a
  * prefill chunk's shape), so that `attn16.weighted` runs them for wide rounds too; else 0 */
@@ -316,6 +331,16 @@ int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, 
 /* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */
 void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
                int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (int_pv_on && D % 32 == 0 && S > 0 && pv_uniform(vs, R, KV, S, srs, shs)) {
+        int64_t n = R * KV * G, ws = (S + 1) / 2 + 16;
+        int32_t *wh = words_scratch((size_t)(2 * n * ws));
+        if (wh && weights_words(p, n, S, wh, wh + n * ws, ws, threads)) {
+            pv_words(wh, wh + n * ws, ws, R, KV, G, D, v, vrs, vhs, vs, srs, shs, S, out, threads);
+            return;
+        }
+    }
+#endif
 #if defined(__AVX512F__)
     if (D % 16 == 0) {
         int64_t tq = G <= 3 ? 3 : (G <= 6 ? 6 : (G <= 9 ? 9 : 12)), ng = (G + tq - 1) / tq;
@@ -472,9 +497,11 @@ void attn16_exp_round(double *x, int64_t n) {  /* in place */
  * in place, P = rint(e^(s' - (max s' - shift))) with s' = (s + mask[r * mrs + t * mts + j]) * scale
  * (no mask: NULL), and den [R, KV, G] = sum P * vscale: `engine.attention.exact_attention`'s
  * numbers, step for step. */
-void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int64_t w, const double *mask,
-                    int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *den, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * S * 16 >= PAR_MIN)
+static int weights_impl(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int64_t w, const double *mask,
+                        int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *den, int threads,
+                        int32_t *wh, int32_t *wl, int64_t ws) {
+    int bad = 0;
+    #pragma omp parallel for schedule(static) num_threads(threads) reduction(|:bad) if (R * KV * G * S * 16 >= PAR_MIN)
     for (int64_t row = 0; row < R * KV * G; row++) {
         int64_t r = row / (KV * G), t = (row % G) % w;
         double *sr = s + row * S;
@@ -496,7 +523,16 @@ void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int6
             sum += p;  /* integers below 2^53: exact in any order */
         }
         den[row] = sum * vscale;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+        if (wh) bad |= row_words(sr, S, wh + row * ws, wl + row * ws);  /* while the row is in cache */
+#endif
     }
+    return bad;
+}
+
+void attn16_weights(double *s, int64_t R, int64_t KV, int64_t G, int64_t S, int64_t w, const double *mask,
+                    int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *den, int threads) {
+    weights_impl(s, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads, NULL, NULL, 0);
 }
 
 /* pv [R, KV, J * w, D], den [R, KV, J * w] float64 (head kv * J + j, query t at row j * w + t)
@@ -514,6 +550,7 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
                 for (int64_t d = 0; d < D; d++) dst[d] = float_to_bf16((float)(src[d] / den[row]));
             }
 }
+
 
 /* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
  * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at
@@ -552,6 +589,16 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                 qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
             }
     scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    int64_t ws = (S + 1) / 2 + 16;  /* the integer weighted sums' words, written as the weights are made */
+    int32_t *wh = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs) ? words_scratch((size_t)(2 * n * ws)) : NULL;
+    if (wh && !weights_impl(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads, wh, wh + n * ws, ws)) {
+        pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+        attn16_out(pv, den, R, KV, J, w, D, out);
+        return 0;
+    }
+    if (!wh)  /* else sc holds the weights already, one past 2^20: the float64 tiles */
+#endif
     attn16_weights(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads);
     attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
     attn16_out(pv, den, R, KV, J, w, D, out);
