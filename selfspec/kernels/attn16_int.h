@@ -15,6 +15,7 @@
 #define SELFSPEC_ATTN16_INT_H
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline int q_bits(int64_t D) {
     int b = 0;
@@ -65,6 +66,10 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
                               const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
     for (; j + 4 <= j1; j += 4) {
         const int16_t *k0 = kh + j * D;
+        int32_t e4;  /* the four keys' 2^shift, from their exponent bits */
+        memcpy(&e4, sh + j, 4);
+        __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52);
+        __m256d fk = _mm256_castsi256_pd(e);
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
                           *q2 = qi + (i0 + 2 < G ? i0 + 2 : i0) * D;
@@ -81,9 +86,9 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
             }
             for (int u = 0; u < 3 && i0 + u < G; u++) {
                 __m256d s = _mm256_cvtepi32_pd(hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]));
-                __m256d f = _mm256_set_pd(pow2(qs[i0 + u] + sh[j + 3]), pow2(qs[i0 + u] + sh[j + 2]),
-                                          pow2(qs[i0 + u] + sh[j + 1]), pow2(qs[i0 + u] + sh[j]));
-                _mm256_storeu_pd(out + (i0 + u) * S + j, _mm256_mul_pd(s, f));
+                /* times 2^shift_k, then 2^qs: powers of two, exact, so the bits of one multiply by 2^(qs + shift_k) */
+                s = _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs[i0 + u])));
+                _mm256_storeu_pd(out + (i0 + u) * S + j, s);
             }
         }
     }
