@@ -152,3 +152,20 @@ def test_match_length_is_the_n_of_the_ngram_propose_copies_after():
     assert idx.match_length([5, 6]) == 2 and idx.match_length([9, 5, 6]) == 2
     assert idx.match_length([7, 5, 6]) == 3 and idx.match_length([4]) == 0
     assert ContextIndex([5, 6, 7], min_ngram=2, max_ngram=3).match_length([6]) == 0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_bulk_index_leaves_the_garbage_collector_as_it_found_it(enabled):
+    """A prompt's worth of tokens is indexed with the cyclic GC off, then it is back on; one that
+    was off stays off."""
+    import gc
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        idx = ContextIndex(list(range(50)) * 30, min_ngram=1, max_ngram=3)  # 1,500 tokens: past BULK
+        assert len(idx._new) >= lookup.BULK
+        assert idx.propose([48, 49], 3) == [0, 1, 2]
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
