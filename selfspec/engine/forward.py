@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from selfspec.checkpoint.lora import GROUPS, draft_rows
 from selfspec.checkpoint.quant import matmul
 from selfspec.engine.attention import model_grids
+from selfspec.engine.rope import RopeTables
 from selfspec.kernels import block as kb
 from selfspec.kernels import layer as kl
 
@@ -47,15 +48,6 @@ class LayerWeights(NamedTuple):
     down: torch.Tensor  # down_proj
 
 
-class Rope(NamedTuple):
-    """RoPE tables: rows per position, sin signed for the rolled half, the query's times its scale."""
-
-    q_cos: torch.Tensor
-    q_sin: torch.Tensor
-    k_cos: torch.Tensor
-    k_sin: torch.Tensor
-
-
 class FastForward:
     """A `NemotronLabsDiffusionModel`'s weights as the forward reads them, its RoPE tables, the
     layer body (`layers_forward`) and the output head (`logits`)."""
@@ -69,9 +61,9 @@ class FastForward:
         self.n_kv = cfg.num_key_value_heads or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
-        rope = cfg.rope_parameters
-        self.beta = float(rope.get("llama_4_scaling_beta") or 0.0)
-        self.orig_max = int(rope["original_max_position_embeddings"])
+        rp = cfg.rope_parameters
+        self.beta = float(rp.get("llama_4_scaling_beta") or 0.0)
+        self.orig_max = int(rp["original_max_position_embeddings"])
         self.inv_freq = enc.rotary_emb.inv_freq.float()
         self.att_factor = float(enc.rotary_emb.attention_scaling)
         self.embed = enc.embed_tokens.weight.detach()
@@ -107,10 +99,8 @@ class FastForward:
         self.head = packed.get("diffusion_head.weight", model.diffusion_head.weight.detach())
         self.devices = [layer.ln1.device for layer in self.layers]
         self.grids = model_grids(model, self.head_dim, self.beta, self.orig_max, self.att_factor) if self.exact else None
-        # RoPE tables are shared read-only by every generation on this model; growing them is the
-        # one write, done under a lock into new tensors that are swapped in whole
-        self._lock = threading.Lock()
-        self._tab = None  # (n, {device: Rope}), replaced as one object
+        self.rope = RopeTables(self.inv_freq, self.att_factor, self.beta, self.orig_max, self.n_heads, self.n_kv,
+                               self.head_dim, self.dtype, self.grids)
         self._block = None  # (kernels.block's weight pointers or None,), made at first use
 
     @classmethod
@@ -124,62 +114,6 @@ class FastForward:
         if getattr(model.config, "sliding_window", None) is not None:
             return False
         return not any(p.device.type == "meta" for p in model.parameters())
-
-    # -- position tables ---------------------------------------------------------------------
-    def _make_tables(self, n: int) -> Rope:
-        """Per position 0..n-1: the RoPE tables, with the sin signed and the query tables times
-        the query scale.
-
-        rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi], and the Llama-4 query scale
-        multiplies the rotated query, so it folds into the query's tables.
-        """
-        pos = torch.arange(n, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq[None, :].cpu()
-        emb = torch.cat([freqs, freqs], -1)
-        dtype = torch.float64 if self.exact else self.dtype
-        cos = (emb.cos() * self.att_factor).to(dtype)
-        sin = (emb.sin() * self.att_factor).to(dtype)
-        h = sin.shape[-1] // 2
-        sin = torch.cat([-sin[:, :h], sin[:, h:]], -1)
-        scale = (1 + self.beta * torch.log(1 + torch.floor(pos / self.orig_max))).to(dtype)[:, None]
-        if self.exact:  # q and k land on the grid of 2^-qk (`attention.Grid`): the tables carry it
-            g = 2.0 ** self.grids[0].qk
-            cos, sin, scale = cos * g, sin * g, scale
-        return Rope(cos * scale, sin * scale, cos, sin)
-
-    def _rope(self, positions: torch.Tensor, device) -> Rope:
-        """The tables' rows for `positions` (flat), each [n, D], on `device`."""
-        p = positions.reshape(-1).to(device)
-        return Rope(*(t[p] for t in self._full_tables(int(positions.max()) + 1, device)))
-
-    def _full_tables(self, need: int, device) -> Rope:
-        """The tables for positions 0 .. at least need - 1, each [n, D], on `device`."""
-        tab = self._tab
-        if tab is None or tab[0] < need or device not in tab[1]:
-            with self._lock:
-                tab = self._tab
-                if tab is None or tab[0] < need:
-                    n = max(need, 2 * (0 if tab is None else tab[0]), 256)
-                    tab = (n, {"base": self._make_tables(n)})
-                if device not in tab[1]:
-                    tab = (tab[0], {**tab[1], device: Rope(*(t.to(device) for t in tab[1]["base"]))})
-                self._tab = tab
-        return tab[1][device]
-
-    def tables(self, positions: torch.Tensor, device) -> tuple:
-        """RoPE for query columns at `positions` [R, q]. Plain: a `Rope` broadcastable to
-        [R, heads, q, D]. Exact formats: (cos, sin) [R, q, heads + 2 * kv_heads, D] in float64 over
-        the fused q / k / v output, q and k rotated onto the attention grid, v scaled onto its own
-        grid (cos 2^v, sin 0), so one rotation puts all three on their grids (`_rotate`)."""
-        R, q = positions.shape
-        t = self._rope(positions, device)
-        if not self.exact:
-            return Rope(*(x.view(R, q, self.head_dim)[:, None] for x in t))
-        nh, nkv, D = self.n_heads, self.n_kv, self.head_dim
-        v = torch.full((R * q, nkv, D), 2.0 ** self.grids[0].v, dtype=torch.float64, device=device)
-        cos = torch.cat([t.q_cos[:, None].expand(-1, nh, D), t.k_cos[:, None].expand(-1, nkv, D), v], 1)
-        sin = torch.cat([t.q_sin[:, None].expand(-1, nh, D), t.k_sin[:, None].expand(-1, nkv, D), v * 0], 1)
-        return cos.view(R, q, nh + 2 * nkv, D), sin.view(R, q, nh + 2 * nkv, D)
 
     # -- the forward ---------------------------------------------------------------------------
     def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, attend, lora=None,
@@ -215,7 +149,7 @@ class FastForward:
             if h.device != dev:
                 h = h.to(dev)
             if dev not in tables:
-                tables[dev] = self.tables(positions, dev)
+                tables[dev] = self.rope.tables(positions, dev)
             x = _rms(h, w.ln1, self.eps).to(mm)
             qkv = (matmul(x, w.qkv[0]),) if len(w.qkv) == 1 else tuple(matmul(x, p) for p in w.qkv)
             if on:  # the runtime's LoRA adds in place into the fused output; a trainer's returns new tensors
@@ -266,7 +200,7 @@ class FastForward:
                 h, x = h.to(dev), None if x is None else x.to(dev)
             if dev not in tables:
                 need = int(positions.max()) + 1
-                tables[dev] = (positions.reshape(-1).to(dev), self._full_tables(need, dev))
+                tables[dev] = (positions.reshape(-1).to(dev), self.rope.full(need, dev))
             pos, tab = tables[dev]
             if x is None:
                 x = kl.rms(h, w.ln1, self.eps)
@@ -323,7 +257,7 @@ class FastForward:
         if not (h.is_cpu and getattr(cache, "block16", False)):
             return None
         positions = positions.reshape(-1).contiguous()
-        tab = self._full_tables(int(positions.max()) + 1, self.devices[0])
+        tab = self.rope.full(int(positions.max()) + 1, self.devices[0])
         out = kb.run(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), positions, tab, R, q,
                      self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps,
                      lora_args)

@@ -293,7 +293,6 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
             }
 }
 
-
 /* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
  * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at
  * slots starts[r] .. of cache rows r (attn16_store), then each query row rounded (q_round) and its

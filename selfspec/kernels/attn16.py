@@ -7,15 +7,13 @@ Both are exact integer sums, so the C kernels and the torch fallback (decompress
 `torch.matmul`) give the same bits. Scores round each query row first (`round_q`, 10 bits): the C
 kernel then sums int16 products in int32 at any width (`attn16_int.h`), reading the cache in
 place. Weighted sums are exact integers too: in int32 lanes where the CPU has AVX-512 VNNI and a
-key head's V shifts agree (`attn16_words.h`: key pairs' weights as 10-bit limbs, one instruction per
-pair, query and sixteen dimensions; at 3,000 cached tokens a token's decode 10.1-11.6 ->
-8.7-9.9 ms, the prompt 6.5-7.2 -> 5.9-6.3 s), else float64 tiles (`attn16_tiles.h`), the same bits: up to
-`DIRECT_MAX` queries per key head (AR and rounds of up to
-32 tokens on the default model, whose layers run in one C call, `block.c`) the kernel reads the
-int16 cache in place, a quarter of the float64 cache's bytes. Wider rounds (a prefill's chunks) do
-too where the kernel has AVX-512 tiles of twelve queries (twice the speed of torch's float64 GEMM
-of this skinny shape, `attn16_pv_wide`); elsewhere they decompress into a reused buffer in one C
-pass and run torch's GEMM.
+key head's V shifts agree (`attn16_words.h`: key pairs' weights as 10-bit limbs, one instruction
+per pair, query and sixteen dimensions), else in float64 tiles (`attn16_tiles.h`), the same bits.
+Up to `DIRECT_MAX` queries per key head (AR and rounds of up to 32 tokens on the default model,
+whose layers run in one C call, `block.c`) the kernel reads the int16 cache in place, a quarter of
+the float64 cache's bytes. Wider rounds (a prefill's chunks) do too where the kernel has AVX-512
+tiles (twice the speed of torch's float64 GEMM of this skinny shape, `attn16_pv_wide`); elsewhere
+they decompress into a reused buffer in one C pass and run torch's GEMM.
 """
 
 from __future__ import annotations
