@@ -116,6 +116,38 @@ def test_greedy_output_equals_ar_of_the_format_with_every_option(fmt, cell):
         assert m.presto_predictor.fc1.weight.dtype == torch.float32  # the format is the forward's, not rho's
 
 
+WIDE_HEADS = dict(head_dim=32, max_position_embeddings=1 << 16, rope_parameters={
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": float((1 << 16) // 8), "original_max_position_embeddings": 8,
+    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "fp32"])
+def test_greedy_output_equals_ar_with_the_integer_weighted_sums_in_every_exact_format(fmt):
+    """The attention's weighted sums in int32 lanes (AVX-512 VNNI, `kernels/attn16_words.h`) run
+    where heads are 32 dims wide and V's shifts agree, which the tiny model above never has (8-dim
+    heads): this one has 32-dim heads and a long position range (a coarser V grid: every V shift
+    0). Every mode gives AR's tokens in the format, and the same tokens with that path off."""
+    from selfspec.kernels import attn16
+
+    switch = attn16._fn("attn16_set_int_pv")
+    if switch is None:
+        pytest.skip("no attn16 kernel here")
+    m = tiny_model(seed=2, vocab_size=V, **WIDE_HEADS)
+    torch.manual_seed(0)
+    m.presto_predictor = Predictor().eval()
+    m = set_weights(m, fmt)
+    cells = ["ar", "lookup", "presto one-pass rho ngram lookup", "linear two-pass", "auto"]
+    outs = {}
+    for on in (1, 0):
+        before = switch(on)
+        try:
+            outs[on] = [_run(m, CELLS[c]).token_ids for c in cells]
+        finally:
+            switch(before)
+    assert all(len(o) == NEW and o == outs[1][0] for o in outs[1]), (fmt, outs[1])
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.parametrize("cell", list(SAMPLED))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_sampling_with_a_seed_in_every_format(fmt, cell):
