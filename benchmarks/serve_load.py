@@ -149,9 +149,9 @@ def in_process(a, bodies, n: int) -> dict:
 def start_server(a, port):
     cmd = [sys.executable, "-m", "selfspec", "serve", "--port", str(port), "--max-batch", str(max(a.clients)),
            "--max-queue", str(max(a.clients)), "--log-level", "warning"]
-    for flag in ("model", "weights", "mode", "plan"):
+    for flag in ("model", "weights", "mode", "plan", "stream_interval_ms"):
         if getattr(a, flag) is not None:
-            cmd += [f"--{flag}", getattr(a, flag)]
+            cmd += [f"--{flag.replace('_', '-')}", getattr(a, flag)]
     proc = subprocess.Popen(cmd)
     url, deadline = f"http://127.0.0.1:{port}", time.time() + a.startup_timeout
     while True:
@@ -182,6 +182,7 @@ def parse_args():
     ap.add_argument("--weights", default=None)
     ap.add_argument("--mode", default=None, help="force a layout (default: plan auto)")
     ap.add_argument("--plan", default=None)
+    ap.add_argument("--stream-interval-ms", default=None, help="the started server's (default: its own, 10)")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per request")

@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--stream-interval-ms", type=float, default=None, help="the server's (default: its own, 10)")
     a = ap.parse_args()
     import selfspec
 
@@ -41,6 +42,7 @@ def main() -> None:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "selfspec", "serve", "--port", str(port), "--max-batch", "4", "--log-level", "warning"]
     cmd += ["--mode", a.mode] if a.mode else []
+    cmd += ["--stream-interval-ms", str(a.stream_interval_ms)] if a.stream_interval_ms is not None else []
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     model, tok = selfspec.load(progress=False)
     layout = {"mode": a.mode} if a.mode else {}
@@ -97,6 +99,7 @@ def main() -> None:
         code = proc.wait(120)
     base = totals["in_process"][0] / totals["in_process"][1]
     print(json.dumps({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "layout": a.mode or "auto",
+                      "stream_interval_ms": a.stream_interval_ms,
                       "server_exit_code": code, **{k: {"tokens": n, "seconds": round(s, 3),
                                                        "tokens_per_second": round(n / s, 2),
                                                        "vs_in_process": round(n / s / base, 3)}

@@ -181,6 +181,45 @@ def test_a_lone_request_runs_the_forwards_and_rows_that_generate_runs(own_server
     assert (stats["forwards"], stats["rounds"]) == (want.stats.forwards, want.stats.rounds)
 
 
+def deltas_posted(monkeypatch):
+    """Every `Delta` the engine hands to the event loop, as (time, text), in a list."""
+    from selfspec.serving.openai_api.engine import Delta, Job
+
+    posted, real = [], Job.post
+
+    def counted(self, event):
+        if isinstance(event, Delta):
+            posted.append((time.perf_counter(), event.text))
+        real(self, event)
+
+    monkeypatch.setattr(Job, "post", counted)
+    return posted
+
+
+def test_a_stream_gets_a_delta_at_most_once_per_interval_and_the_same_text(own_server, model_tok, monkeypatch):
+    posted = deltas_posted(monkeypatch)
+    want = reference(model_tok, LONG, 120)
+    every_round = own_server(stream_interval=0.0)
+    text, ids, _, last = ask(every_round.client(), LONG, 120, stream=True)
+    assert (text, ids) == (want.text, want.token_ids)
+    assert len(posted) == last.model_extra["selfspec"]["rounds"] + 1  # the prefill's token, then each round's
+    posted[:] = []
+    held = own_server(stream_interval=0.05)
+    text, ids, _, _ = ask(held.client(), LONG, 120, stream=True)
+    assert (text, ids) == (want.text, want.token_ids)
+    gaps = [b[0] - a[0] for a, b in zip(posted[:-1], posted[1:-1])]  # the last delta goes when the row ends
+    assert len(posted) >= 2 and all(g >= 0.05 for g in gaps), gaps
+
+
+@pytest.mark.parametrize("interval", [0.0, 0.01])
+def test_a_whole_answer_crosses_to_the_event_loop_twice_its_first_token_and_its_end(own_server, model_tok,
+                                                                                    monkeypatch, interval):
+    posted = deltas_posted(monkeypatch)
+    text, ids, _, r = ask(own_server(stream_interval=interval).client(), LONG, 120)
+    assert ids == reference(model_tok, LONG, 120).token_ids and r.model_extra["selfspec"]["rounds"] > 2
+    assert len(posted) == 2 and "".join(t for _, t in posted) == text
+
+
 def test_sixteen_concurrent_clients_each_get_exactly_what_generate_gives(server, model_tok):
     jobs = [(PROMPTS[i % len(PROMPTS)] if i < 6 else f"def f{i}(x):\n    return x", 8 + 3 * i, i % 2 == 1)
             for i in range(16)]
@@ -252,6 +291,8 @@ def test_requests_arriving_together_at_an_idle_server_are_prefilled_in_one_turn(
     assert entering[:1] == [6], entering
     with pytest.raises(ValueError, match="burst_window must be between 0 and 1 second"):
         ServiceOptions(model_id=MODEL, burst_window=-0.01)
+    with pytest.raises(ValueError, match="stream_interval must be between 0 and 1 second"):
+        ServiceOptions(model_id=MODEL, stream_interval=2.0)
 
 
 def test_every_answer_reports_usage_and_the_decoding_stats(server):

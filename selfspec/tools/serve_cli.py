@@ -57,6 +57,10 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--burst-window-ms", type=float, default=10.0,
                    help="an idle server waits this long after a request for another, up to 10 such windows, so "
                         "that requests arriving together are prefilled together (default 10; 0: none)")
+    s.add_argument("--stream-interval-ms", type=float, default=10.0,
+                   help="a stream's deltas come at most this often; tokens decoded sooner join the next one "
+                        "(each delta costs the server a socket write and the client a read beside the forward; "
+                        "default 10, below a screen's frame; 0: every round)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _add_decoding_args(s)
     s.set_defaults(func=cmd_serve)
@@ -98,6 +102,8 @@ def _check(a) -> None:
         raise ValueError(f"--max-tokens must be >= 1, got {a.max_tokens}")
     if not 0 <= a.burst_window_ms <= 1000:
         raise ValueError(f"--burst-window-ms must be between 0 and 1000, got {a.burst_window_ms}")
+    if not 0 <= a.stream_interval_ms <= 1000:
+        raise ValueError(f"--stream-interval-ms must be between 0 and 1000, got {a.stream_interval_ms}")
     if a.max_context is not None and a.max_context < 2:
         raise ValueError(f"--max-context must be >= 2 tokens (a prompt and an answer), got {a.max_context}")
     if a.api_key is not None and not a.api_key.strip():
@@ -272,7 +278,7 @@ def cmd_serve(a) -> int:
     memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens, a.max_context)  # before any cache or cost model
     options = ServiceOptions(model_id=model_id, aliases=aliases, max_batch=a.max_batch, max_queue=a.max_queue,
                              shutdown_timeout=a.shutdown_timeout, defaults=defaults, max_context=a.max_context,
-                             burst_window=a.burst_window_ms / 1000)
+                             burst_window=a.burst_window_ms / 1000, stream_interval=a.stream_interval_ms / 1000)
     service = Service(model, tok, cfg, options, profile=a.profile)  # plan "auto": measures the cost model here
     if a.host not in LOOPBACK and not a.api_key:
         print(f"warning: serving on {a.host} without --api-key: anyone who reaches this port can use the model",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from selfspec.engine.request import MAX_CACHE_BYTES, check_request, lookahead, r
 from selfspec.engine.sequence import SamplingParams
 from selfspec.serving.openai_api import errors
 from selfspec.serving.openai_api.defaults import Defaults
-from selfspec.serving.openai_api.engine import GATHER_WINDOW, Engine, Failed, Finished, Job
+from selfspec.serving.openai_api.engine import GATHER_WINDOW, STREAM_INTERVAL, Engine, Failed, Finished, Job
 from selfspec.serving.openai_api.protocol import GenerationRequest
 from selfspec.streaming import encode_prompt
 
@@ -39,6 +40,7 @@ class ServiceOptions:
     defaults: Defaults = Defaults()
     max_context: int | None = None  # tokens a request may have, prompt + max_tokens (--max-context); None: the model's
     burst_window: float = GATHER_WINDOW  # seconds an idle engine waits after a request for another (`Engine._gather`)
+    stream_interval: float = STREAM_INTERVAL  # seconds between a stream's deltas at least (`Engine._send`)
 
     def __post_init__(self):
         if type(self.max_batch) is not int or self.max_batch < 1:
@@ -51,6 +53,8 @@ class ServiceOptions:
             raise ValueError("the served model needs a non-empty name")
         if not 0 <= self.burst_window <= 1:
             raise ValueError(f"burst_window must be between 0 and 1 second, got {self.burst_window!r}")
+        if not 0 <= self.stream_interval <= 1:
+            raise ValueError(f"stream_interval must be between 0 and 1 second, got {self.stream_interval!r}")
         if self.max_context is not None and (type(self.max_context) is not int or self.max_context < 2):
             raise ValueError(f"max_context must be an integer >= 2, got {self.max_context!r}")
 
@@ -171,7 +175,8 @@ class Service:
             raise errors.shutting_down()
         if len(self.active) >= self.capacity:
             raise errors.queue_full(self.capacity)
-        job = Job(ids, params, req.stop, req.seed, asyncio.get_running_loop(), arrived=time.perf_counter())
+        job = Job(ids, params, req.stop, req.seed, asyncio.get_running_loop(), arrived=time.perf_counter(),
+                  interval=self.options.stream_interval if req.stream else math.inf)
         self.active.add(job)
         self.engine.submit(job)
         return job
