@@ -179,3 +179,19 @@ def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output()
     k = slice(cols[0], cols[0] + cols[1])
     assert torch.equal(fused[:, k], out[:, k]) and torch.equal(fused.view(R, q, -1)[:, :2], out.view(R, q, -1)[:, :2])
     assert not torch.equal(fused, out)
+
+
+@pytest.mark.parametrize("mode, made", [("presto", 1), ("linear", 1), ("ar", 0), ("lookup", 0)])
+def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(monkeypatch, mode, made):
+    """22 ms on the default model: paid in a round, a generation's first probe cost 4x its prediction."""
+    from selfspec.engine.decoder import Decoder
+
+    m = _model()
+    m.draft_lora = _lora(m, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 4)
+    tables, real = [], kb.lora_of
+    monkeypatch.setattr(kb, "lora_of", lambda *a: tables.append(1) or real(*a))
+    dec = Decoder(m, [[5, 9, 11, 7]], DecodeConfig(mode=mode, max_new_tokens=6))
+    assert len(tables) == made
+    for _ in dec:
+        pass
+    assert len(tables) == made and len(dec.outputs[0]) == 6

@@ -74,7 +74,9 @@ class NgramRho:
         self.uni = None  # the counts, made when first scored: rounds that build no tree pay nothing
 
     def extend(self, tokens: list[int] | torch.Tensor) -> None:
-        self._new.extend(torch.as_tensor(tokens, dtype=torch.long).reshape(-1).tolist())
+        if isinstance(tokens, torch.Tensor):  # a decoder's list (every round) skips the tensor round trip
+            tokens = tokens.reshape(-1).tolist()
+        self._new.extend(int(t) for t in tokens)
 
     def _index(self) -> None:
         if self._new:

@@ -120,7 +120,8 @@ class Decoder:
         else:
             fixed = fixed_option(cfg)
         self.bf = BatchForward.of(model)
-        lora = getattr(model, "draft_lora", None) if cfg.draft_lora else None
+        lora = getattr(model, "draft_lora", None) if cfg.draft_lora and cfg.mode not in ("ar", "lookup") else None
+        self.bf.ff.prepare_lora(lora)
         self.stepper = Stepper(self.bf, cfg, mask_id=int(model.config.mask_token_id), eos=self.eos, lora=lora,
                                planner=planner, fixed=fixed, fixed_label=config_label(cfg),
                                prefill_group=planner is not None or fixed.groups > 0)

@@ -52,7 +52,7 @@ class Option:
     @property
     def family(self) -> str:
         """The kind of round, for per-kind timing: "ar", "lookup", "two-pass", "one-pass", "verify"."""
-        return _label(self).split("/")[0]
+        return _family(self)
 
     @property
     def label(self) -> str:
@@ -118,3 +118,8 @@ def fixed_option(cfg) -> Option:
 @lru_cache(maxsize=4096)
 def _label(o: Option) -> str:
     return o._label()
+
+
+@lru_cache(maxsize=4096)
+def _family(o: Option) -> str:  # asked several times a round by the planner
+    return _label(o).split("/")[0]

@@ -180,11 +180,17 @@ class Planner:
     def _scale(self, family: str) -> float:
         """Measured / predicted model time for a kind of round (AR's until that kind has run; before
         any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""
-        return self.scale.get(family, self.scale.get("ar", min(self.scale.values(), default=1.0)))
+        v = self.scale.get(family)
+        if v is None:
+            v = self.scale.get("ar")
+        return min(self.scale.values(), default=1.0) if v is None else v
 
     def _overhead(self, family: str) -> float:
         """Seconds per row outside the model and the planner for a kind of round (as `_scale`)."""
-        return self.overhead.get(family, self.overhead.get("ar", min(self.overhead.values(), default=0.0)))
+        v = self.overhead.get(family)
+        if v is None:
+            v = self.overhead.get("ar")
+        return min(self.overhead.values(), default=0.0) if v is None else v
 
     def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
         """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised
@@ -244,10 +250,11 @@ class Planner:
         R = len(rnd.rows)
         rooms = [r.room for r in rnd.rows]
         value = round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining))
-        expected = self.seconds(rnd.option, R, rnd.cache_len)[1] + (0.0 if rnd.bare else self.ledger.plan_seconds)
-        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
-                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds,
-                           expected=expected)
+        ar_seconds = self.seconds(AR, R, rnd.cache_len)[1]
+        expected = ar_seconds if rnd.option is AR else self.seconds(rnd.option, R, rnd.cache_len)[1]
+        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds, ar_seconds=ar_seconds,
+                           bare=rnd.bare, plan_seconds=rnd.plan_seconds,
+                           expected=expected + (0.0 if rnd.bare else self.ledger.plan_seconds))
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
         for n in self.budgets[1:]:
