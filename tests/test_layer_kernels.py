@@ -183,3 +183,31 @@ def test_the_draft_loras_delta_gives_the_twins_bits_on_its_rows_only(k, r, n):
     assert torch.equal(c[[1, 2, 5, 6, 7]], out[[1, 2, 5, 6, 7]])
     want = out[rows].float() + (x[rows].float() @ at) @ bt  # the same sums in another order
     assert torch.allclose(c[rows].float(), want, atol=0.05, rtol=0.01)
+
+
+@needs_kernel
+def test_gumbel_candidates_hold_each_rows_winner_and_decline_flat_rows():
+    """Every row's Gumbel-max winner is among its candidates (index order, at most 1/16 of the
+    vocabulary); a row whose distribution is too flat for that, or holds a NaN, declines (None)."""
+    from selfspec.drafting.sampling import PositionNoise, gumbel
+
+    g, V = torch.Generator().manual_seed(3), 49152
+    taken = declined = 0
+    for trial in range(120):
+        n = (1, 3, 8)[trial % 3]
+        x = torch.randn(n, V, generator=g) * (0.3, 3.0, 10.0, 30.0)[trial % 4]
+        x[:, 7] = float("-inf")  # a banned token
+        noise = PositionNoise(trial, V).rows([trial % 5 + i // 2 for i in range(n)])
+        got = kl.gumbel_candidates(x, noise.u, noise.rows, noise.top)
+        if got is None:
+            declined += 1
+            continue
+        taken += 1
+        r, c = got
+        assert torch.equal(r * V + c, (r * V + c).sort().values) and len(r) <= n * (V // 16)
+        winners = (x.double() + gumbel(noise.u[noise.rows])).argmax(-1)
+        for i in range(n):
+            assert int(winners[i]) in c[r == i].tolist(), (trial, i)
+    assert taken > 30 and declined > 10  # both ways were taken
+    x[0, 5] = float("nan")
+    assert kl.gumbel_candidates(x, noise.u, noise.rows, noise.top) is None

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from selfspec.drafting.sampling import PositionNoise, process_logits
+from selfspec.drafting.sampling import PositionNoise, process_logits, select
 from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder
 from selfspec.engine.options import DecodeConfig
@@ -112,6 +112,49 @@ def test_position_noise_depends_on_the_key_and_the_position_only():
     fresh = PositionNoise(5, 64)
     assert torch.equal(fresh.at([4])[0], first[2])  # nothing drawn before moves position 4
     assert not torch.equal(PositionNoise(6, 64).at([4])[0], first[2])
+
+
+def test_the_draw_from_a_rows_candidates_is_the_draw_over_every_token():
+    """`kernels.layer.gumbel_candidates` only narrows where the Gumbel-max draw looks: the same
+    token as the noise over the whole vocabulary, at any temperature and filter, ties included."""
+    from selfspec.kernels import layer as kl
+
+    if not kl.available():
+        pytest.skip("no C kernel here")
+    g, Vb = torch.Generator().manual_seed(5), 4096
+    for trial in range(200):
+        n = (1, 2, 9)[trial % 3]
+        logits = torch.randn(n, Vb, generator=g) * (1.0, 4.0, 12.0)[trial % 3]
+        if trial % 7 == 0:
+            logits[:, 10:20] = logits.max() + 1.0  # equal tops
+        kw = dict(temperature=(0.6, 1.0, 1.7)[trial % 3], top_p=(1.0, 0.9)[trial % 2], top_k=(0, 0, 40)[trial % 3],
+                  banned=3)
+        noise, positions = PositionNoise(trial, Vb), [trial + i // 3 for i in range(n)]
+        want = select(logits, noise=noise.at(positions), **kw)
+        assert torch.equal(select(logits, noise=noise.rows(positions), candidates=kl.gumbel_candidates, **kw), want)
+        assert torch.equal(select(logits, noise=noise.rows(positions), **kw), want)
+
+
+@pytest.mark.parametrize("mode", ["ar", "presto one-pass", "lookup"])
+def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, monkeypatch):
+    from selfspec.engine import step
+    from selfspec.kernels import layer as kl
+
+    big = tiny_model(seed=2, vocab_size=2048)  # room for candidates (at most 1/16 of the vocabulary)
+    prompts, seeds = [[5, 9, 40, 7], [100, 3, 9]], [4, 5]
+    real, taken = step.gumbel_candidates, []
+
+    def counted(*a):
+        out = real(*a)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(step, "gumbel_candidates", counted)
+    want = _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16)  # T = 0.2: peaked enough for candidates
+    if kl.available():  # both ways were taken: rows with candidates and rows too flat for them
+        assert any(taken) and not all(taken)
+    monkeypatch.setattr(step, "gumbel_candidates", lambda *a: None)
+    assert _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16) == want
 
 
 def _exact_joint(model, prompt, n, *, temperature, top_p) -> dict:

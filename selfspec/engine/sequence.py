@@ -72,7 +72,7 @@ class Sequence:
         """What the target draws at these output positions read: their keyed noise (reproducible
         sampling) or the row's generator (independent draws)."""
         if self.noise is not None and self.params.temperature > 0:
-            return {"noise": self.noise.at(positions)}
+            return {"noise": self.noise.rows(positions)}
         return {"generator": self.gen}
 
     def tail(self, n: int) -> list[int]:

@@ -29,7 +29,7 @@ import time
 import torch
 
 from selfspec.drafting.sampling import select
-from selfspec.kernels.layer import argmax
+from selfspec.kernels.layer import argmax, gumbel_candidates
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
@@ -85,7 +85,7 @@ class Stepper:
         if p.temperature == 0:  # select's token; bf16 rows in one C pass (a 49,152-wide row ~18 us, torch ~80-120)
             return argmax(logits, self.mask_id).cpu()
         return select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=self.mask_id,
-                      **seq.randomness(positions)).cpu()
+                      candidates=gumbel_candidates, **seq.randomness(positions)).cpu()
 
     def marginals(self, logits: torch.Tensor) -> Marginals:
         """Marginals with the entropy only where it is read (learned rho, the recorder)."""

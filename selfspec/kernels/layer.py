@@ -28,6 +28,7 @@ _SIGS = {
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
     "layer_lora": [_P, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _INT],
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
+    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _P, _P],
 }
 _fns: dict = {}
 
@@ -38,7 +39,7 @@ def _fn(name: str):
         lib = build.load("layer")
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
-            fn.argtypes, fn.restype = _SIGS[name], (_INT if name == "layer_lora" else None)
+            fn.argtypes, fn.restype = _SIGS[name], {"layer_lora": _INT, "layer_gumbel_candidates": _I64}.get(name)
         _fns[name] = fn
     return fn
 
@@ -207,3 +208,21 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
     if bool(bad.any()):
         out[bad] = argmax(logits[bad], banned, fallback=True)
     return out
+
+
+def gumbel_candidates(x: torch.Tensor, u: torch.Tensor, rows: torch.Tensor, top: torch.Tensor, *,
+                      fallback: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (row, token) pairs of float32 logits x [M, V] that may win the Gumbel-max draw with the
+    uniforms u [p, V] (row r's: u[rows[r]]) and each position's largest noise `top` [p]: a superset
+    of every row's winner, in index order (`drafting.sampling.gumbel_argmax` reads them). A few C
+    passes a row; None (the caller computes every token) without the C steps, for other dtypes, a
+    NaN or a row where more than 1/16 of the tokens pass (the full computation is cheaper then)."""
+    ok = x.dtype is torch.float32 and u.dtype is torch.float64 and top.dtype is torch.float64 and x.dim() == 2
+    fn = _c(fallback, "layer_gumbel_candidates", x, u, rows, top) if ok and rows.dtype is torch.long else None
+    if fn is None:
+        return None
+    M, V = x.shape
+    cap = M * (V // 16)  # CANDIDATES_MAX
+    cr, cc = torch.empty(cap, dtype=torch.long), torch.empty(cap, dtype=torch.long)
+    n = fn(x.data_ptr(), M, V, u.data_ptr(), rows.data_ptr(), top.data_ptr(), cr.data_ptr(), cc.data_ptr())
+    return None if n < 0 else (cr[:n], cc[:n])
