@@ -211,3 +211,19 @@ def test_gumbel_candidates_hold_each_rows_winner_and_decline_flat_rows():
     assert taken > 30 and declined > 10  # both ways were taken
     x[0, 5] = float("nan")
     assert kl.gumbel_candidates(x, noise.u, noise.rows, noise.top) is None
+
+
+@needs_kernel
+def test_a_positions_uniforms_in_c_are_the_torch_twins_bits_and_inside_the_unit_interval():
+    from selfspec.drafting.sampling import mix, splitmix_uniforms
+
+    for seed in (0, 1, 2**63 - 1, 2**63, 2**64 - 1, mix(5, 3, 1), 12345678901234567):
+        c, t = kl.uniforms(seed, 49152), splitmix_uniforms(seed, 49152)
+        assert torch.equal(c, t) and 0.0 < float(c.min()) and float(c.max()) < 1.0
+    assert splitmix_uniforms(0, 1).item() == ((0xE220A8397B1DCDAF >> 11) + 0.5) / 2**53  # splitmix64's first output
+    u = splitmix_uniforms(7, 1 << 18)
+    counts = torch.histc(u.float(), bins=64, min=0.0, max=1.0)
+    expected = u.numel() / 64
+    assert float(((counts - expected) ** 2 / expected).sum()) < 110  # chi-square, 63 degrees of freedom, p ~ 0.0002
+    pairs = torch.histc((u[:-1] * 8).floor() * 8 + (u[1:] * 8).floor(), bins=64, min=0, max=64)  # neighbours independent
+    assert float(((pairs - (u.numel() - 1) / 64) ** 2 / ((u.numel() - 1) / 64)).sum()) < 110

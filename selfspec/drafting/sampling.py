@@ -129,6 +129,29 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.T
 MASK64 = (1 << 64) - 1
 
 
+def _i64(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:  # logical shift right of int64 bit patterns
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix_uniforms(seed: int, V: int) -> torch.Tensor:
+    """V float64 uniforms in (0, 1) from a 64-bit seed: u_i = ((z_i >> 11) + 0.5) 2^-53 with z_i =
+    splitmix64(seed + (i + 1) 0x9E3779B97F4A7C15) (int64 arithmetic wraps as uint64's does).
+    Counter-based: u_i depends on (seed, i) alone, and `kernels.layer.uniforms` makes the same bits
+    in one C pass. Never 0 or 1, so every Gumbel noise is finite.
+
+    Example: splitmix_uniforms(0, 2) -> z_0 = splitmix64(0x9E3779B97F4A7C15) = 0xE220A8397B1DCDAF,
+    u_0 = ((z_0 >> 11) + 0.5) / 2^53 = 0.88331..."""
+    z = torch.arange(1, V + 1, dtype=torch.int64) * _i64(0x9E3779B97F4A7C15) + _i64(seed & MASK64)
+    z = (z ^ _srl(z, 30)) * _i64(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _i64(0x94D049BB133111EB)
+    z = z ^ _srl(z, 31)
+    return (_srl(z, 11).double() + 0.5) * 2.0**-53
+
+
 def mix(*words: int) -> int:
     """A 63-bit key from integers (splitmix64 finalizer over their running combination)."""
     h = 0x9E3779B97F4A7C15
@@ -140,8 +163,8 @@ def mix(*words: int) -> int:
 
 
 class PositionNoise:
-    """Gumbel noise per output position, from a key: g_t = -log(-log(u)) with u uniform in (0, 1)
-    drawn by a generator seeded with mix(key, t, purpose). Position t's noise depends on nothing
+    """Gumbel noise per output position, from a key: g_t = -log(-log(u)) with u uniform in (0, 1),
+    `splitmix_uniforms` of the seed mix(key, t, purpose) (`fast` makes them in C). Position t's noise depends on nothing
     but (key, t): draw order, layouts, batches and threads cannot move it. Positions are cached
     until `forget_before` drops them.
 
@@ -150,16 +173,18 @@ class PositionNoise:
 
     TARGET = 1  # purpose of the noise the target draws use (more purposes may come)
 
-    def __init__(self, key: int, vocab: int):
+    def __init__(self, key: int, vocab: int, fast=None):
         self.key, self.vocab = int(key), int(vocab)
+        self.fast = fast  # (seed, V) -> the same uniforms as `splitmix_uniforms`, or None (`kernels.layer.uniforms`)
         self._u: dict[int, tuple] = {}  # position -> (its uniforms [V] float64, its largest noise [1])
         self._g: dict[int, torch.Tensor] = {}  # position -> its noise [V], made when a whole row is read
 
     def _uniforms(self, t: int) -> tuple:
         got = self._u.get(t)
         if got is None:
-            gen = torch.Generator().manual_seed(mix(self.key, t, self.TARGET))
-            u = torch.rand(self.vocab, generator=gen, dtype=torch.float64)
+            seed = mix(self.key, t, self.TARGET)
+            u = None if self.fast is None else self.fast(seed, self.vocab)
+            u = splitmix_uniforms(seed, self.vocab) if u is None else u
             got = self._u[t] = (u, gumbel(u.max().reshape(1)))
         return got
 

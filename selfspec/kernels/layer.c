@@ -354,3 +354,17 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
     }
     return n;
 }
+
+/* uniforms: u[i] = ((z_i >> 11) + 0.5) * 2^-53 in (0, 1) for i < V, z_i = splitmix64(seed + (i + 1) *
+ * 0x9E3779B97F4A7C15): a position's uniforms (`drafting.sampling.splitmix_uniforms` is the same in
+ * torch ops, the bits the tests compare). Every element alone, so the loop vectorises. */
+void layer_uniforms(uint64_t seed, int64_t V, double *u) {
+    #pragma omp simd
+    for (int64_t i = 0; i < V; i++) {
+        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        u[i] = ((double)(z >> 11) + 0.5) * 0x1p-53;
+    }
+}
