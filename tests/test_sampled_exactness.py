@@ -7,6 +7,7 @@ a chi-square test compares them with 300 seeded generations. A negative control 
 counts against the temperature-0.5 marginals) shows the test can reject, at depth too."""
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -67,8 +68,12 @@ def chi2(observed: torch.Tensor, expected: torch.Tensor, n: int) -> tuple[float,
     return stat, int(big.sum()) + (rest_e > 0) - 1
 
 
-def critical(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty chi-square quantile; z = 3.09 is p = 0.001. critical(20) ~ 45.3."""
+def critical(df: int, z: float = 3.09, *, checks: int = 1) -> float:
+    """Wilson-Hilferty chi-square quantile; z = 3.09 is p = 0.001. critical(20) ~ 45.3. A test that
+    checks several positions (`checks`) takes each at p = 0.001 / checks (Bonferroni), so that the
+    test as a whole rejects an exact sampler with probability 0.001 at most."""
+    if checks > 1:
+        z = statistics.NormalDist().inv_cdf(1 - 0.001 / checks)
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
@@ -97,10 +102,10 @@ def test_sampled_tokens_at_every_depth_follow_the_exact_ar_distribution(model, c
     for k in range(NEW):
         counts = torch.bincount(outs[:, k], minlength=V).float()
         stat, df = chi2(counts, exact[k], N)
-        assert stat < critical(df), (k, stat, df)
+        assert stat < critical(df, checks=NEW), (k, stat, df)
         if k == 2 and cfg.mode != "auto":  # negative control (its power is shown once per fixed layout)
             w_stat, w_df = chi2(counts, wrong[k], N)
-            assert w_stat > critical(w_df), (w_stat, w_df)
+            assert w_stat > critical(w_df, checks=NEW), (w_stat, w_df)
     # this model really accepts drafts here: a share of position-3 tokens was drawn at depth 2
     # (auto plans AR for part of its first rounds, so fewer of its samples come from deep nodes)
     deep, floor = (first_round >= 2).sum(), (N // 20 if cfg.mode == "auto" else N // 4)
