@@ -181,17 +181,28 @@ def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output()
     assert not torch.equal(fused, out)
 
 
+@pytest.mark.parametrize("fmt", ["w4a8", "int8"])
 @pytest.mark.parametrize("mode, made", [("presto", 1), ("linear", 1), ("ar", 0), ("lookup", 0)])
-def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(monkeypatch, mode, made):
-    """22 ms on the default model: paid in a round, a generation's first probe cost 4x its prediction."""
+def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(monkeypatch, mode, made, fmt):
+    """22 ms on the default model: paid in a round, a generation's first probe cost 4x its
+    prediction. w4a8 runs the one-call block (its pointer tables), int8 the layer loop (the
+    fused A / B per layer and group)."""
     from selfspec.engine.decoder import Decoder
 
-    m = _model()
+    layout = {"presto": dict(schedule="one-pass", budget=8, group_nodes=3, block_length=5),
+              "linear": dict(schedule="one-pass", block_length=5)}.get(mode, {})  # rounds with mask groups
+
+    m = _model(fmt)
     m.draft_lora = _lora(m, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 4)
     tables, real = [], kb.lora_of
     monkeypatch.setattr(kb, "lora_of", lambda *a: tables.append(1) or real(*a))
-    dec = Decoder(m, [[5, 9, 11, 7]], DecodeConfig(mode=mode, max_new_tokens=6))
-    assert len(tables) == made
+
+    def made_now():
+        return len(tables) if fmt == "w4a8" else len(m.draft_lora.__dict__.get("_fused_ab", {}))
+
+    dec = Decoder(m, [[5, 9, 11, 7]], DecodeConfig(mode=mode, max_new_tokens=6, **layout))
+    before = made_now()
+    assert before == (made if fmt == "w4a8" else made * 4 * len(m.encoder.layers))
     for _ in dec:
         pass
-    assert len(tables) == made and len(dec.outputs[0]) == 6
+    assert made_now() == before and len(dec.outputs[0]) == 6

@@ -161,6 +161,13 @@ class DraftLoRA:
                 kb.lora_of([None if g is None else g[:2] for g in groups]) if whole else None,)
         return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
 
+    def prepare(self, devices: list) -> None:
+        """Every layer's fused tables (`_fused`) on its device (`devices[i]`) now, not in the first
+        round that drafts."""
+        for i, device in enumerate(devices):
+            for names in GROUPS:
+                self._fused(i, names, device)
+
     def _fused(self, layer: int, names: tuple[str, ...], device: torch.device):
         """(A stacked and scale * B block-diagonal, both fp32 and transposed for x @ A^T @ B^T; each
         module's output width, 0 without LoRA) on `device`, kept per layer, modules and device."""

@@ -241,11 +241,16 @@ class FastForward:
         return self._block[0] is not None
 
     def prepare_lora(self, lora) -> None:
-        """Make a draft LoRA's tables for the one-call block now (where it runs), not in the first
-        round that drafts: 22 ms on the default model, which made a generation's first probe cost
-        4x its prediction (45 ms against an AR round's 4) and its ledger charge a lost bet."""
-        if lora is not None and self.one_call():
+        """Make a draft LoRA's tables now (the one-call block's where it runs, else the layer
+        loop's), not in the first round that drafts: 22 ms on the default model, which made a
+        generation's first probe cost 4x its prediction (45 ms against an AR round's 4) and its
+        ledger charge a lost bet."""
+        if lora is None:
+            return
+        if self.one_call():
             lora.block_args(len(self.layers), 1, 1, slice(0, None))
+        else:
+            lora.prepare(self.devices)
 
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend, lora=None, lora_rows=None):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
