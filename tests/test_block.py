@@ -181,12 +181,12 @@ def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output()
     assert not torch.equal(fused, out)
 
 
-@pytest.mark.parametrize("fmt", ["w4a8", "int8"])
+@pytest.mark.parametrize("fmt", ["w4a8", "int8", "int4", "bf16", "fp32"])
 @pytest.mark.parametrize("mode, made", [("presto", 1), ("linear", 1), ("ar", 0), ("lookup", 0)])
 def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(monkeypatch, mode, made, fmt):
     """22 ms on the default model: paid in a round, a generation's first probe cost 4x its
-    prediction. w4a8 runs the one-call block (its pointer tables), int8 the layer loop (the
-    fused A / B per layer and group)."""
+    prediction. w4a8 runs the one-call block (its pointer tables), the other formats the layer
+    loop (the fused A / B per layer and group)."""
     from selfspec.engine.decoder import Decoder
 
     layout = {"presto": dict(schedule="one-pass", budget=8, group_nodes=3, block_length=5),

@@ -180,17 +180,11 @@ class Planner:
     def _scale(self, family: str) -> float:
         """Measured / predicted model time for a kind of round (AR's until that kind has run; before
         any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""
-        v = self.scale.get(family)
-        if v is None:
-            v = self.scale.get("ar")
-        return min(self.scale.values(), default=1.0) if v is None else v
+        return _per_kind(self.scale, family, 1.0)
 
     def _overhead(self, family: str) -> float:
         """Seconds per row outside the model and the planner for a kind of round (as `_scale`)."""
-        v = self.overhead.get(family)
-        if v is None:
-            v = self.overhead.get("ar")
-        return min(self.overhead.values(), default=0.0) if v is None else v
+        return _per_kind(self.overhead, family, 0.0)
 
     def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
         """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised
@@ -250,11 +244,10 @@ class Planner:
         R = len(rnd.rows)
         rooms = [r.room for r in rnd.rows]
         value = round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining))
-        ar_seconds = self.seconds(AR, R, rnd.cache_len)[1]
-        expected = ar_seconds if rnd.option is AR else self.seconds(rnd.option, R, rnd.cache_len)[1]
-        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds, ar_seconds=ar_seconds,
-                           bare=rnd.bare, plan_seconds=rnd.plan_seconds,
-                           expected=expected + (0.0 if rnd.bare else self.ledger.plan_seconds))
+        expected = self.seconds(rnd.option, R, rnd.cache_len)[1] + (0.0 if rnd.bare else self.ledger.plan_seconds)
+        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
+                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds,
+                           expected=expected)
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
         for n in self.budgets[1:]:
@@ -290,6 +283,15 @@ class Planner:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
+
+
+def _per_kind(table: dict[str, float], family: str, default: float) -> float:
+    """table[family], else AR's, else the least measured, else `default` (read every round: no
+    eager fallback)."""
+    v = table.get(family)
+    if v is None:
+        v = table.get("ar")
+    return min(table.values(), default=default) if v is None else v
 
 
 def log2_budgets(limit: int) -> list[int]:

@@ -319,13 +319,12 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
  * largest noise of that position), the tokens that may win argmax(x + gumbel(u)): lb = x[j] +
  * g(u[j]) at the row's first largest x[j] (here with libm's log, lowered by a margin: a bound,
  * not the value) and every k with x[k] >= lb - top, less a margin. Writes (row, token) pairs to
- * cr / cc (capacity M x (V / CANDIDATES_MAX)) in index order and returns how many; -1 when a row holds a NaN or
- * more than 1/CANDIDATES_MAX of its tokens pass (a flat distribution: the full computation is then
- * cheaper; the caller takes it). The exact values of the candidates are the caller's, in torch
+ * cr / cc (capacity M x per_row) in index order and returns how many; -1 when a row holds a NaN or
+ * more than per_row candidates (a flat distribution: the full computation is then cheaper; the
+ * caller takes it). The exact values of the candidates are the caller's, in torch
  * (`drafting.sampling.gumbel_argmax`). */
-#define CANDIDATES_MAX 16
 int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const int64_t *rows,
-                                const double *top, int64_t *cr, int64_t *cc) {
+                                const double *top, int64_t per_row, int64_t *cr, int64_t *cc) {
     int64_t n = 0;
     for (int64_t r = 0; r < M; r++) {
         const float *row = x + r * V;
@@ -344,7 +343,7 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
         double t = top[rows[r]];
         double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
         if (!(thr == thr)) thr = -INFINITY;  /* -inf - (-inf) (a row of one finite token and u = 0) */
-        int64_t end = n + V / CANDIDATES_MAX;
+        int64_t end = n + per_row;
         for (int64_t k = 0; k < V; k++) {
             if ((double)row[k] >= thr) {
                 if (n == end) return -1;

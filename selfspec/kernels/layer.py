@@ -28,10 +28,11 @@ _SIGS = {
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
     "layer_lora": [_P, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _INT],
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
-    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _P, _P],
+    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
 }
 _fns: dict = {}
+CANDIDATES_MAX = 16  # a row where over 1/16 of the tokens may win takes the full draw (`gumbel_candidates`)
 
 
 def _fn(name: str):
@@ -217,15 +218,15 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor, rows: torch.Tensor, top:
     uniforms u [p, V] (row r's: u[rows[r]]) and each position's largest noise `top` [p]: a superset
     of every row's winner, in index order (`drafting.sampling.gumbel_argmax` reads them). A few C
     passes a row; None (the caller computes every token) without the C steps, for other dtypes, a
-    NaN or a row where more than 1/16 of the tokens pass (the full computation is cheaper then)."""
+    NaN or a row where more than 1/CANDIDATES_MAX of the tokens pass (the full computation is cheaper then)."""
     ok = x.dtype is torch.float32 and u.dtype is torch.float64 and top.dtype is torch.float64 and x.dim() == 2
     fn = _c(fallback, "layer_gumbel_candidates", x, u, rows, top) if ok and rows.dtype is torch.long else None
     if fn is None:
         return None
     M, V = x.shape
-    cap = M * (V // 16)  # CANDIDATES_MAX
-    cr, cc = torch.empty(cap, dtype=torch.long), torch.empty(cap, dtype=torch.long)
-    n = fn(x.data_ptr(), M, V, u.data_ptr(), rows.data_ptr(), top.data_ptr(), cr.data_ptr(), cc.data_ptr())
+    per_row = V // CANDIDATES_MAX
+    cr, cc = torch.empty(M * per_row, dtype=torch.long), torch.empty(M * per_row, dtype=torch.long)
+    n = fn(x.data_ptr(), M, V, u.data_ptr(), rows.data_ptr(), top.data_ptr(), per_row, cr.data_ptr(), cc.data_ptr())
     return None if n < 0 else (cr[:n], cc[:n])
 
 
@@ -233,8 +234,7 @@ def uniforms(seed: int, V: int) -> torch.Tensor | None:
     """A position's V float64 uniforms in (0, 1) from its 64-bit `seed` (splitmix64 per index, one
     C pass: ~30 us for 49,152 where torch.rand's generator took ~0.3 ms); None without the C steps
     (`drafting.sampling.splitmix_uniforms` makes the same bits in torch ops)."""
-    fn = _fns.get("layer_uniforms", False)
-    fn = _fn("layer_uniforms") if fn is False else fn
+    fn = _fn("layer_uniforms")
     if fn is None:
         return None
     u = torch.empty(V, dtype=torch.float64)
