@@ -6,7 +6,7 @@ test_invariance), so greedy output equals AR and every row equals its batch-1 ru
 import pytest
 import torch
 
-from selfspec.engine.chunks import prefill_first, prefill_groups, shared_prefixes, token_price
+from selfspec.engine.chunks import prefill_first, prefill_groups, shared_prefixes, token_price, whole_prompts
 from selfspec.engine.cost import CostModel
 from selfspec.engine.forward import FastForward
 from selfspec.engine.chunks import PREFILL_OWN_ROUNDS, PREFILL_SHARE
@@ -520,3 +520,47 @@ def test_shared_prefixes_plan_copies_from_a_donor_or_from_the_first_row_of_a_gro
     assert shared_prefixes([A, A], []) == [(False, 0, 19, [1])]
     assert shared_prefixes([A + [1], None, A + [2]], []) == [(False, 0, 20, [2])]
     assert shared_prefixes([B, A + [1]], []) == []
+
+
+def _short_joins(m, adds: list[list[int]]):
+    """Plan auto, fp32 (chunks in forwards of their own), two rows running on a fake clock where a
+    forward costs 10 ms + 1 ms a token; at turn 3 + i the prompts `adds[i]` (lengths) are added.
+    Returns, per turn from the first add, the [rows, width] of the prompt chunks run in it."""
+    cfg = DecodeConfig(max_new_tokens=40, block_length=4, budget=4)
+    cost = CostModel.linear(per_token=1e-3, fixed=0.01)
+    rows = sum(len(a) for a in adds) + 2
+    dec = Decoder(m, _prompts((5, 6)), cfg, batch_size=rows, eos_token_id=[], profile=cost,
+                  params=[SamplingParams(max_new_tokens=200)] * 2)
+    clock = FakeClock()
+    dec.stepper.clock = clock
+    dec.bf = dec.stepper.bf = PricedForward(dec.stepper.bf, clock, cost)
+    for _ in range(3):
+        dec.step()
+    seen, turns = [], []
+    Widths(dec).seen = seen
+    for i in range(len(adds) + 3):
+        for n in adds[i] if i < len(adds) else []:
+            dec.add(_prompts((n,), seed=10 + i + n)[0])
+        seen.clear()
+        dec.step()
+        turns.append(list(seen))
+    return turns, dec
+
+
+def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_not_spaced():
+    """Spacing (`chunk_due`) is for a long prompt's pieces: a short prompt added right after another
+    one's chunk is prefilled in the very next turn (a free row that waits decodes nothing, and the
+    chunk costs the same whenever it runs), and prompts that wait together go in one forward
+    (its price allows 12 AR rounds), as a fixed mode's joins do."""
+    m = tiny_model(seed=2, vocab_size=V)
+    m.__dict__.pop("_selfspec_planners", None)
+    turns, dec = _short_joins(m, [[7], [8], [6, 9]])
+    assert turns[:3] == [[(1, 7)], [(1, 8)], [(2, 9)]], turns
+    assert len(dec.scheduler.live) == 6 and not dec.scheduler.prefilling
+
+
+def test_whole_prompts_counts_the_waiting_prompts_one_forward_prefills_padded_to_its_longest():
+    ms = lambda c: c * 1e-3  # noqa: E731
+    assert whole_prompts([30, 40, 200], ms, 0.1) == 2  # 2 x 40 tokens; 3 x 200 do not fit
+    assert whole_prompts([40, 30, 30], ms, 0.1) == 2  # 3 x 40 = 120 > 100
+    assert whole_prompts([150], ms, 0.1) == 0

@@ -22,7 +22,8 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    PREFILL_OWN_ROUNDS, PREFILL_ROUNDS, ChunkScale, chunk_due, pick_chunk, prefill_first)
+                                    PREFILL_OWN_ROUNDS, PREFILL_ROUNDS, ChunkScale, chunk_due, pick_chunk, prefill_first,
+                                    whole_prompts)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import AR, config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -261,11 +262,13 @@ class Decoder:
                 entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
-            elif sched.prefilling and not (sched.live and self.bf.joins) and self._chunk_due():
-                t0 = self.stepper.clock()
-                n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), self.chunk_tokens())
-                entering, chunked = sched.join(n, cache), True
-                self._since_chunk, self._chunk_seconds = 0.0, self.stepper.clock() - t0
+            elif sched.prefilling and not (sched.live and self.bf.joins):
+                tokens = self.chunk_tokens()
+                if self._chunk_due(tokens):
+                    t0 = self.stepper.clock()
+                    n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), tokens)
+                    entering, chunked = sched.join(n, cache), True
+                    self._since_chunk, self._chunk_seconds = 0.0, self.stepper.clock() - t0
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
@@ -286,13 +289,21 @@ class Decoder:
             self._observers[s.index] = self._observers_of(s)
             yield s.index, chunk
 
-    def _chunk_due(self) -> bool:
-        """Whether this turn runs an own-forward chunk: always with nothing running, a fixed
-        `prefill_chunk` or no planner; under plan "auto" once the rows have run their share since
-        the last one (`chunks.chunk_due`)."""
+    def _chunk_due(self, tokens: int) -> bool:
+        """Whether this turn runs an own-forward chunk of `tokens`: always with nothing running, a
+        fixed `prefill_chunk` or no planner; under plan "auto" when it prefills short prompts whole
+        (a free row waiting for its prompt is lost time, the chunk costs the same later), else once
+        the rows have run their share since the last one (`chunks.chunk_due`: a long prompt's pieces)."""
         if not self.scheduler.live or self.prefill_chunk is not None or self.planner is None:
             return True
-        return chunk_due(self._since_chunk, self._chunk_seconds)
+        return self._whole(tokens) or chunk_due(self._since_chunk, self._chunk_seconds)
+
+    def _whole(self, tokens: int) -> bool:
+        """Whether a chunk of `tokens` prefills every prompt it takes from its first token to its last."""
+        R, lengths = len(self.scheduler.live), self.stepper.cache.lengths
+        taken = self.scheduler.prefilling
+        widths = self.stepper.chunk_widths(taken, R, tokens)
+        return all(lengths[R + j] == 0 and w == len(s.prompt) for j, (s, w) in enumerate(zip(taken, widths)))
 
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a
@@ -312,13 +323,19 @@ class Decoder:
         if last is not None:
             self._chunk_scale.observe(cost, last)
         R = len(sched.live)
-        left = max((len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)), default=1)
+        lefts = [len(s.prompt) - lengths[R + j] for j, s in enumerate(sched.prefilling)]
+        left = max(lefts, default=1)
         cached = lengths[R] if sched.prefilling else 0
         cache = max(lengths[:R], default=0)
         base = R if R and self.bf.joins else 0  # a chunk in the round's forward adds to its R query rows
         rounds = PREFILL_OWN_ROUNDS if R and not base else PREFILL_ROUNDS
-        return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=self.planner.seconds(AR, max(1, R), cache)[1],
-                          scale=self._chunk_scale.factor, base=base, rounds=rounds)
+        ar = self.planner.seconds(AR, max(1, R), cache)[1]
+        scale = self._chunk_scale.factor
+        if R and not base:  # a forward of its own: as many waiting prompts whole as its price allows
+            k = whole_prompts(lefts, lambda c: scale * cost(1, c, cached), rounds * ar)
+            if k:
+                return k * max(lefts[:k])
+        return pick_chunk(cost, max(1, R), cache, cached, left, round_seconds=ar, scale=scale, base=base, rounds=rounds)
 
     @property
     def busy(self) -> bool:
