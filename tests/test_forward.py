@@ -157,3 +157,28 @@ def test_a_dropped_model_is_freed_at_once_even_after_it_generated():
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_the_weights_walk_lists_what_module_parameters_lists_and_the_key_sees_every_change():
+    """`forward.parameters` is `list(model.parameters())` (a shared weight once, a module registered
+    twice walked once), so `weights_key` sees every parameter: an in-place edit, a dtype move and a
+    replaced layer each change it."""
+    from selfspec.engine.forward import parameters, weights_key
+    from conftest import tiny_model
+
+    m = tiny_model(seed=4, vocab_size=16)
+    m.extra = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False))
+    m.extra[1].weight = m.extra[0].weight  # tied
+    m.again = m.extra  # the same module under a second name
+    want = list(m.parameters())
+    got = parameters(m)
+    assert len(got) == len(want) and all(a is b for a, b in zip(got, want))
+    key = weights_key(m)
+    with torch.no_grad():
+        m.extra[0].bias.add_(1.0)
+    edited = weights_key(m)
+    assert edited != key
+    m.encoder.layers[-1].mlp.down_proj = torch.nn.Linear(*reversed(m.encoder.layers[-1].mlp.down_proj.weight.shape))
+    replaced = weights_key(m)
+    assert replaced != edited
+    assert weights_key(m.to(torch.float64)) != replaced

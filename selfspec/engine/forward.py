@@ -113,7 +113,7 @@ class FastForward:
         """Weights all materialised (no meta / offloaded parameters) and no sliding window."""
         if getattr(model.config, "sliding_window", None) is not None:
             return False
-        return not any(p.device.type == "meta" for p in model.parameters())
+        return not any(p.device.type == "meta" for p in parameters(model))
 
     # -- the forward ---------------------------------------------------------------------------
     def layers_forward(self, tokens: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, attend, lora=None,
@@ -331,7 +331,29 @@ def weights_key(model) -> tuple:
     """Identity of the weights a `FastForward` copies or fuses: storage, dtype, device and in-place
     version of every parameter. `model.to(...)`, `.half()`, loading new weights or editing one in
     place all change it."""
-    return tuple((p.data_ptr(), p.dtype, p.device, 0 if p.is_inference() else p._version) for p in model.parameters())
+    return tuple((p.data_ptr(), p.dtype, p.device, 0 if p.is_inference() else p._version) for p in parameters(model))
+
+
+def parameters(model) -> list:
+    """`list(model.parameters())` (the same tensors in the same order, a shared one once) by a plain
+    walk over the modules' own dicts: read two to four times per generation (`weights_key`,
+    `FastForward.supports`), where `Module.parameters()`' generic walk took ~0.4 ms of ~1 ms a key."""
+    out, seen, done = [], set(), set()
+
+    def walk(m):
+        if id(m) in done:
+            return
+        done.add(id(m))
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        for c in m._modules.values():
+            if c is not None:
+                walk(c)
+
+    walk(model)
+    return out
 
 
 def compact_forward(model) -> FastForward:
