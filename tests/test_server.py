@@ -240,11 +240,19 @@ def test_sixteen_concurrent_clients_each_get_exactly_what_generate_gives(server,
         assert (got[i][0], got[i][1]) == (want.text, want.token_ids), f"client {i} ({jobs[i][0]!r}) differs"
 
 
-def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, model_tok):
-    """The server's default plan, on a flat cost model (it drafts trees and chains; small ones, to stay fast)."""
+def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, model_tok, monkeypatch):
+    """The server's default plan, on a flat cost model (it drafts trees and chains; small ones, to stay fast).
+    Every bet allowed and no rests: the floor (tests/test_floor.py) reads real times, and one slow
+    round on a busy machine could leave a 12-token request nothing to draft."""
+    from selfspec.engine.ledger import Ledger
+    from selfspec.engine.planner import Planner
+
+    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
+    monkeypatch.setattr(Planner, "note_choice", lambda self, option: None)
+    model, tok = model_tok
+    model.__dict__.pop("_selfspec_planners", None)  # nothing learnt by another test
     layout = dict(budget=4, block_length=4)
     srv = own_server(cfg=DecodeConfig(**layout), profile=CostModel.flat(), max_batch=3)
-    model, tok = model_tok
     prompts = [PROMPTS[0], PROMPTS[4], PROMPTS[2]]
     wants = [selfspec.generate(model, tok, p, max_new_tokens=12, profile=CostModel.flat(), **layout) for p in prompts]
     got = [None] * len(prompts)
