@@ -523,7 +523,7 @@ def test_shared_prefixes_plan_copies_from_a_donor_or_from_the_first_row_of_a_gro
 
 
 def _short_joins(m, adds: list[list[int]]):
-    """Plan auto, fp32 (chunks in forwards of their own), two rows running on a fake clock where a
+    """Plan auto, chunks in forwards of their own, two rows running on a fake clock where a
     forward costs 10 ms + 1 ms a token; at turn 3 + i the prompts `adds[i]` (lengths) are added.
     Returns, per turn from the first add, the [rows, width] of the prompt chunks run in it."""
     cfg = DecodeConfig(max_new_tokens=40, block_length=4, budget=4)
@@ -547,14 +547,18 @@ def _short_joins(m, adds: list[list[int]]):
     return turns, dec
 
 
-def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_not_spaced():
+@pytest.mark.parametrize("fmt", ["fp32", "w4a8"])  # the formats whose chunks run in forwards of their own
+def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_not_spaced(fmt):
     """Spacing (`chunk_due`) is for a long prompt's pieces: a short prompt added right after another
     one's chunk is prefilled in the very next turn (a free row that waits decodes nothing, and the
     chunk costs the same whenever it runs), and prompts that wait together go in one forward
     (its price allows 12 AR rounds), as a fixed mode's joins do."""
     m = tiny_model(seed=2, vocab_size=V)
+    if fmt != "fp32":
+        set_weights(m, fmt)
     m.__dict__.pop("_selfspec_planners", None)
     turns, dec = _short_joins(m, [[7], [8], [6, 9]])
+    assert not dec.bf.joins
     assert turns[:3] == [[(1, 7)], [(1, 8)], [(2, 9)]], turns
     assert len(dec.scheduler.live) == 6 and not dec.scheduler.prefilling
 

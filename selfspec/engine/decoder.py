@@ -263,8 +263,8 @@ class Decoder:
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
             elif sched.prefilling and not (sched.live and self.bf.joins):
-                tokens = self.chunk_tokens()
-                if self._chunk_due(tokens):
+                tokens = self._due_chunk()
+                if tokens:
                     t0 = self.stepper.clock()
                     n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), tokens)
                     entering, chunked = sched.join(n, cache), True
@@ -289,14 +289,21 @@ class Decoder:
             self._observers[s.index] = self._observers_of(s)
             yield s.index, chunk
 
-    def _chunk_due(self, tokens: int) -> bool:
-        """Whether this turn runs an own-forward chunk of `tokens`: always with nothing running, a
-        fixed `prefill_chunk` or no planner; under plan "auto" when it prefills short prompts whole
-        (a free row waiting for its prompt is lost time, the chunk costs the same later), else once
-        the rows have run their share since the last one (`chunks.chunk_due`: a long prompt's pieces)."""
-        if not self.scheduler.live or self.prefill_chunk is not None or self.planner is None:
-            return True
-        return self._whole(tokens) or chunk_due(self._since_chunk, self._chunk_seconds)
+    def _due_chunk(self) -> int:
+        """The query tokens of the own-forward chunk this turn runs (`chunk_tokens`), 0 for none:
+        always with nothing running, a fixed `prefill_chunk` or no planner; under plan "auto" once
+        the rows have run their share since the last one (`chunks.chunk_due`: a long prompt's
+        pieces), or at once when it prefills short prompts whole (a free row waiting for its prompt
+        is lost time, the chunk costs the same later). Turns that wait between a long prompt's
+        pieces price nothing."""
+        sched = self.scheduler
+        if (not sched.live or self.prefill_chunk is not None or self.planner is None
+                or chunk_due(self._since_chunk, self._chunk_seconds)):
+            return self.chunk_tokens()
+        if self.stepper.cache.lengths[len(sched.live)]:  # the first waiting prompt is part-way in
+            return 0
+        tokens = self.chunk_tokens()
+        return tokens if self._whole(tokens) else 0
 
     def _whole(self, tokens: int) -> bool:
         """Whether a chunk of `tokens` prefills every prompt it takes from its first token to its last."""
