@@ -112,17 +112,15 @@ def test_one_stall_in_a_forecast_does_not_end_the_betting(setting):
 def test_one_stalled_ar_forward_moves_the_time_scale_as_a_round_pause_times_slower_would():
     # charged whole, a 30x stall would price AR 3.9x dearer for the rounds to come, and drafts that
     # are never accepted would look like wins
-    from types import SimpleNamespace
-
     from selfspec.engine.layouts import AR
-    from selfspec.engine.planner import EMA, Planner
+    from selfspec.engine.planner import EMA, Planner, Seen
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
     predicted = CPU(1, 1, 64)
 
     def ar_round(factor):
-        return SimpleNamespace(option=AR, rows=[None], width=1, cache_len=64, model_seconds=factor * predicted,
-                               seconds=factor * predicted, plan_seconds=0.0)
+        return Seen(AR, rows=1, width=1, cache_len=64, model_seconds=factor * predicted, seconds=factor * predicted,
+                    plan_seconds=0.0, bare=True, draining=False, value=1.0)
 
     pl._observe_time(ar_round(1.0))
     pl._observe_time(ar_round(30.0))

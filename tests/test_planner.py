@@ -118,11 +118,100 @@ def test_rounds_without_marginals_probe_now_and_then_and_less_often_while_losing
     probes = [i for i, o in enumerate(picks) if o.groups]
     assert probes and all(o == AR for i, o in enumerate(picks) if i not in probes)
     assert all(picks[i] == Option(groups=1, group_size=4) for i in probes)
-    pl.choose(_rows(_tree(0.05)), cache=10)  # the probe's marginals were useless
-    assert pl.probe_every > PROBE_MIN
 
 
-def test_an_expensive_probe_comes_seldom_enough_to_cost_a_tenth_of_the_time_at_most():
+
+def test_probes_come_less_often_while_their_marginals_lose_time_and_at_the_least_again_once_they_win():
+    """Judged by what the rounds took: a probe (4 AR times, one token) whose marginals led to one
+    more AR-like round loses ~3 AR rounds, and the spacing doubles once the marginals are gone; an
+    episode whose tree round commits 6 tokens in 2 AR times wins, and probes come every PROBE_MIN."""
+    from selfspec.engine.planner import PROBE_MAX
+
+    pl = _planner(CostModel.flat(0.1), budgets=(1, 2, 4), group_sizes=(4,))
+    probe = Option(groups=1, group_size=4)
+    for doubled in (16, 32):
+        _observe(pl, AR, 0.1)
+        _observe(pl, probe, 0.4, marginals=True)
+        _observe(pl, AR, 0.1, marginals=True)  # the marginals' forecast chose AR
+        assert pl.probe_every == PROBE_MIN * (doubled // 16)  # not judged while they are at hand
+        _observe(pl, AR, 0.1)
+        assert pl.probe_every == doubled
+    _observe(pl, probe, 0.4, marginals=True)
+    _observe(pl, Option("tree", 8), 0.2, marginals=True, committed=6)
+    _observe(pl, AR, 0.1)
+    assert pl.probe_every == PROBE_MIN
+    for _ in range(8):
+        _observe(pl, probe, 0.4, marginals=True)
+        _observe(pl, AR, 0.1)
+    assert pl.probe_every == PROBE_MAX
+
+
+def test_a_probe_whose_marginals_lost_more_than_its_forward_spaces_the_next_by_what_they_lost():
+    """On flat costs a probe's forward costs what AR's does, but the tree forecast its marginals
+    bring can take an AR round's time and buy nothing: the next probe then waits until that loss
+    is PROBE_SHARE of the AR time since (not only the doubled PROBE_MIN)."""
+    from selfspec.engine.planner import PROBE_SHARE
+
+    pl = _planner(CostModel.flat(0.1), budgets=(1, 2, 4), group_sizes=(4,))
+    _observe(pl, Option(groups=1, group_size=4), 0.1, marginals=True)
+    _observe(pl, AR, 0.1, marginals=True, plan=0.1)  # the forecast: one AR round's time, then AR
+    _observe(pl, AR, 0.1)
+    assert pl.probe_loss == pytest.approx(1.0) and pl.probe_every == 2 * PROBE_MIN
+    picks = [pl.choose(_rows(Forecast()), cache=10) for _ in range(int(1.0 / PROBE_SHARE) + 8)]
+    first = next(i for i, o in enumerate(picks) if o.groups)
+    assert first + 1 >= 1.0 / PROBE_SHARE > 2 * PROBE_MIN
+
+
+def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_have_been_at_once():
+    """Bare rounds while the planner rests only leave their numbers; when the rest ends (or the
+    planner is forked for the next generation) the ledger, time scales and overheads are bitwise
+    what settling each round at once gives."""
+    at_once, resting = _planner(CostModel.flat(0.1)), _planner(CostModel.flat(0.1))
+    times = [0.1, 0.13, 0.09, 0.5, 0.11]
+    for pl in (at_once, resting):
+        pl.ledger.funds = 1.0
+    resting.dormant = 3
+    for t in times[:-1]:
+        for pl in (at_once, resting):
+            rnd = SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
+                                  width=1, cache_len=40, model_seconds=0.8 * t, seconds=t, plan_seconds=0.0,
+                                  bare=True, draining=False, join_tokens=0)
+            pl.observe(rnd)
+    assert len(resting.unsettled) == 4 and not at_once.unsettled
+    assert resting.ledger.rounds == 0.0 and "ar" not in resting.scale
+    forked = resting.fork()
+    resting.dormant = 0
+    for pl in (at_once, resting):
+        pl.observe(SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
+                                   width=1, cache_len=40, model_seconds=0.8 * times[-1], seconds=times[-1],
+                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0))
+    state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
+    assert state(resting) == state(at_once) and not resting.unsettled
+    assert not forked.unsettled and forked.ledger.rounds > 0
+
+
+def test_a_round_with_nothing_to_offer_is_chosen_as_the_full_choice_would_choose_it():
+    """`plain` (no chain, no marginals, no two-pass yields) answers AR or the probe exactly as
+    `Choice.best` does, and leaves the planner in the same state, round after round."""
+    from selfspec.engine.choice import Choice, nothing_to_offer, plain
+
+    costly = _table({1: 1.0, 5: 4.0, 16: 6.0})
+    for cost, funds in ((costly, 1e9), (costly, 0.5), (CostModel.flat(0.1), 1e9)):
+        fast, full = _planner(cost, budgets=(1, 2, 4), group_sizes=(4,)), _planner(cost, budgets=(1, 2, 4),
+                                                                                 group_sizes=(4,))
+        for pl in (fast, full):
+            pl.ledger.funds = funds
+        for i in range(300):
+            draining = i % 3 == 0
+            rows = _rows(Forecast(), Forecast(), rooms=[64, 1 + i % 5])
+            assert nothing_to_offer(fast, rows)
+            a, b = plain(fast, rows, 10, draining), Choice(full, rows, 10, draining).best()
+            assert a == b
+            assert (fast.since_probe, fast.rates, fast.predicted) == (full.since_probe, full.rates, full.predicted)
+    assert not nothing_to_offer(fast, _rows(_chain(0.9, 2)))
+
+
+def test_an_expensive_probe_comes_seldom_enough_to_cost_a_probe_share_of_the_time_at_most():
     """A probe commits one token, like AR; its extra time is a bet on marginals. When a group of
     4 costs 4 AR steps (int4 with the draft LoRA on a CPU), probes every 8 rounds would spend ~30%
     of the time on the bet: they are spaced so that they spend at most PROBE_SHARE of it."""
@@ -141,15 +230,18 @@ def test_an_expensive_probe_comes_seldom_enough_to_cost_a_tenth_of_the_time_at_m
 
 def test_a_prefill_adds_marginals_only_while_they_pay_and_cost_little():
     """The prefill's mask group is a probe at round 0: on flat costs it is taken; where it costs
-    6 AR steps only for a generation long enough to hide it (at most a tenth of its AR time); and
-    never while probes keep losing."""
+    6 AR steps only for a generation long enough to hide it (at most PROBE_SHARE of its AR time);
+    and never while probes keep losing."""
+    from selfspec.engine.planner import PROBE_SHARE
+
     flat = _planner(CostModel.flat())
     assert flat.marginals_at_prefill(rows=1, cache=10, group=16, room=3)
     steep = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}))
-    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=10)
-    assert steep.marginals_at_prefill(rows=1, cache=10, group=16, room=64)
+    long_enough = int(6.0 / PROBE_SHARE) + 1  # its forward: 6 AR steps
+    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=long_enough - 2)
+    assert steep.marginals_at_prefill(rows=1, cache=10, group=16, room=long_enough)
     steep.probe_every = 2 * PROBE_MIN  # the latest marginals led to no draft worth verifying
-    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=64)
+    assert not steep.marginals_at_prefill(rows=1, cache=10, group=16, room=long_enough)
 
 
 def test_plan_rests_after_a_run_of_ar_choices_without_forecasting_anything():
@@ -198,10 +290,11 @@ def test_a_round_pads_to_a_wider_width_the_device_runs_cheaper():
     assert opt == Option("lookup", 3, pad_to=5) and opt.width == 5 and opt.label == "lookup/N=3"
 
 
-def _observe(pl, option, seconds, rows=4, width=None):
-    rnd = SimpleNamespace(option=option, rows=[SimpleNamespace(nodes=0, committed=[7], room=64)] * rows,
-                          width=width or option.width, cache_len=0, model_seconds=seconds, seconds=seconds,
-                          plan_seconds=0.0, bare=False, draining=False, join_tokens=0)
+def _observe(pl, option, seconds, rows=4, width=None, marginals=False, committed=1, plan=0.0):
+    row = SimpleNamespace(nodes=0, committed=[7] * committed, room=64, marg=object() if marginals else None)
+    rnd = SimpleNamespace(option=option, rows=[row] * rows, width=width or option.width, cache_len=0,
+                          model_seconds=seconds, seconds=seconds + plan, plan_seconds=plan, bare=False,
+                          draining=False, join_tokens=0)
     pl.observe(rnd)
 
 
@@ -222,7 +315,7 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     for _ in range(50):
         pl.lookup_calibrator.update(2, 2, 3)
     before = pl.lookup_calibrator.counts[3][0][0]
-    row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64)
+    row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64, marg=None)
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
                                seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0))
     assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)

@@ -9,7 +9,9 @@ from selfspec.engine.layouts import AR, Option
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
-PROBE_SHARE = 0.1  # and at least enough of them that a probe's extra time is at most this share of theirs
+PROBE_SHARE = 0.03  # and at least enough of them that what a probe loses is at most this share of their time:
+# the floor's tolerance (auto >= 0.97x AR); at 0.1, probes whose marginals never paid (a 4-token group with the
+# draft LoRA on a CPU, its head rows and the tree forecast after it: ~4.5 AR rounds) cost 2-3% of auto's time
 
 
 def last_rows(rooms: list[int], draining: bool) -> list[int] | None:
@@ -27,6 +29,49 @@ def round_value(per_row: list[float], rooms: list[int], last: list[int] | None) 
     Example: per_row [3, 1], rooms [10, 4] -> 4; draining (last [0]) -> 3."""
     capped = [min(e, room) for e, room in zip(per_row, rooms)]
     return sum(capped) if last is None else min(capped[i] for i in last)
+
+
+def nothing_to_offer(pl, rows) -> bool:
+    """No row drafts anything this round (no lookup chain, no marginals) and no two-pass option
+    applies: the round is AR or a probe (`plain`), and the options need no valuing."""
+    if any(r.forecast is not None and r.forecast.kind != "none" for r in rows):
+        return False
+    return max(r.room for r in rows) <= 1 or not (pl.two_pass_yield or len(pl.last_yields) > 1)
+
+
+def plain(pl, rows, cache: int, draining: bool) -> Option:
+    """`Choice.best` for a round with nothing to offer: AR, or a probe when one is due, for the
+    price of one AR time (about half a `Choice`'s; the planner runs this on most forecast rounds)."""
+    pl.since_probe += 1
+    R = len(rows)
+    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_value = 1.0 if draining else float(R)
+    probe = due_probe(pl, R, cache, [r.room for r in rows], ar_seconds)
+    if probe is not None:
+        pl.predicted = (ar_value, probe[1])
+        return probe[0]
+    pl.predicted = (ar_value, ar_seconds)
+    r, old = ar_value / ar_seconds, pl.rates.get(draining)
+    pl.rates[draining] = r if old is None else 0.8 * old + 0.2 * r
+    return AR
+
+
+def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Option, float] | None:
+    """(the probe, its predicted seconds) when this AR-like round should put one mask group on
+    each row's root instead, else None. A probe commits what AR would: its extra time is a bet,
+    kept under PROBE_SHARE of the AR time between probes (its predicted extra time, or what the
+    latest probe lost with the rounds its marginals led to when that was more: on a CPU a group of
+    4 with the draft LoRA costs ~3.5 AR steps and the tree forecast after it ~1) and within the
+    ledger's funds."""
+    if pl.since_probe < pl.probe_every or max(rooms) <= 1 or not pl.group_sizes:
+        return None
+    probe = Option(groups=1, group_size=pl.group_sizes[0])
+    cost = pl.seconds(probe, R, cache)[1]
+    loss = max(cost / ar - 1.0, pl.probe_loss)
+    if pl.since_probe >= loss / PROBE_SHARE and pl.ledger.may_bet(cost / ar - 1.0):
+        pl.since_probe = 0
+        return probe, cost
+    return None
 
 
 class Choice:
@@ -78,21 +123,13 @@ class Choice:
         self._lookup()
         if not self.tree_rows:  # no marginals: AR-like rounds, and now and then a probe
             pl.since_probe += 1
-            if max(self.rooms) > 1 and not self.best_option.speculative and pl.group_sizes:
-                probe = Option(groups=1, group_size=pl.group_sizes[0])
-                cost, ar = pl.seconds(probe, self.R, self.cache)[1], pl.seconds(AR, self.R, self.cache)[1]
-                # a probe commits what AR would: its extra time is a bet, kept under PROBE_SHARE of
-                # the AR time between probes (on a CPU a group of 4 with the draft LoRA costs ~4 AR steps)
-                if pl.since_probe >= max(pl.probe_every, (cost - ar) / (PROBE_SHARE * ar)) and self.affordable(cost):
-                    pl.since_probe = 0
-                    pl.predicted = (self.total([1.0] * self.R), cost)
-                    return probe
+            if not self.best_option.speculative:
+                probe = due_probe(pl, self.R, self.cache, self.rooms, self.ar_seconds)
+                if probe is not None:
+                    pl.predicted = (self.ar_value, probe[1])
+                    return probe[0]
             return self._chosen()
-        self._trees()
-        if self.best_option.speculative:
-            pl.probe_every = PROBE_MIN
-        else:
-            pl.probe_every = min(pl.probe_every * 2, PROBE_MAX)  # speculation lost: probe less often
+        self._trees()  # whether these marginals paid is judged when they run out (`Planner.close_episode`)
         return self._chosen()
 
     def _two_pass(self) -> None:

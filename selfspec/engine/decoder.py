@@ -326,6 +326,7 @@ class Decoder:
         if self.planner is None:
             return PREFILL_CHUNK
         sched, lengths, cost = self.scheduler, self.stepper.cache.lengths, self.planner.cost
+        self.planner.settle()  # the AR time below as measured up to this round, resting or not
         last, self.stepper.last_chunk = self.stepper.last_chunk, None
         if last is not None:
             self._chunk_scale.observe(cost, last)

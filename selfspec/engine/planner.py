@@ -18,10 +18,10 @@ of starting the next round with marginals (one round ahead, weighted by the endp
 groups cover). With `rate` equal to the best achievable one this is exactly "maximise E / C".
 Speculative yields count `MARGIN` less than AR's certain tokens, so noise falls back to AR.
 Rounds without marginals are AR, lookup or two-pass; every `PROBE_MIN` of them (doubling to
-`PROBE_MAX` while speculation keeps losing, and never before the probe's extra time is under
-`PROBE_SHARE` of theirs) a probe puts one mask group on each row's root, so a context that has
-become predictable is noticed; after 8 AR choices in a row the planner rests
-(AR without drafting or forecasting) for 4, 8, ... 32 rounds.
+`PROBE_MAX` while the rounds a probe's marginals led to keep losing time, as measured, and never
+before the probe's extra time is under `PROBE_SHARE` of theirs) a probe puts one mask group on
+each row's root, so a context that has become predictable is noticed; after 8 AR choices in a
+row the planner rests (AR without drafting or forecasting) for 4, 8, ... 32 rounds.
 
 Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest tree
 with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups on every node cost
@@ -31,11 +31,13 @@ with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups o
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 
 from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores
-from selfspec.engine.choice import PROBE_MIN, PROBE_SHARE, Choice, last_rows, round_value
+from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
+                                    round_value)
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import PAUSE, Ledger
 from selfspec.engine.request import scratch
@@ -73,14 +75,19 @@ class Planner:
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
         self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
         self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`ledger.py`)
+        self.probe_loss = 0.0  # AR rounds the latest losing probe lost, with the rounds its marginals led to
+        self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
+        self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
         state, so generations in several threads never update one planner at once."""
+        self.settle()
         new = copy.copy(self)
-        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "scale", "two_pass_yield", "_memo",
-                     "rates", "ledger"):
+        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "scale", "two_pass_yield", "rates",
+                     "ledger", "unsettled"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
+        new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
         return new
 
     def begin(self) -> None:
@@ -93,6 +100,7 @@ class Planner:
         It is a probe's bet: taken while marginals have lately paid (`probe_every` at its least)
         and while its extra forward costs at most one AR step (flat costs: a GPU) or PROBE_SHARE
         of the rows' AR time to come."""
+        self.settle()
         if self.probe_every > PROBE_MIN or not self.group_sizes:
             return False
         extra = self._f(rows, group, cache) * self._scale("one-pass")
@@ -101,6 +109,7 @@ class Planner:
         if extra > ar * max(1.0, PROBE_SHARE * room) or not self.ledger.may_bet(loss):
             return False
         self.ledger.funds -= loss  # charged now: the prefill is no round the ledger sees
+        self.marg_gain = (self.marg_gain or 0.0) - loss  # and to the marginals it buys
         return True
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -111,6 +120,8 @@ class Planner:
         resting = self.dormant > 0 and all(r.marg is None for r in rnd.rows)
         if resting:
             self.dormant -= 1
+        elif self.unsettled:  # what the rest's rounds measured, before anything is weighed
+            self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
         if resting or unmeasured or not self.ledger.may_bet(  # the forecast is a bet too
                 self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]):
@@ -119,7 +130,10 @@ class Planner:
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
-        option = self.choose(rnd.rows, rnd.cache_len, rnd.draining)
+        if nothing_to_offer(self, rnd.rows):
+            option = plain(self, rnd.rows, rnd.cache_len, rnd.draining)
+        else:
+            option = self.choose(rnd.rows, rnd.cache_len, rnd.draining)
         self.note_choice(option)
         return option
 
@@ -216,7 +230,7 @@ class Planner:
         not once per row), two-pass yields are noted, and the round's times are compared with the
         cost model's prediction."""
         option, faded, first, yields = rnd.option, set(), True, []
-        for r in rnd.rows:
+        for r in (rnd.rows if option.nodes or option.draft_pass else ()):  # AR rounds and probes drafted nothing
             n = r.nodes
             if n == 0:
                 continue
@@ -236,18 +250,48 @@ class Planner:
             self._observe_two_pass(yields)
         if rnd.join_tokens:  # a prompt's chunk shared the forward: its time is not this round's option's
             return
-        self._observe_time(rnd)
-        self._account(rnd)
-
-    def _account(self, rnd) -> None:
-        """The round into the ledger: its committed progress against AR's in the same time."""
-        R = len(rnd.rows)
         rooms = [r.room for r in rnd.rows]
-        value = round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining))
-        expected = self.seconds(rnd.option, R, rnd.cache_len)[1] + (0.0 if rnd.bare else self.ledger.plan_seconds)
-        self.ledger.record(committed=value / (1.0 if rnd.draining else R), seconds=rnd.seconds,
-                           ar_seconds=self.seconds(AR, R, rnd.cache_len)[1], bare=rnd.bare, plan_seconds=rnd.plan_seconds,
-                           expected=expected)
+        seen = Seen(rnd.option, len(rnd.rows), rnd.width, rnd.cache_len, rnd.model_seconds, rnd.seconds,
+                    rnd.plan_seconds, rnd.bare, rnd.draining,
+                    round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining)),
+                    rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows))
+        self.unsettled.append(seen)
+        if not (rnd.bare and self.dormant > 0):
+            self.settle()
+
+    def settle(self) -> None:
+        """Rounds observed but not yet timed and accounted, in order. A resting round (bare, more
+        to come) leaves its numbers here until the rest ends: nothing reads the scale or the ledger
+        while the planner rests, and the same arithmetic on a batch of rounds runs with warm
+        caches (right after a forward it cost ~60 us a round on a 2-core CPU, ~1.5% of an AR round)."""
+        for seen in self.unsettled:
+            self._observe_time(seen)
+            self._account(seen)
+        self.unsettled.clear()
+
+    def _account(self, seen: "Seen") -> None:
+        """The round into the ledger: its committed progress against AR's in the same time."""
+        R = seen.rows
+        ar = self.seconds(AR, R, seen.cache_len)[1]
+        expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
+            0.0 if seen.bare else self.ledger.plan_seconds)
+        gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seen.seconds,
+                                  ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected)
+        if seen.marginals:
+            self.marg_gain = (self.marg_gain or 0.0) + gain
+        elif self.marg_gain is not None:
+            self.close_episode()
+
+    def close_episode(self) -> None:
+        """Marginals ran out (a probe's, the prefill's): if the rounds that used them, the probe's
+        and the forecasts' time included, won time over AR, probes come every PROBE_MIN rounds;
+        else half as often as before (down to every PROBE_MAX). Judged on what the rounds took and
+        committed, not on what was forecast: a calibration that overrates the marginals would
+        otherwise keep probing at the least spacing while every episode loses."""
+        won = self.marg_gain is not None and self.marg_gain > 0
+        self.probe_every = PROBE_MIN if won else min(2 * self.probe_every, PROBE_MAX)
+        self.probe_loss = 0.0 if won else -(self.marg_gain or 0.0)
+        self.marg_gain = None
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
         for n in self.budgets[1:]:
@@ -257,12 +301,12 @@ class Planner:
                 old = self.two_pass_yield.get(n)
                 self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
 
-    def _observe_time(self, rnd) -> None:
+    def _observe_time(self, rnd: "Seen") -> None:
         """The round's model time against the prediction (a scale per kind of round: a cost
         model taken under other load can be off in its 1 -> 2 token step, which only rounds of
         both kinds show) and its overhead per row (a median of the last 9, so first-call costs
         do not linger)."""
-        option, R, fam = rnd.option, len(rnd.rows), rnd.option.family
+        option, R, fam = rnd.option, rnd.rows, rnd.option.family
         predicted = self._f(R, rnd.width, rnd.cache_len)
         if option.draft_pass:
             predicted += self._f(R, self.block_length, rnd.cache_len)
@@ -283,6 +327,22 @@ class Planner:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
+
+
+class Seen(NamedTuple):
+    """What the planner keeps of a finished round until it settles it (`Planner.settle`)."""
+
+    option: Option
+    rows: int
+    width: int  # query tokens per row (padding included)
+    cache_len: int
+    model_seconds: float
+    seconds: float
+    plan_seconds: float
+    bare: bool
+    draining: bool
+    value: float  # committed tokens as the batch values them (`choice.round_value`)
+    marginals: bool = False  # a probe, or a round with marginals at hand: the probe's bet (`close_episode`)
 
 
 def _per_kind(table: dict[str, float], family: str, default: float) -> float:
