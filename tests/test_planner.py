@@ -175,7 +175,7 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
         for pl in (at_once, resting):
             rnd = SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
                                   width=1, cache_len=40, model_seconds=0.8 * t, seconds=t, plan_seconds=0.0,
-                                  bare=True, draining=False, join_tokens=0)
+                                  bare=True, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0)
             pl.observe(rnd)
     assert len(resting.unsettled) == 4 and not at_once.unsettled
     assert resting.ledger.rounds == 0.0 and "ar" not in resting.scale
@@ -184,7 +184,7 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
     for pl in (at_once, resting):
         pl.observe(SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
                                    width=1, cache_len=40, model_seconds=0.8 * times[-1], seconds=times[-1],
-                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0))
+                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0))
     state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
     assert state(resting) == state(at_once) and not resting.unsettled
     assert not forked.unsettled and forked.ledger.rounds > 0
@@ -294,7 +294,7 @@ def _observe(pl, option, seconds, rows=4, width=None, marginals=False, committed
     row = SimpleNamespace(nodes=0, committed=[7] * committed, room=64, marg=object() if marginals else None)
     rnd = SimpleNamespace(option=option, rows=[row] * rows, width=width or option.width, cache_len=0,
                           model_seconds=seconds, seconds=seconds + plan, plan_seconds=plan, bare=False,
-                          draining=False, join_tokens=0)
+                          draining=False, join_tokens=0, target_seconds=0.0, target_rows=0)
     pl.observe(rnd)
 
 
@@ -310,6 +310,31 @@ def test_a_cost_model_that_underprices_wide_rounds_is_corrected_by_what_they_too
     assert pl.choose(rows, cache=0) == AR
 
 
+def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_price_it_out():
+    """A sampled target token costs ~0.5 ms on a CPU (argmax's ~20 us): a round verifying a chain
+    of 3 draws 4 of them. The planner measures the time per draw apart from the per-row overhead
+    (the same in AR and lookup rounds here) and prices each option's draws: on flat 10 ms forwards
+    a chain accepted at 0.2 per token is worth verifying with cheap draws, not with 5 ms ones."""
+    def planner(draw):
+        pl = _planner(CostModel.flat(0.01))
+        for _ in range(3):
+            for option, rows in ((AR, 1), (Option("lookup", 3), 4)):
+                pl.observe(SimpleNamespace(option=option, rows=[SimpleNamespace(nodes=0, committed=[7], room=64,
+                                                                                marg=None)],
+                                           width=option.width, cache_len=0, model_seconds=0.01,
+                                           seconds=0.01 + 0.001 + draw * rows, plan_seconds=0.0, bare=False,
+                                           draining=False, join_tokens=0, target_seconds=draw * rows,
+                                           target_rows=rows))
+        return pl
+
+    cheap, dear = planner(20e-6), planner(5e-3)
+    assert cheap.draw == pytest.approx(20e-6) and dear.draw == pytest.approx(5e-3)
+    assert cheap.overhead["lookup"] == pytest.approx(dear.overhead["lookup"]) == pytest.approx(1e-3)
+    rows = _rows(_chain(0.2, 3))
+    assert cheap.choose(rows, cache=0).draft == "lookup"
+    assert dear.choose(rows, cache=0) == AR
+
+
 def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     pl = _planner(CostModel.flat())
     for _ in range(50):
@@ -317,7 +342,7 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     before = pl.lookup_calibrator.counts[3][0][0]
     row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64, marg=None)
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
-                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0))
+                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0))
     assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 

@@ -4,7 +4,8 @@ per second for the batch as it is, one row or many.
 Every row of a round runs the same option in one forward of rows x width query tokens. Its cost
 is the device's cost model f(rows, width, cache) (`cost.CostModel`; at the cheapest width the
 round can be padded to), times a measured scale per kind of round, plus a measured overhead per
-row per kind; a two-pass round adds its draft pass f(rows, block_length, cache). Its yield is the
+row per kind and a measured time per target token drawn (one per verified node); a two-pass
+round adds its draft pass f(rows, block_length, cache). Its yield is the
 rows' expected committed tokens: a row's is 1 + the sum over its draft nodes of P(node
 accepted), forecast here from what the row can draft now: the PRESTO tree of its marginals (each
 node's score read through a `Calibrator` learnt from the verifier), or its context-lookup chain
@@ -66,6 +67,7 @@ class Planner:
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # seconds per row-round outside the model, by kind of round
+        self.draw = 0.0  # seconds per target token drawn (per verified node; sampled ones cost ~25x argmax's)
         self._recent: dict[str, list[float]] = {}
         self.scale: dict[str, float] = {}  # measured / predicted model time, by kind of round
         self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
@@ -180,11 +182,13 @@ class Planner:
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
         the cheapest width from o's up to twice it (and `max_width`) among the measured ones (a
-        device may run a wider forward faster), times the kind's scale, plus its overhead."""
+        device may run a wider forward faster), times the kind's scale, plus its overhead and the
+        target's draws (one per verified node and root: at T = 1 ~0.5 ms each on a CPU, about a
+        tenth of an AR round, so a chain of 3 pays ~1.5 ms that argmax would not)."""
         width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
-        return width, s * self._scale(o.family) + self._overhead(o.family) * rows
+        return width, s * self._scale(o.family) + (self._overhead(o.family) + self.draw * (o.nodes + 1)) * rows
 
     def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
@@ -254,7 +258,8 @@ class Planner:
         seen = Seen(rnd.option, len(rnd.rows), rnd.width, rnd.cache_len, rnd.model_seconds, rnd.seconds,
                     rnd.plan_seconds, rnd.bare, rnd.draining,
                     round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining)),
-                    rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows))
+                    rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows), rnd.target_seconds,
+                    rnd.target_rows)
         self.unsettled.append(seen)
         if not (rnd.bare and self.dormant > 0):
             self.settle()
@@ -317,9 +322,15 @@ class Planner:
                 ratio = min(ratio, PAUSE * old)
             self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
         recent = self._recent.setdefault(fam, [])
-        recent.append(max(0.0, rnd.seconds - rnd.model_seconds - rnd.plan_seconds) / R)  # forecasts: the ledger's
+        # forecasts are the ledger's; the target's draws are priced per verified node (`draw`)
+        recent.append(max(0.0, rnd.seconds - rnd.model_seconds - rnd.plan_seconds - rnd.target_seconds) / R)
         del recent[:-9]
         self.overhead[fam] = sorted(recent)[len(recent) // 2]
+        if rnd.target_rows:
+            draws = self._recent.setdefault("draw", [])
+            draws.append(rnd.target_seconds / rnd.target_rows)
+            del draws[:-9]
+            self.draw = sorted(draws)[len(draws) // 2]
         # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
         # a first call) must not rule it out for the rest of the generation
         base = self.overhead.get("ar")
@@ -343,6 +354,8 @@ class Seen(NamedTuple):
     draining: bool
     value: float  # committed tokens as the batch values them (`choice.round_value`)
     marginals: bool = False  # a probe, or a round with marginals at hand: the probe's bet (`close_episode`)
+    target_seconds: float = 0.0  # drawing the target's tokens (`rounds.Round`)
+    target_rows: int = 0
 
 
 def _per_kind(table: dict[str, float], family: str, default: float) -> float:

@@ -355,13 +355,14 @@ class Stepper:
             ridden = taken, self._advance(taken, slot, widths, starts, chunk)
         real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
         logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
-        start = 0
+        start, t0 = 0, self.clock()
         for r in rnd.rows:
             r.logits = logits[start : start + len(r.tree)]
             start += len(r.tree)
             r.targets = self.targets(r.seq, r.logits, (r.tree.depths + r.emitted_before).tolist())
             r.seq.stats.forwards += 1
             r.seq.stats.query_tokens += q
+        rnd.target_seconds, rnd.target_rows = self.clock() - t0, start
         return ridden
 
     def verify_commit(self, r: RowRound, rnd: Round) -> None:
