@@ -184,10 +184,30 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
     for pl in (at_once, resting):
         pl.observe(SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
                                    width=1, cache_len=40, model_seconds=0.8 * times[-1], seconds=times[-1],
-                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0))
+                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0, target_seconds=0.0,
+                                   target_rows=0))
     state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
     assert state(resting) == state(at_once) and not resting.unsettled
     assert not forked.unsettled and forked.ledger.rounds > 0
+
+
+def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds_settle_in_one_batch():
+    """A forecast costing half an AR round with 0.11 in the funds: they grow by EPS an AR round, so
+    the planner rests 20 rounds (the round the per-round check would also have allowed it), only
+    noting each one, and settles them when the rest ends."""
+    pl = _planner(CostModel.flat(0.1))
+    pl.ledger.funds, pl.ledger.plan_seconds, pl.scale["ar"] = 0.11, 0.05, 1.0
+    forecast_at, waiting = [], []
+    pl.forecast = lambda r: forecast_at.append(len(waiting)) or Forecast()
+    for _ in range(24):
+        row = SimpleNamespace(marg=None, room=64, committed=[7], nodes=0)
+        rnd = SimpleNamespace(rows=[row], cache_len=10, draining=False, bare=False, join_tokens=0, width=1,
+                              model_seconds=0.1, seconds=0.1, plan_seconds=0.0, target_seconds=0.0, target_rows=0)
+        rnd.option = pl.plan(rnd)
+        pl.observe(rnd)
+        waiting.append(len(pl.unsettled))
+    assert forecast_at[0] == 20
+    assert waiting[:20] == list(range(1, 20)) + [0]
 
 
 def test_a_round_with_nothing_to_offer_is_chosen_as_the_full_choice_would_choose_it():

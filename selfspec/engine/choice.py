@@ -4,6 +4,8 @@ Bets are bounded by the planner's ledger (`ledger.py`)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from selfspec.engine.calibration import Forecast, at
 from selfspec.engine.layouts import AR, Option
 
@@ -29,6 +31,12 @@ def round_value(per_row: list[float], rooms: list[int], last: list[int] | None) 
     Example: per_row [3, 1], rooms [10, 4] -> 4; draining (last [0]) -> 3."""
     capped = [min(e, room) for e, room in zip(per_row, rooms)]
     return sum(capped) if last is None else min(capped[i] for i in last)
+
+
+@lru_cache(maxsize=256)
+def lookup_option(k: int) -> Option:
+    """Option("lookup", k), made once: every forecast round offers k = 1 .. the longest chain."""
+    return Option("lookup", k)
 
 
 def nothing_to_offer(pl, rows) -> bool:
@@ -149,7 +157,7 @@ class Choice:
         longest = max(len(self.ys[i]) for i in chains) - 1
         for k in range(1, longest + 1):
             per_row = [at(self.ys[i], k) if self.fc[i].kind == "lookup" else 1.0 for i in range(self.R)]
-            self.offer(Option("lookup", k), per_row)
+            self.offer(lookup_option(k), per_row)
 
     def _trees(self) -> None:
         """Verify-only trees of the top-N nodes, and the same with m groups of G slots (one-pass),

@@ -32,6 +32,7 @@ with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups o
 from __future__ import annotations
 
 import copy
+import math
 from typing import NamedTuple
 
 import torch
@@ -40,7 +41,7 @@ from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
-from selfspec.engine.ledger import PAUSE, Ledger
+from selfspec.engine.ledger import EPS, PAUSE, Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
@@ -125,8 +126,13 @@ class Planner:
         elif self.unsettled:  # what the rest's rounds measured, before anything is weighed
             self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        if resting or unmeasured or not self.ledger.may_bet(  # the forecast is a bet too
-                self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]):
+        if not (resting or unmeasured):
+            loss = self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]
+            if not self.ledger.may_bet(loss):  # the forecast is a bet too: rest until the funds cover it
+                # (they grow by EPS an AR round), its rounds settled in one batch then
+                self.dormant = max(0, math.ceil((loss - self.ledger.funds) / EPS) - 1)
+                resting = True
+        if resting or unmeasured:
             self.predicted = None  # a bare AR round: nothing forecast
             rnd.bare = True
             return AR
@@ -188,7 +194,9 @@ class Planner:
         width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
-        return width, s * self._scale(o.family) + (self._overhead(o.family) + self.draw * (o.nodes + 1)) * rows
+        fam = o.family
+        return width, s * _per_kind(self.scale, fam, 1.0) + (_per_kind(self.overhead, fam, 0.0)
+                                                             + self.draw * (o.nodes + 1)) * rows
 
     def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
