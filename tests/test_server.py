@@ -242,13 +242,15 @@ def test_sixteen_concurrent_clients_each_get_exactly_what_generate_gives(server,
 
 def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, model_tok, monkeypatch):
     """The server's default plan, on a flat cost model (it drafts trees and chains; small ones, to stay fast).
-    Every bet allowed and no rests: the floor (tests/test_floor.py) reads real times, and one slow
-    round on a busy machine could leave a 12-token request nothing to draft."""
+    Every bet allowed, no rests and probes never spaced out: the floor (tests/test_floor.py) and
+    the probes' judgement read real times, and one slow round on a busy machine could leave a
+    12-token request nothing to draft."""
     from selfspec.engine.ledger import Ledger
     from selfspec.engine.planner import Planner
 
     monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
     monkeypatch.setattr(Planner, "note_choice", lambda self, option: None)
+    monkeypatch.setattr(Planner, "close_episode", lambda self: setattr(self, "marg_gain", None))
     model, tok = model_tok
     model.__dict__.pop("_selfspec_planners", None)  # nothing learnt by another test
     layout = dict(budget=4, block_length=4)
