@@ -1,0 +1,92 @@
+"""Where `auto`'s time goes against AR's, by kind of round, in one process (mirrored A B B A order).
+
+Each prompt is generated with mode="ar" and plan "auto", alternating which goes first; every
+round's wall, model and planning time is read from the `rounds.Round` the stepper returns, and
+auto's rounds are grouped by what the planner did: "bare" (AR without a forecast: resting or
+unfunded), "fc-ar" (forecast, then AR), "probe" (a mask group on the root), "marg-ar" (AR
+chosen from marginals) and one group per speculative layout kind. For each group: rounds, ms a
+round (model, planning, the rest), tokens a round and the AR rounds it lost (+) or won (-)
+against AR mode's mean round on the same prompts. Last, both modes' whole-generation wall time.
+
+    python benchmarks/auto_rounds.py --temperature 0 --repeats 4
+    python benchmarks/auto_rounds.py --model models/pystdlib-nld-9m --prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import time
+
+import torch
+
+from selfspec.checkpoint.model import default_model_dir
+from selfspec.engine import step as step_mod
+from selfspec.engine.decoder import Decoder
+from selfspec.engine.options import DecodeConfig
+from selfspec.loading import load
+from selfspec.streaming import encode_prompt
+from selfspec.tools.bench_prompts import read_prompts
+
+
+def kind(rnd) -> str:
+    o = rnd.option
+    if rnd.bare:
+        return "bare"
+    if o.groups and not o.nodes:
+        return "probe"
+    if not o.speculative:
+        return "marg-ar" if any(r.marg is not None for r in rnd.rows) else "fc-ar"
+    return o.family
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8, help="the first N of the model's prompts.jsonl")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    a = ap.parse_args()
+    model, tok = load(a.model, progress=False)
+    prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
+    rounds = []  # (mode, kind, seconds, model seconds, plan seconds, tokens) of every round
+    real_step = step_mod.Stepper.step
+
+    def step(self, *args, **kw):
+        rnd = real_step(self, *args, **kw)
+        mode = "auto" if self.planner is not None else "ar"
+        rounds.append((mode, kind(rnd) if mode == "auto" else "ar", rnd.seconds, rnd.model_seconds,
+                       rnd.plan_seconds, sum(len(r.committed) for r in rnd.rows)))
+        return rnd
+
+    step_mod.Stepper.step = step
+    wall = collections.Counter()
+    for rep in range(a.repeats):
+        for p in prompts:
+            ids = encode_prompt(tok, p["prompt"])
+            for mode in ("ar", "auto") if rep % 2 == 0 else ("auto", "ar"):
+                cfg = DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
+                t0 = time.perf_counter()
+                for _ in Decoder(model, [ids], cfg, generators=[torch.Generator().manual_seed(0)]):
+                    pass
+                wall[mode] += time.perf_counter() - t0
+    ar = [r for r in rounds if r[0] == "ar"]
+    ar_round = sum(r[2] for r in ar) / len(ar)
+    print(f"AR: {len(ar)} rounds, {ar_round * 1e3:.3f} ms a round (model {sum(r[3] for r in ar) / len(ar) * 1e3:.3f})")
+    print("| auto's rounds | n | ms a round | model | planning us | rest us | tokens a round | AR rounds lost |")
+    print("|---|---|---|---|---|---|---|---|")
+    groups = collections.defaultdict(list)
+    for r in rounds:
+        if r[0] == "auto":
+            groups[r[1]].append(r)
+    for k, rs in sorted(groups.items()):
+        n, s, m, pl, tokens = len(rs), *(sum(r[i] for r in rs) for i in (2, 3, 4, 5))
+        print(f"| {k} | {n} | {s / n * 1e3:.3f} | {m / n * 1e3:.3f} | {pl / n * 1e6:.0f} | {(s - m - pl) / n * 1e6:.0f} "
+              f"| {tokens / n:.2f} | {(s - tokens * ar_round) / ar_round:+.1f} |")
+    print(f"whole generations: AR {wall['ar']:.3f} s, auto {wall['auto']:.3f} s: auto / AR {wall['ar'] / wall['auto']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
