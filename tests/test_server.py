@@ -245,12 +245,15 @@ def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, mode
     Every bet allowed, no rests and probes never spaced out: the floor (tests/test_floor.py) and
     the probes' judgement read real times, and one slow round on a busy machine could leave a
     12-token request nothing to draft."""
+    from selfspec.engine import choice, planner
     from selfspec.engine.ledger import Ledger
     from selfspec.engine.planner import Planner
 
     monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
     monkeypatch.setattr(Planner, "note_choice", lambda self, option: None)
     monkeypatch.setattr(Planner, "close_episode", lambda self: setattr(self, "marg_gain", None))
+    for module in (choice, planner):  # a probe whenever PROBE_MIN allows, marginals with every prefill
+        monkeypatch.setattr(module, "PROBE_SHARE", float("inf"))
     model, tok = model_tok
     model.__dict__.pop("_selfspec_planners", None)  # nothing learnt by another test
     layout = dict(budget=4, block_length=4)
