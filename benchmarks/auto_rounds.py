@@ -83,9 +83,10 @@ def main() -> None:
             groups[r[1]].append(r)
     for k, rs in sorted(groups.items()):
         n, s, m, pl, tokens = len(rs), *(sum(r[i] for r in rs) for i in (2, 3, 4, 5))
-        print(f"| {k} | {n} | {s / n * 1e3:.3f} | {m / n * 1e3:.3f} | {pl / n * 1e6:.0f} | {(s - m - pl) / n * 1e6:.0f} "
-              f"| {tokens / n:.2f} | {(s - tokens * ar_round) / ar_round:+.1f} |")
-    print(f"whole generations: AR {wall['ar']:.3f} s, auto {wall['auto']:.3f} s: auto / AR {wall['ar'] / wall['auto']:.3f}x")
+        print(f"| {k} | {n} | {s / n * 1e3:.3f} | {m / n * 1e3:.3f} | {pl / n * 1e6:.0f} "
+              f"| {(s - m - pl) / n * 1e6:.0f} | {tokens / n:.2f} | {(s - tokens * ar_round) / ar_round:+.1f} |")
+    print(f"whole generations: AR {wall['ar']:.3f} s, auto {wall['auto']:.3f} s: "
+          f"auto / AR {wall['ar'] / wall['auto']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -362,7 +362,8 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     before = pl.lookup_calibrator.counts[3][0][0]
     row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64, marg=None)
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
-                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0))
+                               seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0,
+                               target_seconds=0.0, target_rows=0))
     assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 

@@ -314,29 +314,29 @@ class Planner:
                 old = self.two_pass_yield.get(n)
                 self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
 
-    def _observe_time(self, rnd: "Seen") -> None:
+    def _observe_time(self, seen: "Seen") -> None:
         """The round's model time against the prediction (a scale per kind of round: a cost
         model taken under other load can be off in its 1 -> 2 token step, which only rounds of
         both kinds show) and its overhead per row (a median of the last 9, so first-call costs
         do not linger)."""
-        option, R, fam = rnd.option, rnd.rows, rnd.option.family
-        predicted = self._f(R, rnd.width, rnd.cache_len)
+        option, R, fam = seen.option, seen.rows, seen.option.family
+        predicted = self._f(R, seen.width, seen.cache_len)
         if option.draft_pass:
-            predicted += self._f(R, self.block_length, rnd.cache_len)
-        if rnd.model_seconds > 0:
-            ratio = rnd.model_seconds / predicted
+            predicted += self._f(R, self.block_length, seen.cache_len)
+        if seen.model_seconds > 0:
+            ratio = seen.model_seconds / predicted
             old = self.scale.get(fam)
             if old is not None:  # a stall (`ledger.PAUSE`) moves the scale as a round PAUSE x slower would
                 ratio = min(ratio, PAUSE * old)
             self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
         recent = self._recent.setdefault(fam, [])
         # forecasts are the ledger's; the target's draws are priced per verified node (`draw`)
-        recent.append(max(0.0, rnd.seconds - rnd.model_seconds - rnd.plan_seconds - rnd.target_seconds) / R)
+        recent.append(max(0.0, seen.seconds - seen.model_seconds - seen.plan_seconds - seen.target_seconds) / R)
         del recent[:-9]
         self.overhead[fam] = sorted(recent)[len(recent) // 2]
-        if rnd.target_rows:
+        if seen.target_rows:
             draws = self._recent.setdefault("draw", [])
-            draws.append(rnd.target_seconds / rnd.target_rows)
+            draws.append(seen.target_seconds / seen.target_rows)
             del draws[:-9]
             self.draw = sorted(draws)[len(draws) // 2]
         # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
