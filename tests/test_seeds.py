@@ -188,3 +188,16 @@ def test_the_first_three_tokens_follow_the_models_joint_law(model, mode):
     stat, df = chi2(counts, torch.tensor([exact[c] for c in cells]), N)
     assert stat < critical(df), (mode, stat, df)
     assert not math.isinf(stat)
+
+
+def test_processed_logits_at_temperature_one_are_the_logits_bit_for_bit_and_the_callers_stay_intact():
+    """At T = 1 the division is skipped (a row's copy saved per sampled token): the result must be
+    what dividing by 1.0 gives, -inf, NaN and subnormals included, with the banned token at NEG,
+    and the caller's logits untouched."""
+    logits = torch.tensor([[0.5, -float("inf"), 3e-45, -2.25, float("nan"), 7.0, 1e30, -0.0]])
+    before = logits.clone()
+    for banned in (None, 5):
+        got = process_logits(logits, temperature=1.0, banned=banned)
+        want = process_logits(logits, temperature=0.0, banned=banned) / 1.0
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(logits.view(torch.int32), before.view(torch.int32))

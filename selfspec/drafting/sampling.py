@@ -39,14 +39,16 @@ def ban_token(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
 
 def process_logits(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
                    banned: int | None = None) -> torch.Tensor:
-    """Logits [..., V] -> filtered, temperature-scaled float32 logits (HF semantics).
+    """Logits [..., V] -> filtered, temperature-scaled float32 logits (HF semantics); at T = 1
+    with nothing banned or filtered, the float32 logits themselves (callers never write to it).
 
     `banned` (the mask id) can never be produced. Temperature 0 returns the raw logits (argmax).
     """
     x = ban_token(logits, banned)
     if temperature == 0:
         return x
-    x = x / temperature
+    if temperature != 1.0:  # x / 1.0 is x, bit for bit: a copy of the row saved per sampled token
+        x = x / temperature
     if top_k and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, NEG)
