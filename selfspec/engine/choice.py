@@ -58,10 +58,16 @@ def plain(pl, rows, cache: int, draining: bool) -> Option:
     if probe is not None:
         pl.predicted = (ar_value, probe[1])
         return probe[0]
-    pl.predicted = (ar_value, ar_seconds)
-    r, old = ar_value / ar_seconds, pl.rates.get(draining)
-    pl.rates[draining] = r if old is None else 0.8 * old + 0.2 * r
+    chosen(pl, draining, ar_value, ar_seconds)
     return AR
+
+
+def chosen(pl, draining: bool, tokens: float, seconds: float) -> None:
+    """The choice's prediction kept, and `rate` moved towards its predicted rate (the Dinkelbach
+    update)."""
+    pl.predicted = (tokens, seconds)
+    r, old = tokens / seconds, pl.rates.get(draining)
+    pl.rates[draining] = r if old is None else 0.8 * old + 0.2 * r
 
 
 def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Option, float] | None:
@@ -190,10 +196,5 @@ class Choice:
         return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.seconds(o, self.R, self.cache)[1]
 
     def _chosen(self) -> Option:
-        """Move `rate` towards the predicted rate of the option chosen (the Dinkelbach update)."""
-        pl, o = self.pl, self.best_option
-        pl.predicted = (self.best_e, self.best_seconds)
-        r = self.best_e / self.best_seconds
-        old = pl.rates.get(self.draining)
-        pl.rates[self.draining] = r if old is None else 0.8 * old + 0.2 * r
-        return o
+        chosen(self.pl, self.draining, self.best_e, self.best_seconds)
+        return self.best_option

@@ -69,6 +69,7 @@ class Planner:
         self.lookup_calibrator = PositionCalibrator()
         self.overhead: dict[str, float] = {}  # seconds per row-round outside the model, by kind of round
         self.draw = 0.0  # seconds per target token drawn (per verified node; sampled ones cost ~25x argmax's)
+        self._draws: list[float] = []  # the last 9 rounds' time per draw (`draw`: their median)
         self._recent: dict[str, list[float]] = {}
         self.scale: dict[str, float] = {}  # measured / predicted model time, by kind of round
         self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
@@ -87,8 +88,8 @@ class Planner:
         state, so generations in several threads never update one planner at once."""
         self.settle()
         new = copy.copy(self)
-        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "scale", "two_pass_yield", "rates",
-                     "ledger", "unsettled"):
+        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
+                     "rates", "ledger", "unsettled"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
         return new
@@ -195,8 +196,7 @@ class Planner:
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
         fam = o.family
-        return width, s * _per_kind(self.scale, fam, 1.0) + (_per_kind(self.overhead, fam, 0.0)
-                                                             + self.draw * (o.nodes + 1)) * rows
+        return width, s * self._scale(fam) + (self._overhead(fam) + self.draw * (o.nodes + 1)) * rows
 
     def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
@@ -335,10 +335,9 @@ class Planner:
         del recent[:-9]
         self.overhead[fam] = sorted(recent)[len(recent) // 2]
         if seen.target_rows:
-            draws = self._recent.setdefault("draw", [])
-            draws.append(seen.target_seconds / seen.target_rows)
-            del draws[:-9]
-            self.draw = sorted(draws)[len(draws) // 2]
+            self._draws.append(seen.target_seconds / seen.target_rows)
+            del self._draws[:-9]
+            self.draw = sorted(self._draws)[len(self._draws) // 2]
         # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
         # a first call) must not rule it out for the rest of the generation
         base = self.overhead.get("ar")
