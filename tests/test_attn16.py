@@ -98,6 +98,31 @@ def test_weighted_sums_in_integers_are_the_float64_sums_at_their_bounds(case, G)
     assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
 
 
+@needs_kernel
+@pytest.mark.parametrize("pattern", ["small with a few large", "largest with gaps"])
+@pytest.mark.parametrize("G", [1, 3, 4, 7])
+def test_weighted_sums_over_a_long_context_are_the_float64_sums(pattern, G):
+    """A long context's keys split into chunks the threads sum apart, and the high limbs of a block
+    of six key pairs are skipped where every query's weights there are below 2^10: the skipped
+    products are zeros, so every sum is the fallback's. The largest weights and values with whole
+    blocks at zero still flush each int32 lane before 30 pairs have filled it."""
+    R, KV, S, D = 1, 3, 1203, 64  # 602 key pairs: three chunks of 240, the last short, and a last odd key
+    g = torch.Generator().manual_seed(5)
+    v = torch.randint(-32767, 32768, (R, KV, S, D), generator=g, dtype=torch.int16)
+    shift = torch.zeros(R, KV, S, dtype=torch.int8)
+    if pattern == "small with a few large":
+        p = torch.round(torch.rand(R, KV, G, S, generator=g, dtype=torch.float64) * 1023)
+        large = torch.rand(R, KV, G, S, generator=g) < 0.01  # one query's large weight in an otherwise small block
+        p[large] = torch.round(torch.rand(int(large.sum()), generator=g, dtype=torch.float64) * 2 ** 20)
+        p[..., 600:660] = 0.0  # a run no query weighs
+    else:
+        p = torch.full((R, KV, G, S), 2.0 ** 20, dtype=torch.float64)
+        v.fill_(-32768)
+        for start in range(0, S, 36):
+            p[..., start:start + 12] = 0.0  # every third block of 12 keys: skipped between full ones
+    assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
+
+
 def test_the_fixed_exponential_rounds_like_exp_and_is_the_same_in_c_and_torch():
     x = torch.cat([torch.linspace(-3, 20 * 0.6931471805599453, 50001, dtype=torch.float64),
                    torch.tensor([float("-inf"), -1.0, -1.0 - 1e-12, 0.0])])

@@ -4,6 +4,8 @@ norm, RoPE onto the attention grids, the MLP's gate, the draft LoRA's delta) and
 does not depend on the rows beside it. Whole forwards over them stay width-invariant and equal
 to AR (test_invariance, test_format_matrix)."""
 
+import math
+
 import pytest
 import torch
 
@@ -121,6 +123,40 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
     assert torch.equal(a, ref)
     for buf1, buf2 in zip(c1._buffers(), c2._buffers()):
         assert torch.equal(buf1, buf2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("S,R,w,threads", [(512, 1, 1, 2), (1037, 1, 1, 2), (1037, 2, 3, 2), (700, 1, 2, 3)])
+def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w, threads):
+    """From 512 keys a narrow round splits its keys over the threads (`attn16_split.h`): each thread's
+    scores, weights and partial weighted sums, the maxima and sums met across threads. Against the
+    steps one by one: rows of different lengths, masked keys, a key count no thread count divides,
+    scores spread so that some weights have a high limb and most do not."""
+    from selfspec.engine.attention import exact_attention
+
+    starts = [S - w - r for r in range(R)]
+    g = torch.Generator().manual_seed(S + w)
+    mask = torch.zeros(R, 1, w, S, dtype=torch.float64)
+    mask[torch.rand(R, 1, 1, S, generator=g).expand(R, 1, w, S) < 0.1] = float("-inf")
+    for r, st in enumerate(starts):
+        for t in range(w):
+            mask[r, 0, t, st + t + 1:] = float("-inf")
+    mask = mask[0, 0] if R == 1 else mask
+    args = (2.0 ** -26, 20 * math.log(2.0), 2.0 ** 10)  # scores of a few units: weights of every size
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        c1, x = _layer_inputs(R, S, bits=12)
+        c2, _ = _layer_inputs(R, S, bits=12)
+        x = torch.cat([x] * w, 1) + torch.arange(w, dtype=torch.float64).view(1, w, 1, 1)  # w different tokens
+        a = c1.write_attend(0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
+        xs = x.transpose(1, 2)
+        kc, vc = c2.write(0, slice(0, R), starts, xs[:, 9:12], xs[:, 12:])
+        grid = type("G", (), {"scale": args[0], "shift": args[1], "v": 10})
+        ref = exact_attention(xs[:, :9], kc, vc, mask, grid, torch.bfloat16, heads_last=True)
+    finally:
+        torch.set_num_threads(old)
+    assert a is not None and torch.equal(a, ref)
 
 
 @needs_kernel

@@ -76,9 +76,10 @@ void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, con
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     if (int_pv_on && D % 32 == 0 && S > 0 && pv_uniform(vs, R, KV, S, srs, shs)) {
         int64_t n = R * KV * G, ws = (S + 1) / 2 + 16;
-        int32_t *wh = words_scratch((size_t)(2 * n * ws));
+        int32_t *wh = words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S)));
         if (wh && weights_words(p, n, S, wh, wh + n * ws, ws, threads)) {
-            pv_words(wh, wh + n * ws, ws, R, KV, G, D, v, vrs, vhs, vs, srs, shs, S, out, threads);
+            pv_words(wh, wh + n * ws, ws, R, KV, G, D, v, vrs, vhs, vs, srs, shs, S, out, (double *)(wh + 2 * n * ws),
+                     threads);
             return;
         }
     }
@@ -293,6 +294,8 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
             }
 }
 
+#include "attn16_split.h"
+
 /* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
  * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at
  * slots starts[r] .. of cache rows r (attn16_store), then each query row rounded (q_round) and its
@@ -329,12 +332,25 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                 int64_t row = (r * KV + kv) * G + g;
                 qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
             }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (threads > 1 && S >= SPLIT_MIN && G <= 3 && int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs)) {
+        int32_t *scr = words_scratch((size_t)split_scratch(n, S, D, threads));
+        if (scr) {
+            if (split_attention(qi, qs, R, KV, G, w, D, S, kc, vc, crs, chs, ks, vs, srs, shs, mask, mrs, mts, scale,
+                                shift, vscale, sc, pv, den, scr, threads))
+                attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+            attn16_out(pv, den, R, KV, J, w, D, out);
+            return 0;
+        }
+    }
+#endif
     scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     int64_t ws = (S + 1) / 2 + 16;  /* the integer weighted sums' words, written as the weights are made */
-    int32_t *wh = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs) ? words_scratch((size_t)(2 * n * ws)) : NULL;
+    int32_t *wh = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs)
+                      ? words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S))) : NULL;
     if (wh && !weights_impl(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads, wh, wh + n * ws, ws)) {
-        pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+        pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, (double *)(wh + 2 * n * ws), threads);
         attn16_out(pv, den, R, KV, J, w, D, out);
         return 0;
     }

@@ -96,6 +96,71 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* a + the pair sums of y x (sixteen int32 lanes), as dot_acc */
+static inline __m512i dot_acc512(__m512i a, __m512i y, __m512i x) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(a, y, x);
+#else
+    return _mm512_add_epi32(a, _mm512_madd_epi16(y, x));
+#endif
+}
+
+/* [sum a0, sum a1, sum a2, sum a3] of four vectors of sixteen int32 (exact: the sums stay below 2^31) */
+static inline __m128i hsum4_epi32x16(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+    __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+    __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+    __m256i y = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+}
+
+/* scores_i16_by4 with 512-bit vectors for D == 64: a key row is two vectors, so a score costs two
+ * instructions and a quarter of a four-way reduction; up to three query rows (a one-token round's
+ * heads of one key head) stay in registers across the keys, more are read three at a time for every
+ * four keys. The same integer sums, so the same bits. Returns the first key it left. */
+static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int16_t *kh, const int8_t *sh,
+                              int64_t j, int64_t j1, int64_t S, double *out) {
+    const int64_t D = 64;
+    __m512i q[3][2];
+    for (int u = 0; u < 3; u++) {  /* up to three rows: held for the whole block of keys */
+        int64_t i = u < G ? u : 0;
+        q[u][0] = _mm512_loadu_si512((const void *)(qi + i * D));
+        q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
+    }
+    for (; j + 4 <= j1; j += 4) {
+        const int16_t *k0 = kh + j * D;
+        int32_t e4;  /* the four keys' 2^shift, from their exponent bits */
+        memcpy(&e4, sh + j, 4);
+        __m256d fk = _mm256_castsi256_pd(_mm256_slli_epi64(
+            _mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52));
+        __m512i x[4][2];
+        for (int v = 0; v < 4; v++) {
+            x[v][0] = _mm512_loadu_si512((const void *)(k0 + v * D));
+            x[v][1] = _mm512_loadu_si512((const void *)(k0 + v * D + 32));
+        }
+        for (int64_t i0 = 0; i0 < G; i0 += 3) {
+            if (G > 3)  /* more: three at a time for every four keys */
+                for (int u = 0; u < 3; u++) {
+                    int64_t i = i0 + u < G ? i0 + u : i0;
+                    q[u][0] = _mm512_loadu_si512((const void *)(qi + i * D));
+                    q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
+                }
+            __m512i a[3][4];
+            for (int u = 0; u < 3; u++)
+                for (int v = 0; v < 4; v++)
+                    a[u][v] = dot_acc512(dot_acc512(_mm512_setzero_si512(), q[u][0], x[v][0]), q[u][1], x[v][1]);
+            for (int u = 0; u < 3 && i0 + u < G; u++) {
+                __m256d s = _mm256_cvtepi32_pd(hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]));
+                s = _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs[i0 + u])));
+                _mm256_storeu_pd(out + (i0 + u) * S + j, s);
+            }
+        }
+    }
+    return j;
+}
+#endif
+
 /* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k, shifts and scores as attn16_scores */
 static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t D,
                        const int16_t *k, int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs,
@@ -109,6 +174,9 @@ static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t K
             const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
             double *out = scores + rh * G * S;
             int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+            if (D == 64) j = scores_i16_z64(qh, qsh, G, kh, sh, j, j1, S, out);
+#endif
 #if defined(__AVX2__)
             if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
 #endif

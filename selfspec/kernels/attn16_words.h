@@ -77,66 +77,193 @@ static int32_t *words_scratch(size_t need) {
     return pvw_buf;
 }
 
-/* n <= Q queries' weighted values (their words rows ws apart), dimensions d .. d + 31 */
-static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *wh, const int32_t *wl, int64_t ws,
-                                                                int64_t n, const int Q, int64_t S, int64_t D, int64_t d,
-                                                                const int16_t *vh, double f, double *out) {
+#define PV_BLOCK 6     /* key pairs one zero test of the high limbs covers (PV_FLUSH = 5 blocks) */
+
+/* Pairs m0 .. m1 - 1 for n <= Q queries (their words rows ws apart) and dimensions d0 .. d0 + 32 ND - 1,
+ * added to acc [Q][2 limbs][D] (lane i of an interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 of
+ * its 32). The low limbs of every pair, then the high limbs of the blocks of PV_BLOCK pairs where one is
+ * nonzero: a weight below 2^10 (most of a long context's: 91% at 3,000 tokens of real text) has none,
+ * and a skipped product is an exact zero, so the sums are the same integers. */
+static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
+                                                           const int Q, const int ND, int64_t S, int64_t D, int64_t d0,
+                                                           int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
     const int32_t *hr[6], *lr[6];
     for (int u = 0; u < Q; u++) {
         hr[u] = wh + (u < n ? u : 0) * ws;
         lr[u] = wl + (u < n ? u : 0) * ws;
     }
-    int64_t np = (S + 1) / 2;
-    double acc[6][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
-    memset(acc, 0, sizeof acc);
-    for (int64_t m0 = 0; m0 < np; m0 += PV_FLUSH) {
-        int64_t m1 = m0 + PV_FLUSH < np ? m0 + PV_FLUSH : np;
-        __m512i a[6][2][2];
-        for (int u = 0; u < Q; u++)
+    __m512i a[6][2][2];  /* [query][32 dims][interleave half] */
+#define PV_FLUSH_INTO(l)                                                                                          \
+    for (int u = 0; u < Q; u++)                                                                                   \
+        for (int c = 0; c < ND; c++)                                                                              \
+            for (int h = 0; h < 2; h++) {                                                                         \
+                double *o = acc + (u * 2 + (l)) * D + d0 + 32 * c + 16 * h;                                       \
+                if (u < n) {                                                                                      \
+                    _mm512_storeu_pd(o, _mm512_add_pd(_mm512_loadu_pd(o),                                         \
+                                                      _mm512_cvtepi32_pd(_mm512_castsi512_si256(a[u][c][h])))); \
+                    _mm512_storeu_pd(o + 8, _mm512_add_pd(_mm512_loadu_pd(o + 8),                                \
+                                                          _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a[u][c][h], 1)))); \
+                }                                                                                                 \
+                a[u][c][h] = _mm512_setzero_si512();                                                              \
+            }
+#define PV_PAIR(m, rows)                                                                                          \
+    {                                                                                                             \
+        const int16_t *ra = vh + 2 * (m) * D + d0, *rb = 2 * (m) + 1 < S ? ra + D : ra; /* a last odd key: weight 0 */ \
+        for (int c = 0; c < ND; c++) {                                                                            \
+            __m512i va = _mm512_loadu_si512((const void *)(ra + 32 * c)), vb = _mm512_loadu_si512((const void *)(rb + 32 * c)); \
+            __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);                       \
+            for (int u = 0; u < Q; u++) {                                                                         \
+                DPWSSD_BCAST(a[u][c][0], x0, rows[u][m]);                                                         \
+                DPWSSD_BCAST(a[u][c][1], x1, rows[u][m]);                                                         \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+    for (int u = 0; u < Q; u++)
+        for (int c = 0; c < ND; c++) a[u][c][0] = a[u][c][1] = _mm512_setzero_si512();
+    for (int64_t w0 = m0; w0 < m1; w0 += PV_FLUSH) {
+        int64_t w1 = w0 + PV_FLUSH < m1 ? w0 + PV_FLUSH : m1;
+        for (int64_t m = w0; m < w1; m++) PV_PAIR(m, lr)
+        PV_FLUSH_INTO(1)
+    }
+    int blocks = 0;
+    for (int64_t b0 = m0; b0 < m1; b0 += PV_BLOCK) {
+        int64_t b1 = b0 + PV_BLOCK < m1 ? b0 + PV_BLOCK : m1;
+        __mmask8 k = (__mmask8)((1u << (b1 - b0)) - 1);
+        __m256i any = _mm256_setzero_si256();
+        for (int u = 0; u < Q; u++) any = _mm256_or_si256(any, _mm256_maskz_loadu_epi32(k, hr[u] + b0));
+        if (_mm256_testz_si256(any, any)) continue;
+        for (int64_t m = b0; m < b1; m++) PV_PAIR(m, hr)
+        if (++blocks == PV_FLUSH / PV_BLOCK) {
+            PV_FLUSH_INTO(0)
+            blocks = 0;
+        }
+    }
+    PV_FLUSH_INTO(0)
+#undef PV_FLUSH_INTO
+#undef PV_PAIR
+}
+
+/* pv_chunk for six queries and 32 dimensions, both limbs in one pass over the pairs: six queries'
+ * weights rarely leave a block without a high limb, and a second pass would read the values again */
+static inline __attribute__((always_inline)) void pv_chunk6(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
+                                                            int64_t S, int64_t D, int64_t d0, int64_t m0, int64_t m1,
+                                                            const int16_t *vh, double *acc) {
+    const int32_t *hr[6], *lr[6];
+    for (int u = 0; u < 6; u++) {
+        hr[u] = wh + (u < n ? u : 0) * ws;
+        lr[u] = wl + (u < n ? u : 0) * ws;
+    }
+    double sums[6][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
+    memset(sums, 0, sizeof sums);
+    for (int64_t w0 = m0; w0 < m1; w0 += PV_FLUSH) {
+        int64_t w1 = w0 + PV_FLUSH < m1 ? w0 + PV_FLUSH : m1;
+        __m512i a[6][2][2];  /* [query][limb][interleave half] */
+        for (int u = 0; u < 6; u++)
             for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
-        for (int64_t m = m0; m < m1; m++) {
-            const int16_t *ra = vh + 2 * m * D + d, *rb = 2 * m + 1 < S ? ra + D : ra;  /* a last odd key: weight 0 */
+        for (int64_t m = w0; m < w1; m++) {
+            const int16_t *ra = vh + 2 * m * D + d0, *rb = 2 * m + 1 < S ? ra + D : ra;
             __m512i va = _mm512_loadu_si512((const void *)ra), vb = _mm512_loadu_si512((const void *)rb);
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
-            for (int u = 0; u < Q; u++) {
+            for (int u = 0; u < 6; u++) {
                 DPWSSD_BCAST(a[u][0][0], x0, hr[u][m]);
                 DPWSSD_BCAST(a[u][0][1], x1, hr[u][m]);
                 DPWSSD_BCAST(a[u][1][0], x0, lr[u][m]);
                 DPWSSD_BCAST(a[u][1][1], x1, lr[u][m]);
             }
         }
-        for (int u = 0; u < Q; u++)  /* Q, not n: a constant bound keeps a[][][] in registers */
+        for (int u = 0; u < 6; u++)  /* 6, not n: a constant bound keeps a[][][] in registers */
             for (int l = 0; l < 2; l++)
                 for (int h = 0; h < 2; h++) {
-                    double *o = acc[u][l] + 16 * h;
+                    double *o = sums[u][l] + 16 * h;
                     _mm512_storeu_pd(o, _mm512_add_pd(_mm512_loadu_pd(o), _mm512_cvtepi32_pd(_mm512_castsi512_si256(a[u][l][h]))));
                     _mm512_storeu_pd(o + 8, _mm512_add_pd(_mm512_loadu_pd(o + 8),
                                                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a[u][l][h], 1))));
                 }
     }
-    for (int u = 0; u < n; u++)  /* lane i of the interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 */
-        for (int h = 0; h < 2; h++)
-            for (int i = 0; i < 16; i++)
-                out[u * D + d + 8 * (i / 4) + 4 * h + i % 4] = (acc[u][0][16 * h + i] * 1024.0 + acc[u][1][16 * h + i]) * f;
+    for (int64_t u = 0; u < n; u++)
+        for (int l = 0; l < 2; l++)
+            for (int i = 0; i < 32; i++) acc[(u * 2 + l) * D + d0 + i] += sums[u][l][i];
 }
 
-/* attn16_pv's sums from the words: tasks of 3 queries (a one-token round) or 6, 32 dimensions */
+/* One query row's weighted values from its partial sums ([2 limbs][D] each, nparts of them `stride`
+ * doubles apart, lanes as pv_chunk leaves them): integers below 2^53, exact in any order, so the
+ * same bits however the keys were split. */
+static inline void pv_sum_parts(const double *parts, int64_t nparts, int64_t stride, int64_t D, double f, double *out) {
+    for (int64_t d = 0; d < D; d += 32)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 16; i++) {
+                double hi = 0.0, lo = 0.0;
+                for (int64_t c = 0; c < nparts; c++) {
+                    hi += parts[c * stride + d + 16 * h + i];
+                    lo += parts[c * stride + D + d + 16 * h + i];
+                }
+                out[d + 8 * (i / 4) + 4 * h + i % 4] = (hi * 1024.0 + lo) * f;
+            }
+}
+
+/* n <= tq queries' pairs m0 .. m1 - 1, every dimension, into acc [n][2][D]: pv_chunk (its zero
+ * tests) for a group of three, pv_chunk6 for six */
+static inline void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws, int64_t n, int64_t tq, int64_t S,
+                                int64_t D, int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
+    if (tq == 6) {
+        for (int64_t d0 = 0; d0 < D; d0 += 32) pv_chunk6(hr, lr, ws, n, S, D, d0, m0, m1, vh, acc);
+        return;
+    }
+    for (int64_t d0 = 0; d0 < D; d0 += (D - d0) % 64 == 0 ? 64 : 32) {
+        if ((D - d0) % 64 == 0) pv_chunk(hr, lr, ws, n, 3, 2, S, D, d0, m0, m1, vh, acc);
+        else pv_chunk(hr, lr, ws, n, 3, 1, S, D, d0, m0, m1, vh, acc);
+    }
+}
+
+/* queries a weighted-sums task takes: threes with the zero tests up to two of them (a one- or
+ * two-token round), else sixes, read in one pass (a wider round's weights rarely skip a block) */
+static inline int64_t pv_group(int64_t G) {
+    return G <= 6 ? 3 : 6;
+}
+
+/* pv_words splits a key head's pairs into chunks until there are PV_TASKS tasks (key heads x groups of
+ * 3 queries, a one-token round, or 6, x chunks), chunks of at least PV_CHUNK pairs: enough to keep
+ * any thread count busy, and no more partial sums to add than that needs (a wide round has its tasks
+ * in its query groups already) */
+#define PV_CHUNK 240
+#define PV_TASKS 16
+static inline int64_t pv_chunks(int64_t R, int64_t KV, int64_t G, int64_t S) {
+    int64_t tq = pv_group(G), groups = R * KV * ((G + tq - 1) / tq), most = ((S + 1) / 2 + PV_CHUNK - 1) / PV_CHUNK;
+    int64_t want = (PV_TASKS + groups - 1) / groups;
+    return want < most ? want : (most > 0 ? most : 1);
+}
+
+/* doubles of scratch pv_words needs for its tasks' partial sums */
+static inline int64_t pv_part(int64_t R, int64_t KV, int64_t G, int64_t D, int64_t S) {
+    int64_t tq = pv_group(G);
+    return R * KV * ((G + tq - 1) / tq) * pv_chunks(R, KV, G, S) * tq * 2 * D;
+}
+
+/* attn16_pv's sums from the words. A task sums one chunk of a key head's pairs for its queries and every
+ * dimension (each value row read once); the chunks' partial sums are integers, added in any order to the
+ * same result, so the keys split over the threads however long the context (a one-token round's three
+ * key heads alone would leave one thread a third of the work). part: pv_part doubles. */
 static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R, int64_t KV, int64_t G, int64_t D,
                      const int16_t *v, int64_t vrs, int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S,
-                     double *out, int threads) {
-    int64_t tq = G <= 3 ? 3 : 6, ng = (G + tq - 1) / tq, nd = D / 32;
-    #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
-    for (int64_t rh = 0; rh < R * KV; rh++)
-        for (int64_t qg = 0; qg < ng; qg++)
-            for (int64_t db = 0; db < nd; db++) {
-                int64_t r = rh / KV, h = rh % KV, i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
-                const int16_t *vh = v + r * vrs + h * vhs;
-                double f = pow2(vs[r * srs + h * shs]);
-                if (tq == 3)
-                    pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, vh, f, out + row * D);
-                else
-                    pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, vh, f, out + row * D);
-            }
+                     double *out, double *part, int threads) {
+    int64_t tq = pv_group(G), ng = (G + tq - 1) / tq, np = (S + 1) / 2, nc = pv_chunks(R, KV, G, S);
+    int64_t tasks = R * KV * ng * nc, per = tq * 2 * D, span = ((np + nc - 1) / nc + PV_FLUSH - 1) / PV_FLUSH * PV_FLUSH;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t rh = t / (ng * nc), qg = (t / nc) % ng, ch = t % nc;
+        int64_t r = rh / KV, h = rh % KV, i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
+        int64_t m0 = ch * span < np ? ch * span : np, m1 = m0 + span < np ? m0 + span : np;
+        const int16_t *vh = v + r * vrs + h * vhs;
+        double *acc = part + t * per;
+        memset(acc, 0, (size_t)per * sizeof(double));
+        pv_chunks_of(wh + row * ws, wl + row * ws, ws, n, tq, S, D, m0, m1, vh, acc);
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * nc * D * 64 >= PAR_MIN)
+    for (int64_t row = 0; row < R * KV * G; row++) {
+        int64_t rh = row / G, rq = rh * ng + (row % G) / tq, u = (row % G) % tq;
+        pv_sum_parts(part + rq * nc * per + u * 2 * D, nc, per, D, pow2(vs[(rh / KV) * srs + (rh % KV) * shs]),
+                     out + row * D);
+    }
 }
 #endif
 #endif
