@@ -6,8 +6,9 @@ block between generations (mirrored A B B A order), on the long suite's real pro
     python benchmarks/attn_model_ab.py --rev HEAD~1 --mode lookup --length 3k
     python benchmarks/attn_model_ab.py --rev HEAD~1 --length 3k --limit 1 --widths 1 2 4 8 16
 
-Both builds give the same bits (the sums are exact), so the outputs must be the same tokens; the
-script checks it. Prints per prompt the decode time per token (first token excluded) of each build, the fastest of
+Builds whose numbers are the same (a faster kernel for the same exact sums) must give the same
+tokens and logits; the script checks it unless --changed-numerics (a build that changes a rounding
+on purpose, e.g. the softmax's exponential) says they may differ. Prints per prompt the decode time per token (first token excluded) of each build, the fastest of
 `--repeats`.
 """
 
@@ -47,7 +48,7 @@ def old_direct(rev: str) -> ctypes.CDLL:
     return ctypes.CDLL(out)
 
 
-def widths(model, ids, ws, kernels, repeats, name, rev) -> None:
+def widths(model, ids, ws, kernels, repeats, name, rev, changed: bool = False) -> None:
     """The fastest of repeats x 5 forwards of each width (a causal block of new tokens after the
     prompt, as a verification round) with each build, alternating; outputs compared."""
     from selfspec.engine.batch_forward import BatchForward
@@ -74,7 +75,7 @@ def widths(model, ids, ws, kernels, repeats, name, rev) -> None:
         same = torch.equal(outs["old", w], outs["new", w])
         print(f"{name:8s} {len(ids):5d} tokens  width {w:2d}: {rev} {best['old', w] * 1e3:.2f} ms  working tree "
               f"{best['new', w] * 1e3:.2f} ms  ({best['old', w] / best['new', w]:.2f}x)  same logits: {same}", flush=True)
-        if not same:
+        if not same and not changed:
             raise SystemExit("the builds' logits differ")
 
 
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--mode", default="ar", help="a decoding mode (lookup: wide verification rounds)")
     ap.add_argument("--length", choices=["1k", "3k"], default=None, help="only the prompts of this length")
+    ap.add_argument("--changed-numerics", action="store_true",
+                    help="the builds' numbers differ on purpose (report, do not require, equal outputs)")
     ap.add_argument("--widths", type=int, nargs="*", default=None,
                     help="time one forward of each width after the prompt instead of generating")
     a = ap.parse_args()
@@ -105,7 +108,7 @@ def main() -> None:
             continue
         ids = encode_prompt(tok, p["prompt"])
         if a.widths:
-            widths(model, ids, a.widths, kernels, a.repeats, p.get("id", "?"), a.rev)
+            widths(model, ids, a.widths, kernels, a.repeats, p.get("id", "?"), a.rev, a.changed_numerics)
             continue
         per, outs = {"old": [], "new": []}, {}
         for rep in range(a.repeats):
@@ -124,7 +127,7 @@ def main() -> None:
         rows.append((p.get("id", "?"), len(ids), o, n, same))
         print(f"{p.get('id', '?'):8s} {len(ids):5d} tokens  decode ms/token: {a.rev} {o:.2f}  working tree {n:.2f}"
               f"  ({o / n:.2f}x)  same tokens: {same}", flush=True)
-    if not all(r[4] for r in rows):
+    if not all(r[4] for r in rows) and not a.changed_numerics:
         raise SystemExit("the builds' outputs differ")
 
 
