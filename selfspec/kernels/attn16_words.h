@@ -143,35 +143,37 @@ static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, co
 #undef PV_PAIR
 }
 
-/* pv_chunk for six queries and 32 dimensions, both limbs in one pass over the pairs: six queries'
- * weights rarely leave a block without a high limb, and a second pass would read the values again */
-static inline __attribute__((always_inline)) void pv_chunk6(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
-                                                            int64_t S, int64_t D, int64_t d0, int64_t m0, int64_t m1,
-                                                            const int16_t *vh, double *acc) {
+/* n <= Q queries' sums over pairs m0 .. m1 - 1 and dimensions d0 .. d0 + 31, both limbs in one pass
+ * (each value row read once): sums [query][limb][lane], lanes as pv_chunk's. A short context's task
+ * (all its pairs: its sums are the result) and six queries' chunks (their weights rarely leave a
+ * block of pairs without a high limb, and pv_chunk's second pass would read the values again). */
+static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *wh, const int32_t *wl, int64_t ws,
+                                                                int64_t n,
+                                                          const int Q, int64_t S, int64_t D, int64_t d0, int64_t m0,
+                                                          int64_t m1, const int16_t *vh, double sums[6][2][32]) {
     const int32_t *hr[6], *lr[6];
-    for (int u = 0; u < 6; u++) {
+    for (int u = 0; u < Q; u++) {
         hr[u] = wh + (u < n ? u : 0) * ws;
         lr[u] = wl + (u < n ? u : 0) * ws;
     }
-    double sums[6][2][32];  /* [query][limb][lane]: lanes 0-15 the interleave's low half, 16-31 its high */
-    memset(sums, 0, sizeof sums);
+    memset(sums, 0, 6 * 2 * 32 * sizeof(double));
     for (int64_t w0 = m0; w0 < m1; w0 += PV_FLUSH) {
         int64_t w1 = w0 + PV_FLUSH < m1 ? w0 + PV_FLUSH : m1;
         __m512i a[6][2][2];  /* [query][limb][interleave half] */
-        for (int u = 0; u < 6; u++)
+        for (int u = 0; u < Q; u++)
             for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
         for (int64_t m = w0; m < w1; m++) {
-            const int16_t *ra = vh + 2 * m * D + d0, *rb = 2 * m + 1 < S ? ra + D : ra;
+            const int16_t *ra = vh + 2 * m * D + d0, *rb = 2 * m + 1 < S ? ra + D : ra;  /* a last odd key: weight 0 */
             __m512i va = _mm512_loadu_si512((const void *)ra), vb = _mm512_loadu_si512((const void *)rb);
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
-            for (int u = 0; u < 6; u++) {
+            for (int u = 0; u < Q; u++) {
                 DPWSSD_BCAST(a[u][0][0], x0, hr[u][m]);
                 DPWSSD_BCAST(a[u][0][1], x1, hr[u][m]);
                 DPWSSD_BCAST(a[u][1][0], x0, lr[u][m]);
                 DPWSSD_BCAST(a[u][1][1], x1, lr[u][m]);
             }
         }
-        for (int u = 0; u < 6; u++)  /* 6, not n: a constant bound keeps a[][][] in registers */
+        for (int u = 0; u < Q; u++)  /* Q, not n: a constant bound keeps a[][][] in registers */
             for (int l = 0; l < 2; l++)
                 for (int h = 0; h < 2; h++) {
                     double *o = sums[u][l] + 16 * h;
@@ -180,9 +182,6 @@ static inline __attribute__((always_inline)) void pv_chunk6(const int32_t *wh, c
                                                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a[u][l][h], 1))));
                 }
     }
-    for (int64_t u = 0; u < n; u++)
-        for (int l = 0; l < 2; l++)
-            for (int i = 0; i < 32; i++) acc[(u * 2 + l) * D + d0 + i] += sums[u][l][i];
 }
 
 /* One query row's weighted values from its partial sums ([2 limbs][D] each, nparts of them `stride`
@@ -202,11 +201,17 @@ static inline void pv_sum_parts(const double *parts, int64_t nparts, int64_t str
 }
 
 /* n <= tq queries' pairs m0 .. m1 - 1, every dimension, into acc [n][2][D]: pv_chunk (its zero
- * tests) for a group of three, pv_chunk6 for six */
+ * tests) for a group of three, pv_words_tile for six */
 static inline void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws, int64_t n, int64_t tq, int64_t S,
                                 int64_t D, int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
     if (tq == 6) {
-        for (int64_t d0 = 0; d0 < D; d0 += 32) pv_chunk6(hr, lr, ws, n, S, D, d0, m0, m1, vh, acc);
+        double sums[6][2][32];
+        for (int64_t d0 = 0; d0 < D; d0 += 32) {
+            pv_words_tile(hr, lr, ws, n, 6, S, D, d0, m0, m1, vh, sums);
+            for (int64_t u = 0; u < n; u++)
+                for (int l = 0; l < 2; l++)
+                    for (int i = 0; i < 32; i++) acc[(u * 2 + l) * D + d0 + i] += sums[u][l][i];
+        }
         return;
     }
     for (int64_t d0 = 0; d0 < D; d0 += (D - d0) % 64 == 0 ? 64 : 32) {
@@ -246,7 +251,29 @@ static inline int64_t pv_part(int64_t R, int64_t KV, int64_t G, int64_t D, int64
 static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R, int64_t KV, int64_t G, int64_t D,
                      const int16_t *v, int64_t vrs, int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S,
                      double *out, double *part, int threads) {
-    int64_t tq = pv_group(G), ng = (G + tq - 1) / tq, np = (S + 1) / 2, nc = pv_chunks(R, KV, G, S);
+    int64_t np = (S + 1) / 2;
+    if (np <= PV_CHUNK) {  /* a short context: tasks of 3 or 6 queries and 32 dimensions over every pair, no partials */
+        int64_t tq = G <= 3 ? 3 : 6, ng = (G + tq - 1) / tq, nd = D / 32;
+        #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+        for (int64_t rh = 0; rh < R * KV; rh++)
+            for (int64_t qg = 0; qg < ng; qg++)
+                for (int64_t db = 0; db < nd; db++) {
+                    int64_t i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
+                    const int16_t *vh = v + (rh / KV) * vrs + (rh % KV) * vhs;
+                    double f = pow2(vs[(rh / KV) * srs + (rh % KV) * shs]), sums[6][2][32];
+                    if (tq == 3)
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, vh, sums);
+                    else
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, vh, sums);
+                    for (int64_t u = 0; u < n; u++)  /* lane i of the interleave's half h: dimension 8 (i / 4) + 4 h + i % 4 */
+                        for (int h = 0; h < 2; h++)
+                            for (int i = 0; i < 16; i++)
+                                out[(row + u) * D + 32 * db + 8 * (i / 4) + 4 * h + i % 4] =
+                                    (sums[u][0][16 * h + i] * 1024.0 + sums[u][1][16 * h + i]) * f;
+                }
+        return;
+    }
+    int64_t tq = pv_group(G), ng = (G + tq - 1) / tq, nc = pv_chunks(R, KV, G, S);
     int64_t tasks = R * KV * ng * nc, per = tq * 2 * D, span = ((np + nc - 1) / nc + PV_FLUSH - 1) / PV_FLUSH * PV_FLUSH;
     #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
     for (int64_t t = 0; t < tasks; t++) {
