@@ -250,6 +250,37 @@ def test_gumbel_candidates_hold_each_rows_winner_and_decline_flat_rows():
 
 
 @needs_kernel
+@pytest.mark.parametrize("case", ["spread", "tied maximum", "maximum last", "one finite token"])
+def test_gumbel_candidates_are_the_tokens_at_or_above_the_bound_of_the_rows_first_largest_logit(case):
+    """The candidates are exactly {k : x_k >= lb - top} (both lowered by the kernel's margins), lb the
+    noisy value of the row's first largest logit: a torch twin of the bound gives the same pairs
+    (the kernel's vector passes find the same first maximum and the same tokens as a scalar scan)."""
+    from selfspec.drafting.sampling import PositionNoise
+
+    g, V = torch.Generator().manual_seed(11), 49153  # the shipped vocabulary: a last block of one token
+    x = torch.randn(3, V, generator=g) * 8.0  # peaked enough that a row has ~150 candidates
+    if case == "tied maximum":
+        x[:, 100] = x[:, 120] = x[:, 30000] = x.max() + 1.0  # the first of equal maxima sets the bound
+    elif case == "maximum last":
+        x[:, V - 1] = x.max() + 1.0
+    elif case == "one finite token":
+        x.fill_(float("-inf"))
+        x[:, 4242] = 0.5
+    noise = PositionNoise(3, V).rows([0, 1, 1])
+    got = kl.gumbel_candidates(x, noise.u, noise.rows, noise.top)
+    assert got is not None
+    pairs = []
+    for r in range(3):
+        j = int(x[r].argmax())  # torch's argmax: the first of equal maxima
+        lb = float(x[r, j]) - math.log(-math.log(float(noise.u[noise.rows[r], j])))
+        lb -= 1e-9 * (1.0 + abs(lb))
+        t = float(noise.top[noise.rows[r]])
+        thr = lb - t - 1e-9 * (1.0 + abs(lb) + abs(t))
+        pairs += [(r, k) for k in torch.nonzero(x[r].double() >= thr).flatten().tolist()]
+    assert list(zip(got[0].tolist(), got[1].tolist())) == pairs
+
+
+@needs_kernel
 def test_a_positions_uniforms_in_c_are_the_torch_twins_bits_and_inside_the_unit_interval():
     from selfspec.drafting.sampling import mix, splitmix_uniforms
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from selfspec.drafting.sampling import PositionNoise, process_logits, select
+from selfspec.drafting.sampling import NEG, PositionNoise, process_logits, select
 from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder
 from selfspec.engine.options import DecodeConfig
@@ -194,10 +194,13 @@ def test_processed_logits_at_temperature_one_are_the_logits_bit_for_bit_and_the_
     """At T = 1 the division is skipped (a row's copy saved per sampled token): the result must be
     what dividing by 1.0 gives, -inf, NaN and subnormals included, with the banned token at NEG,
     and the caller's logits untouched."""
-    logits = torch.tensor([[0.5, -float("inf"), 3e-45, -2.25, float("nan"), 7.0, 1e30, -0.0]])
-    before = logits.clone()
-    for banned in (None, 5):
-        got = process_logits(logits, temperature=1.0, banned=banned)
-        want = process_logits(logits, temperature=0.0, banned=banned) / 1.0
-        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-    assert torch.equal(logits.view(torch.int32), before.view(torch.int32))
+    for dtype in (torch.float32, torch.bfloat16):  # bf16's float32 copy is the one the ban writes to
+        logits = torch.tensor([[0.5, -float("inf"), 3e-45, -2.25, float("nan"), 7.0, 1e30, -0.0]]).to(dtype)
+        before = logits.clone()
+        for banned in (None, 5):
+            got = process_logits(logits, temperature=1.0, banned=banned)
+            want = process_logits(logits, temperature=0.0, banned=banned) / 1.0
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+            assert banned is None or got[0, 5] == NEG
+        assert torch.equal(logits.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                           before.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))

@@ -28,11 +28,13 @@ NEG = float("-inf")
 def ban_token(logits: torch.Tensor, banned: int | None) -> torch.Tensor:
     """Float32 logits with `banned` (the mask id) at -inf: a token that is never produced nor drafted.
 
-    A copy whenever it changes anything, so the caller's logits stay intact.
+    A copy whenever it changes anything, so the caller's logits stay intact (bf16 logits' float32
+    copy is that copy: no second one).
     """
     x = logits.float()
     if banned is not None:
-        x = x.clone()
+        if x.data_ptr() == logits.data_ptr():
+            x = x.clone()
         x[..., banned] = NEG
     return x
 

@@ -323,31 +323,49 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
  * more than per_row candidates (a flat distribution: the full computation is then cheaper; the
  * caller takes it). The exact values of the candidates are the caller's, in torch
  * (`drafting.sampling.gumbel_argmax`). */
+#define CAND_BLOCK 64
 int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const int64_t *rows,
                                 const double *top, int64_t per_row, int64_t *cr, int64_t *cc) {
     int64_t n = 0;
     for (int64_t r = 0; r < M; r++) {
         const float *row = x + r * V;
         const double *ur = u + rows[r] * V;
-        int64_t j = 0;
-        float best = row[0];
-        int nan = row[0] != row[0];
-        for (int64_t k = 1; k < V; k++) {
+        float best = -INFINITY;
+        int nan = 0;
+        #pragma omp simd reduction(max:best) reduction(|:nan)
+        for (int64_t k = 0; k < V; k++) {  /* the largest value, then its first index: two passes that vectorise */
             float v = row[k];
             nan |= v != v;
-            if (v > best) { best = v; j = k; }
+            best = v > best ? v : best;
         }
         if (nan) return -1;
+        int64_t j = 0;
+        for (int64_t b0 = 0; b0 < V; b0 += CAND_BLOCK) {
+            int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
+            int hit = 0;
+            #pragma omp simd reduction(|:hit)
+            for (int64_t k = b0; k < b1; k++) hit |= row[k] == best;
+            if (!hit) continue;
+            for (j = b0; row[j] != best; j++) {}
+            break;
+        }
         double lb = (double)best - log(-log(ur[j]));
         lb -= 1e-9 * (1.0 + fabs(lb));
         double t = top[rows[r]];
         double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
         if (!(thr == thr)) thr = -INFINITY;  /* -inf - (-inf) (a row of one finite token and u = 0) */
         int64_t end = n + per_row;
-        for (int64_t k = 0; k < V; k++) {
-            if ((double)row[k] >= thr) {
-                if (n == end) return -1;
-                cr[n] = r; cc[n] = k; n++;
+        for (int64_t b0 = 0; b0 < V; b0 += CAND_BLOCK) {  /* blocks with no candidate (most) in one vector pass */
+            int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
+            int hit = 0;
+            #pragma omp simd reduction(|:hit)
+            for (int64_t k = b0; k < b1; k++) hit |= (double)row[k] >= thr;
+            if (!hit) continue;
+            for (int64_t k = b0; k < b1; k++) {
+                if ((double)row[k] >= thr) {
+                    if (n == end) return -1;
+                    cr[n] = r; cc[n] = k; n++;
+                }
             }
         }
     }
