@@ -126,12 +126,13 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
 
 
 @needs_kernel
-@pytest.mark.parametrize("S,R,w,threads", [(512, 1, 1, 2), (1037, 1, 1, 2), (1037, 2, 3, 2), (700, 1, 2, 3)])
+@pytest.mark.parametrize("S,R,w,threads", [(512, 1, 1, 2), (1037, 1, 1, 2), (1037, 2, 1, 3), (700, 2, 3, 2)])
 def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w, threads):
-    """From 512 keys a narrow round splits its keys over the threads (`attn16_split.h`): each thread's
-    scores, weights and partial weighted sums, the maxima and sums met across threads. Against the
-    steps one by one: rows of different lengths, masked keys, a key count no thread count divides,
-    scores spread so that some weights have a high limb and most do not."""
+    """From 512 keys a one-token round splits its keys over the threads (`attn16_split.h`): each
+    thread's scores, weights and partial weighted sums, the maxima and sums met across threads; a
+    wider round (w = 3) takes the chunked weighted sums. Against the steps one by one: rows of
+    different lengths, masked keys, a key count no thread count divides, scores spread so that
+    some weights have a high limb and most do not."""
     from selfspec.engine.attention import exact_attention
 
     starts = [S - w - r for r in range(R)]
