@@ -439,3 +439,19 @@ def test_an_option_is_checked_at_construction():
         Option("tree", 0)
     with pytest.raises(ValueError, match="negative"):
         Option("lookup", 2, pad_to=-1)
+
+
+def test_a_forked_planners_calibrators_learn_apart_from_the_one_it_was_forked_from():
+    """A generation's fork counts acceptance in its own calibrators: the stored planner (and any
+    other generation forked from it) sees nothing until the fork is kept."""
+    stored = _planner(CostModel.flat(0.1))
+    stored.lookup_calibrator.update(4, 2, match=3)
+    before = (stored.calibrator.reached.clone(), stored.calibrator.accepted.clone(),
+              {m: (list(r), list(a)) for m, (r, a) in stored.lookup_calibrator.counts.items()})
+    forked = stored.fork()
+    forked.calibrator.update(torch.tensor([-0.1, -2.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0]))
+    forked.lookup_calibrator.update(6, 5, match=3)
+    forked.lookup_calibrator.update(2, 0, match=2)
+    after = (stored.calibrator.reached, stored.calibrator.accepted, stored.lookup_calibrator.counts)
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1]) and after[2] == before[2]
+    assert not torch.equal(forked.calibrator.reached, before[0]) and forked.lookup_calibrator.counts != before[2]

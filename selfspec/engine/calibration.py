@@ -8,6 +8,7 @@ what the verifier actually did in this and earlier generations with the same set
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,13 @@ class Calibrator:
         self.a = prior_weight
         self.reached = torch.zeros(len(self.prior), dtype=torch.float64)
         self.accepted = torch.zeros(len(self.prior), dtype=torch.float64)
+
+    def __deepcopy__(self, memo) -> "Calibrator":
+        """A planner's fork (once a generation): only the counts change in place; the generic deep
+        copy of the tensors took ~70 us of a 0.4 ms generation on the 9M model."""
+        new = copy.copy(self)
+        new.reached, new.accepted = self.reached.clone(), self.accepted.clone()
+        return new
 
     def _bin(self, local_logp: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(local_logp.double().nan_to_num(neginf=-1e9), self.edges)
@@ -69,6 +77,12 @@ class PositionCalibrator:
     def __init__(self, positions: int = 64, prior: float = 0.5, prior_weight: float = 4.0, forget: float = 0.97):
         self.forget, self.prior, self.a, self.positions = forget, prior, prior_weight, positions
         self.counts: dict[int, tuple[list[float], list[float]]] = {}
+
+    def __deepcopy__(self, memo) -> "PositionCalibrator":
+        """A planner's fork: the per-match count lists copied, nothing else changes in place."""
+        new = copy.copy(self)
+        new.counts = {m: (list(r), list(a)) for m, (r, a) in self.counts.items()}
+        return new
 
     def _get(self, match: int):
         if match not in self.counts:
