@@ -330,7 +330,8 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                 qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
             }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    if (threads > 1 && S >= SPLIT_MIN && G <= 3 && int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs)) {
+    int words = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs);  /* the integer weighted sums */
+    if (threads > 1 && S >= SPLIT_MIN && G <= 3 && words) {
         int32_t *scr = words_scratch((size_t)split_scratch(n, S, D, threads));
         if (scr) {
             if (split_attention(qi, qs, R, KV, G, w, D, S, kc, vc, crs, chs, ks, vs, srs, shs, mask, mrs, mts, scale,
@@ -344,8 +345,7 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
     scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     int64_t ws = (S + 1) / 2 + 16;  /* the integer weighted sums' words, written as the weights are made */
-    int32_t *wh = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs)
-                      ? words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S))) : NULL;
+    int32_t *wh = words ? words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S))) : NULL;
     if (wh && !weights_impl(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads, wh, wh + n * ws, ws)) {
         pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, (double *)(wh + 2 * n * ws), threads);
         attn16_out(pv, den, R, KV, J, w, D, out);

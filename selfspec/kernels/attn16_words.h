@@ -24,13 +24,14 @@ static __thread size_t pvw_cap = 0;
 #define DPWSSD_BCAST(acc, x, m) __asm__("vpdpwssd %[xm]%{1to16%}, %[xv], %[av]" : [av] "+v"(acc) : [xv] "v"(x), [xm] "m"(m))
 
 static int pv_uniform(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_t srs, int64_t shs) {
+    int diff = 0;  /* every layer of every round reads its key heads' shifts: one vector pass, no early exit */
     for (int64_t r = 0; r < R; r++)
         for (int64_t h = 0; h < KV; h++) {
             const int8_t *sh = vs + r * srs + h * shs;
-            for (int64_t j = 1; j < S; j++)
-                if (sh[j] != sh[0]) return 0;
+            #pragma omp simd reduction(|:diff)
+            for (int64_t j = 1; j < S; j++) diff |= sh[j] ^ sh[0];
         }
-    return 1;
+    return !diff;
 }
 
 /* weights p [n, S] (doubles) -> wh, wl [n, ws] (ws >= (S + 1) / 2 + 8); 0 where one is no integer in 0 .. 2^20 */
@@ -85,14 +86,15 @@ static int32_t *words_scratch(size_t need) {
  * nonzero: a weight below 2^10 (most of a long context's: 91% at 3,000 tokens of real text) has none,
  * and a skipped product is an exact zero, so the sums are the same integers. */
 static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
-                                                           const int Q, const int ND, int64_t S, int64_t D, int64_t d0,
-                                                           int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
-    const int32_t *hr[6], *lr[6];
+                                                           const int ND, int64_t S, int64_t D, int64_t d0, int64_t m0,
+                                                           int64_t m1, const int16_t *vh, double *acc) {
+    enum { Q = 3 };  /* six queries rarely leave a block without a high limb: pv_words_tile takes them */
+    const int32_t *hr[Q], *lr[Q];
     for (int u = 0; u < Q; u++) {
         hr[u] = wh + (u < n ? u : 0) * ws;
         lr[u] = wl + (u < n ? u : 0) * ws;
     }
-    __m512i a[6][2][2];  /* [query][32 dims][interleave half] */
+    __m512i a[Q][2][2];  /* [query][32 dims][interleave half] */
 #define PV_FLUSH_INTO(l)                                                                                          \
     for (int u = 0; u < Q; u++)                                                                                   \
         for (int c = 0; c < ND; c++)                                                                              \
@@ -148,9 +150,9 @@ static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, co
  * (all its pairs: its sums are the result) and six queries' chunks (their weights rarely leave a
  * block of pairs without a high limb, and pv_chunk's second pass would read the values again). */
 static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *wh, const int32_t *wl, int64_t ws,
-                                                                int64_t n,
-                                                          const int Q, int64_t S, int64_t D, int64_t d0, int64_t m0,
-                                                          int64_t m1, const int16_t *vh, double sums[6][2][32]) {
+                                                                int64_t n, const int Q, int64_t S, int64_t D,
+                                                                int64_t d0, int64_t m0, int64_t m1, const int16_t *vh,
+                                                                double sums[6][2][32]) {
     const int32_t *hr[6], *lr[6];
     for (int u = 0; u < Q; u++) {
         hr[u] = wh + (u < n ? u : 0) * ws;
@@ -215,8 +217,8 @@ static inline void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws
         return;
     }
     for (int64_t d0 = 0; d0 < D; d0 += (D - d0) % 64 == 0 ? 64 : 32) {
-        if ((D - d0) % 64 == 0) pv_chunk(hr, lr, ws, n, 3, 2, S, D, d0, m0, m1, vh, acc);
-        else pv_chunk(hr, lr, ws, n, 3, 1, S, D, d0, m0, m1, vh, acc);
+        if ((D - d0) % 64 == 0) pv_chunk(hr, lr, ws, n, 2, S, D, d0, m0, m1, vh, acc);
+        else pv_chunk(hr, lr, ws, n, 1, S, D, d0, m0, m1, vh, acc);
     }
 }
 
@@ -265,11 +267,8 @@ static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R
                         pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, vh, sums);
                     else
                         pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, vh, sums);
-                    for (int64_t u = 0; u < n; u++)  /* lane i of the interleave's half h: dimension 8 (i / 4) + 4 h + i % 4 */
-                        for (int h = 0; h < 2; h++)
-                            for (int i = 0; i < 16; i++)
-                                out[(row + u) * D + 32 * db + 8 * (i / 4) + 4 * h + i % 4] =
-                                    (sums[u][0][16 * h + i] * 1024.0 + sums[u][1][16 * h + i]) * f;
+                    for (int64_t u = 0; u < n; u++)  /* one part of 32 dimensions: the sums are the result */
+                        pv_sum_parts(sums[u][0], 1, 0, 32, f, out + (row + u) * D + 32 * db);
                 }
         return;
     }
