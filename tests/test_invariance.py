@@ -172,3 +172,38 @@ def test_a_prompt_chunk_joined_to_a_round_gives_every_row_the_bits_of_its_own_fo
     assert len(kv0) == len(kv1) and all(torch.equal(a, b) for a, b in zip(kv0, kv1))
     assert not torch.equal(h0[0, N:], BatchForward.of(m)(lay.tokens, lay.offsets, _prefilled(m, prompts)[1],
                                                        slice(0, live), block=lay.blocks)[0, N:])  # the LoRA ran
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_greedy_output_equals_ar_past_512_cached_keys_with_64_dim_heads_in_every_format(fmt):
+    """The long-context attention paths (keys split over the threads from 512, the weighted sums'
+    chunks and skipped high limbs, 512-bit scores: all for 64-dim heads) under real decoding: a
+    token's logits after a 700-token prompt are bitwise the same alone (the split path) and at the
+    root of a 6-token chain (the chunked one), and every mode's greedy output equals AR's, in every
+    exact format."""
+    m = set_weights(tiny_model(seed=3, vocab_size=16, hidden_size=128, intermediate_size=128, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=64, max_position_embeddings=1 << 16,  # V shifts all 0
+                               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                "factor": float((1 << 16) // 8), "original_max_position_embeddings": 8,
+                                                "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                                "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}), fmt)
+    g = torch.Generator().manual_seed(6)
+    prompt = (torch.randint(5, 16, (60,), generator=g).repeat(12)[:700]).tolist()  # repeats: lookup chains
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        bf = BatchForward.of(m)
+        cache = bf.new_cache(1, 720)
+        bf(torch.tensor([prompt]), torch.arange(700)[None], cache, slice(0, 1), causal=True)
+        cache.set_length(0, 700)
+        toks = torch.tensor([prompt[:6]])
+        alone = bf.logits(bf(toks[:, :1], torch.zeros(1, 1, dtype=torch.long), cache, slice(0, 1))[0])
+        causal = torch.full((6, 6), NEG).triu(1)[None]
+        root = bf.logits(bf(toks, torch.arange(6)[None], cache, slice(0, 1), block=causal)[0, :1])
+        assert torch.equal(alone, root)
+        ar = generate_ids(m, prompt, DecodeConfig(mode="ar", max_new_tokens=20), eos_token_id=[])[0]
+        for mode in (dict(mode="lookup"), dict(mode="presto", schedule="one-pass", budget=8, lookup=True)):
+            cfg = DecodeConfig(max_new_tokens=20, block_length=6, **mode)
+            assert generate_ids(m, prompt, cfg, eos_token_id=[])[0] == ar, mode
+    finally:
+        torch.set_num_threads(threads)
