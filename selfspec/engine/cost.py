@@ -32,6 +32,7 @@ cache length) are read as they are when given as a file; cached ones are measure
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -191,10 +192,18 @@ def _interp(xs, ys, x: float) -> float:
 def device_key(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
+    cpu, isa = _cpu_name()
+    return f"{device.type}: {cpu}{f' ({isa})' if isa else ''} x{torch.get_num_threads()} threads"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_name() -> tuple[str, str | None]:
+    """The CPU's model name and its widest vector ISA (read once: asked at every generation, the
+    file read cost ~40 us)."""
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:  # the first processor's block says it all (asked at every generation)
+            for line in f:  # the first processor's block says it all
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                 elif line.startswith("flags"):
@@ -204,8 +213,7 @@ def device_key(device: torch.device) -> str:
         pass
     # a name such as "AMD EPYC" covers CPUs whose kernels differ in speed and in width invariance
     # (native bf16 dot products reduce in another order): the widest vector ISA tells them apart
-    isa = next((f for f in ISA_LEVELS if f in flags), None)
-    return f"{device.type}: {cpu}{f' ({isa})' if isa else ''} x{torch.get_num_threads()} threads"
+    return cpu, next((f for f in ISA_LEVELS if f in flags), None)
 
 
 ISA_LEVELS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")  # most capable first
@@ -222,11 +230,12 @@ def weights_name(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
-def identity(model) -> dict:
-    """What a cost model must have been measured for: this device, model, dtype and weight format."""
+def identity(model, ff=None) -> dict:
+    """What a cost model must have been measured for: this device, model, dtype and weight format
+    (`ff`: the model's `FastForward` when the caller has it; finding it walks every parameter)."""
     from selfspec.engine.forward import FastForward
 
-    ff = FastForward.of(model)
+    ff = ff or FastForward.of(model)
     dtype = str(ff.dtype).replace("torch.", "")
     return dict(device=device_key(ff.devices[0]), model=model_key(model), dtype=dtype, weights=ff.weights)
 
@@ -252,15 +261,15 @@ def default_path(model) -> str:
 _LOCK = threading.Lock()
 
 
-def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True) -> CostModel:
+def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=None) -> CostModel:
     """The cost model to plan with: `profile` (a `CostModel` or a file path) as given; else this
     device's cached one, with its rows axis measured now as far as `rows` needs (and cached); a
     cached file that cannot be read or belongs elsewhere is measured again, and a cache folder
     that cannot be written keeps the model in memory with one warning. One lock: threads that
-    start at once measure once."""
+    start at once measure once. `ff`: the model's `FastForward`, when the caller has it."""
     if isinstance(profile, CostModel):
         return profile
-    want = identity(model)
+    want = identity(model, ff)
     if profile is not None:
         return CostModel.load(profile, want=want)
     with _LOCK:

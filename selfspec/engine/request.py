@@ -10,9 +10,10 @@ from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
 
 
-def check_request(model, prompt_ids, cfg: DecodeConfig, params=None) -> None:
+def check_request(model, prompt_ids, cfg: DecodeConfig, params=None, *, engine: bool = True) -> None:
     """Every request error, raised before any model work. `params`: the prompt's own
-    `sequence.SamplingParams` (default: the config's)."""
+    `sequence.SamplingParams` (default: the config's); `engine=False` leaves out whether the engine
+    supports the model (a walk over every parameter: a batch asks it once)."""
     if len(prompt_ids) == 0:
         raise ValueError("empty prompt: at least one token is needed")
     V = model.config.vocab_size
@@ -31,7 +32,7 @@ def check_request(model, prompt_ids, cfg: DecodeConfig, params=None) -> None:
     if cfg.rho == "learned" and cfg.mode in ("presto", "auto") and getattr(model, "presto_predictor", None) is None:
         raise ValueError("rho 'learned' needs a trained predictor (presto_predictor.safetensors next to the model; "
                          "make one with `python -m selfspec.training.predictor collect/train`); none is loaded")
-    if not FastForward.supports(model):
+    if engine and not FastForward.supports(model):
         raise ValueError("selfspec's engine needs every weight on a device (no offloading to disk or the meta "
                          "device) and no sliding-window attention; this model has one of those")
 
@@ -71,24 +72,26 @@ MAX_CACHE_BYTES = 8 << 30  # default ceiling on a batch's KV cache
 
 
 def check_batch(model, prompts_ids, cfg: DecodeConfig, batch_size: int | None, generators=None,
-                max_cache_bytes: int | None = None) -> None:
+                max_cache_bytes: int | None = None):
     """Every request error of a batch (one prompt is a batch of one; a server's decoder starts with
-    none and a `batch_size`), raised before any model work."""
+    none and a `batch_size`), raised before any model work. Returns the model's `BatchForward` (the
+    cache check's) when there are prompts, else None."""
     if not isinstance(prompts_ids, (list, tuple)) or (len(prompts_ids) == 0 and batch_size is None):
         raise ValueError("empty batch: at least one prompt is needed")
     for i, p in enumerate(prompts_ids):
         if len(p) == 0:
             raise ValueError("empty prompt: at least one token is needed" if len(prompts_ids) == 1
                              else f"empty prompt at index {i}: at least one token is needed")
-        check_request(model, p, cfg)
+        check_request(model, p, cfg, engine=i == 0)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if generators is not None and len(generators) != len(prompts_ids):
         raise ValueError(f"{len(generators)} per-row generators / seeds for {len(prompts_ids)} prompts")
     if not prompts_ids:
-        return
-    rows = min(batch_size or len(prompts_ids), len(prompts_ids))
-    cache_bytes(BatchForward.of(model), rows, row_capacity(prompts_ids, cfg), max_cache_bytes)
+        return None
+    rows, bf = min(batch_size or len(prompts_ids), len(prompts_ids)), BatchForward.of(model)
+    cache_bytes(bf, rows, row_capacity(prompts_ids, cfg), max_cache_bytes)
+    return bf
 
 
 def cache_bytes(bf, rows: int, capacity: int, limit: int | None = None) -> int:
