@@ -29,10 +29,11 @@ def _model_and_prompt():
     return m, prompt
 
 
-def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0):
+def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0):
     """(token ids, fake seconds) of one generation. `accept`: every drafted token is replaced by the
     reference's token at its position (True: always accepted) or by another one (False: never);
-    `stall`: seconds the first forecast takes on top of its own (a garbage collection's pause)."""
+    `stall`: seconds the first forecast takes on top of its own (a garbage collection's pause);
+    `learning`: seconds the planner takes to observe a round it forecast (AR mode's rounds do not)."""
     m.__dict__.pop("_selfspec_planners", None)  # a fresh planner: nothing learnt by another test
     dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
     clock = FakeClock()
@@ -62,6 +63,14 @@ def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0):
 
         stalled.done = False
         dec.planner.forecast = stalled
+    if learning:
+        observe = dec.planner.observe
+
+        def slow(rnd):
+            clock.t += 0.0 if rnd.bare else learning
+            observe(rnd)
+
+        dec.planner.observe = slow
     for _ in dec:
         pass
     return dec.outputs[0], clock.t, dec.stats[0]
@@ -88,6 +97,17 @@ def test_drafts_always_accepted_make_auto_speculate_and_beat_ar(setting):
     assert out == ar
     assert st.plan_hist["ar"] < st.rounds / 2, dict(st.plan_hist)
     assert seconds < 0.7 * ar_seconds, seconds / ar_seconds
+
+
+def test_the_planners_learning_after_a_round_is_charged_to_speculation_too(setting):
+    # observing a forecast round costing 5% of an AR round, outside the round's own clock: were it
+    # not charged, forecasts that never pay would run ~every round and lose ~5%
+    m, prompt, ar, ar_seconds = setting
+    learning = 0.05 * CPU(1, 1, len(prompt))
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False,
+                            learning=learning)
+    assert out == ar
+    assert seconds <= 1.03 * ar_seconds, (seconds / ar_seconds, dict(st.plan_hist))
 
 
 def test_a_planner_that_ignores_its_losses_fails_the_floor(setting, monkeypatch):
@@ -132,7 +152,7 @@ def test_the_ledger_counts_a_stalled_round_at_pause_times_its_prediction():
     led.record(committed=1.0, seconds=0.5, ar_seconds=0.01, bare=False, plan_seconds=0.2, expected=0.02)
     spent = ledger_mod.PAUSE * 0.02 / 0.01  # AR rounds: the prediction's PAUSE times, not 50
     assert led.funds == pytest.approx(ledger_mod.CREDIT + ledger_mod.EPS * spent + 1.0 - spent)
-    assert led.plan_seconds == pytest.approx(ledger_mod.PLAN_EMA * ledger_mod.PAUSE * 0.01)
+    assert led.plan_seconds == pytest.approx(ledger_mod.PLAN_EMA * ledger_mod.PAUSE * ledger_mod.PLAN_FIRST * 0.01)
 
 
 def test_the_ledger_funds_bets_from_time_and_wins_and_stops_after_losses():
@@ -162,3 +182,16 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
         pass
     assert dec.outputs[0] == ar[:16]
     assert forecasts == [] and set(dec.stats[0].plan_hist) == {"ar"}
+
+
+def test_a_new_generation_starts_with_at_most_carry_in_the_funds_and_keeps_a_debt():
+    # what code prompts won must not be lost on the chat prompt after them (at CAP: 8 AR rounds)
+    from selfspec.engine.planner import Planner
+
+    pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
+    pl.ledger.funds = ledger_mod.CAP
+    pl.begin()
+    assert pl.ledger.funds == ledger_mod.CARRY < ledger_mod.CAP
+    pl.ledger.funds = -0.5
+    pl.begin()
+    assert pl.ledger.funds == -0.5

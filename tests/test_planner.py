@@ -3,6 +3,7 @@ GPU-like and CPU-like costs, the rows' room, a draining batch, padding to a chea
 what measured rounds teach it."""
 
 import json
+import math
 import os
 from types import SimpleNamespace
 
@@ -186,6 +187,7 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
                                    width=1, cache_len=40, model_seconds=0.8 * times[-1], seconds=times[-1],
                                    plan_seconds=0.0, bare=True, draining=False, join_tokens=0, target_seconds=0.0,
                                    target_rows=0))
+        pl.settle()  # plain AR rounds settle SETTLE_AFTER at a time: the fifth waits
     state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
     assert state(resting) == state(at_once) and not resting.unsettled
     assert not forked.unsettled and forked.ledger.rounds > 0
@@ -193,21 +195,24 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
 
 def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds_settle_in_one_batch():
     """A forecast costing half an AR round with 0.11 in the funds: they grow by EPS an AR round, so
-    the planner rests 20 rounds (the round the per-round check would also have allowed it), only
-    noting each one, and settles them when the rest ends."""
+    the planner rests 0.39 / EPS rounds (the round the per-round check would also have allowed it),
+    only noting each one, and settles them when the rest ends."""
+    from selfspec.engine.ledger import EPS
+
+    n = math.ceil((0.5 - 0.11) / EPS - 1e-9)
     pl = _planner(CostModel.flat(0.1))
     pl.ledger.funds, pl.ledger.plan_seconds, pl.scale["ar"] = 0.11, 0.05, 1.0
     forecast_at, waiting = [], []
     pl.forecast = lambda r: forecast_at.append(len(waiting)) or Forecast()
-    for _ in range(24):
+    for _ in range(n + 4):
         row = SimpleNamespace(marg=None, room=64, committed=[7], nodes=0)
         rnd = SimpleNamespace(rows=[row], cache_len=10, draining=False, bare=False, join_tokens=0, width=1,
                               model_seconds=0.1, seconds=0.1, plan_seconds=0.0, target_seconds=0.0, target_rows=0)
         rnd.option = pl.plan(rnd)
         pl.observe(rnd)
         waiting.append(len(pl.unsettled))
-    assert forecast_at[0] == 20
-    assert waiting[:20] == list(range(1, 20)) + [0]
+    assert forecast_at[0] == n
+    assert waiting[:n] == list(range(1, n)) + [0]
 
 
 def test_a_round_with_nothing_to_offer_is_chosen_as_the_full_choice_would_choose_it():
@@ -224,11 +229,38 @@ def test_a_round_with_nothing_to_offer_is_chosen_as_the_full_choice_would_choose
         for i in range(300):
             draining = i % 3 == 0
             rows = _rows(Forecast(), Forecast(), rooms=[64, 1 + i % 5])
-            assert nothing_to_offer(fast, rows)
+            assert nothing_to_offer(fast, rows, 10, draining)
             a, b = plain(fast, rows, 10, draining), Choice(full, rows, 10, draining).best()
             assert a == b
             assert (fast.since_probe, fast.rates, fast.predicted) == (full.since_probe, full.rates, full.predicted)
-    assert not nothing_to_offer(fast, _rows(_chain(0.9, 2)))
+    assert not nothing_to_offer(fast, _rows(_chain(0.9, 2)), 10, False)
+
+
+def test_a_lookup_chain_that_cannot_beat_ar_is_chosen_without_valuing_it_as_the_full_choice_would():
+    """Chains whose best case (every token accepted as forecast, at the least time of any length)
+    is worth less than AR go to `plain`: the same option and planner state as `Choice.best`, over
+    chains of every length and likelihood, one or two rows, draining or not, with funds or none."""
+    from selfspec.engine.choice import Choice, nothing_to_offer, plain
+
+    gen = torch.Generator().manual_seed(0)
+    costly = _table({1: 1.0, 2: 1.1, 4: 1.3, 5: 2.0, 8: 2.4, 16: 4.0}, rows=2)
+    hopeless = 0
+    for cost, funds in ((costly, 1e9), (costly, 0.2), (CostModel.flat(0.1), 1e9)):
+        fast, full = _planner(cost, budgets=(1, 2, 4), group_sizes=(4,)), _planner(cost, budgets=(1, 2, 4),
+                                                                                 group_sizes=(4,))
+        for pl in (fast, full):
+            pl.ledger.funds = funds
+        for i in range(400):
+            draining, p = i % 3 == 0, float(torch.rand(1, generator=gen)) ** 3
+            n = 1 + int(torch.randint(10, (1,), generator=gen))
+            rows = _rows(_chain(p, n), *([Forecast()] if i % 2 else []), rooms=[64, 1 + i % 5][: 1 + i % 2])
+            if not nothing_to_offer(fast, rows, 10, draining):
+                Choice(fast, rows, 10, draining).best(), Choice(full, rows, 10, draining).best()
+                continue
+            hopeless += 1
+            assert plain(fast, rows, 10, draining) == Choice(full, rows, 10, draining).best()
+            assert (fast.since_probe, fast.rates, fast.predicted) == (full.since_probe, full.rates, full.predicted)
+    assert 200 < hopeless < 1100  # both kinds of chain were met
 
 
 def test_an_expensive_probe_comes_seldom_enough_to_cost_a_probe_share_of_the_time_at_most():

@@ -39,12 +39,36 @@ def lookup_option(k: int) -> Option:
     return Option("lookup", k)
 
 
-def nothing_to_offer(pl, rows) -> bool:
-    """No row drafts anything this round (no lookup chain, no marginals) and no two-pass option
-    applies: the round is AR or a probe (`plain`), and the options need no valuing."""
-    if any(r.forecast is not None and r.forecast.kind != "none" for r in rows):
+def nothing_to_offer(pl, rows, cache: int, draining: bool) -> bool:
+    """No row drafts anything this round that could win (no marginals; no lookup chain, or none
+    whose best case beats AR: `lookup_hopeless`) and no two-pass option applies: the round is AR
+    or a probe (`plain`, what `Choice.best` would pick then), and the options need no valuing."""
+    if not (max(r.room for r in rows) <= 1 or not (pl.two_pass_yield or len(pl.last_yields) > 1)):
         return False
-    return max(r.room for r in rows) <= 1 or not (pl.two_pass_yield or len(pl.last_yields) > 1)
+    kinds = {r.forecast.kind if r.forecast is not None else "none" for r in rows}
+    return kinds == {"none"} or (kinds <= {"none", "lookup"} and lookup_hopeless(pl, rows, cache, draining))
+
+
+def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
+    """No lookup option can beat AR in `Choice`: valued with every row's whole chain accepted as
+    forecast and at the least time of any chain length, it is still worth less than AR (most
+    forecast rounds of a chat: a one-token match whose chain the calibration gives ~nothing;
+    valuing each length there cost ~70 us of a 3.4 ms round). Example: AR 1 token in 10 ms at
+    rate 100/s (value 0); a chain whose tokens add 0.05 expected in at least 11.5 ms: 1.05 x 0.95
+    - 1.15 < 0, hopeless."""
+    R, longest, per_row = len(rows), 0, []
+    for r in rows:
+        f = r.forecast
+        if f is not None and f.kind == "lookup":
+            longest = max(longest, len(f.accept) - 1)
+            per_row.append(sum(f.accept))  # the root's 1 and every node's P(accepted)
+        else:
+            per_row.append(1.0)
+    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_value = 1.0 if draining else float(R)
+    rate = max(pl.rates.get(draining, 0.0), ar_value / ar_seconds)
+    best = round_value(per_row, [r.room for r in rows], last_rows([r.room for r in rows], draining))
+    return best * (1 - MARGIN) - rate * pl.least_seconds("lookup", R, longest, cache) <= ar_value - rate * ar_seconds
 
 
 def plain(pl, rows, cache: int, draining: bool) -> Option:

@@ -41,12 +41,14 @@ from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
+from selfspec.engine import ledger as ledger_mod
 from selfspec.engine.ledger import EPS, PAUSE, Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
+SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
 
 
 class Planner:
@@ -82,6 +84,8 @@ class Planner:
         self.probe_loss = 0.0  # AR rounds the latest losing probe lost, with the rounds its marginals led to
         self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
+        self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
+        # planning time (AR mode does none of it; uncharged, it was ~1.4% of an AR round beyond the ledger's bound)
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
@@ -96,8 +100,10 @@ class Planner:
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
-        from earlier generations with the same settings; the rate estimate and probe clock restart."""
-        self.rates, self.since_probe, self.last_yields = {}, 0, [1.0]
+        from earlier generations with the same settings, the ledger's funds up to `ledger.CARRY`;
+        the rate estimate and probe clock restart."""
+        self.rates, self.since_probe, self.last_yields, self.trailing = {}, 0, [1.0], 0.0
+        self.ledger.funds = min(self.ledger.funds, ledger_mod.CARRY)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
         """Whether a prefill adds a mask group per row, so that the first round has marginals.
@@ -124,7 +130,7 @@ class Planner:
         resting = self.dormant > 0 and all(r.marg is None for r in rnd.rows)
         if resting:
             self.dormant -= 1
-        elif self.unsettled:  # what the rest's rounds measured, before anything is weighed
+        elif self._settle_due():  # what the rest's rounds measured, before anything is weighed
             self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
         if not (resting or unmeasured):
@@ -139,7 +145,7 @@ class Planner:
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
-        if nothing_to_offer(self, rnd.rows):
+        if nothing_to_offer(self, rnd.rows, rnd.cache_len, rnd.draining):
             option = plain(self, rnd.rows, rnd.cache_len, rnd.draining)
         else:
             option = self.choose(rnd.rows, rnd.cache_len, rnd.draining)
@@ -197,6 +203,15 @@ class Planner:
             s += self._f(rows, self.block_length, cache)
         fam = o.family
         return width, s * self._scale(fam) + (self._overhead(fam) + self.draw * (o.nodes + 1)) * rows
+
+    def least_seconds(self, family: str, rows: int, nodes: int, cache: int) -> float:
+        """A lower bound of `seconds` for every chain of this kind of 1 .. `nodes` nodes: the
+        least padded model time among them (memoised), at least two draws a row."""
+        key = ("least", rows, nodes, cache >> 5)
+        f = self._memo.get(key)
+        if f is None:
+            f = self._memo[key] = min(self._padded(rows, k + 1, cache)[1] for k in range(1, max(1, nodes) + 1))
+        return f * self._scale(family) + (self._overhead(family) + 2 * self.draw) * rows
 
     def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
@@ -262,15 +277,27 @@ class Planner:
             self._observe_two_pass(yields)
         if rnd.join_tokens:  # a prompt's chunk shared the forward: its time is not this round's option's
             return
-        rooms = [r.room for r in rnd.rows]
-        seen = Seen(rnd.option, len(rnd.rows), rnd.width, rnd.cache_len, rnd.model_seconds, rnd.seconds,
-                    rnd.plan_seconds, rnd.bare, rnd.draining,
+        rooms, trailing, self.trailing = [r.room for r in rnd.rows], self.trailing, 0.0
+        seen = Seen(rnd.option, len(rnd.rows), rnd.width, rnd.cache_len, rnd.model_seconds, rnd.seconds + trailing,
+                    rnd.plan_seconds + trailing, rnd.bare, rnd.draining,
                     round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining)),
                     rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows), rnd.target_seconds,
                     rnd.target_rows)
         self.unsettled.append(seen)
-        if not (rnd.bare and self.dormant > 0):
+        if not (rnd.bare and self.dormant > 0) and self._settle_due():
             self.settle()
+
+    def _settle_due(self) -> bool:
+        """Whether the rounds not yet settled must be now: a round that drafted or had marginals at
+        hand (its outcome moves the next choice), one that closes the marginals' episode, or
+        SETTLE_AFTER plain AR rounds. A plain AR
+        round moves the funds by EPS and the AR time by a tenth of its error, so the choices in
+        between read numbers at most three rounds old, and the planner's Python runs once for four
+        (right after a forward its first round runs cold: settling cost 34 us a round one at a
+        time, 18 four at a time, default model on a 2-core CPU)."""
+        if len(self.unsettled) >= SETTLE_AFTER or (self.unsettled and self.marg_gain is not None):
+            return True
+        return bool(self.unsettled) and (self.unsettled[-1].option is not AR or self.unsettled[-1].marginals)
 
     def settle(self) -> None:
         """Rounds observed but not yet timed and accounted, in order. A resting round (bare, more

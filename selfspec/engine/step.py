@@ -265,6 +265,9 @@ class Stepper:
                 observe(r, rnd)
         if self.planner is not None:
             self.planner.observe(rnd)
+            # the planner's learning (and the observers before it) ran after the round's clock
+            # stopped: planner time too, which AR mode does not spend; the next round pays it
+            self.planner.trailing += self.clock() - t0 - rnd.seconds
         return rnd
 
     def plan(self, rnd: Round) -> None:
