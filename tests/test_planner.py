@@ -487,3 +487,24 @@ def test_a_forked_planners_calibrators_learn_apart_from_the_one_it_was_forked_fr
     after = (stored.calibrator.reached, stored.calibrator.accepted, stored.lookup_calibrator.counts)
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1]) and after[2] == before[2]
     assert not torch.equal(forked.calibrator.reached, before[0]) and forked.lookup_calibrator.counts != before[2]
+
+
+def test_plain_ar_rounds_settle_four_at_a_time_as_they_would_one_by_one_and_a_drafting_round_at_once():
+    """The ledger, time scales and overheads after plain AR rounds settled SETTLE_AFTER at a time
+    are bitwise those of settling each at once; a round that drafted settles with them right away
+    (the next choice reads its outcome)."""
+    from selfspec.engine.planner import SETTLE_AFTER
+
+    batched, single = _planner(CostModel.flat(0.1)), _planner(CostModel.flat(0.1))
+    pending = []
+    for i, t in enumerate([0.1, 0.12, 0.09, 0.11, 0.1, 0.13, 0.1]):
+        for pl in (batched, single):
+            _observe(pl, AR, t, rows=1)
+        single.settle()
+        pending.append(len(batched.unsettled))
+    assert pending == [1, 2, 3, 0, 1, 2, 3] and SETTLE_AFTER == 4
+    for pl in (batched, single):
+        _observe(pl, Option("lookup", 2), 0.15, rows=1, width=3, committed=2)
+    assert not batched.unsettled
+    state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
+    assert state(batched) == state(single)
