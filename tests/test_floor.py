@@ -195,3 +195,20 @@ def test_a_new_generation_starts_with_at_most_carry_in_the_funds_and_keeps_a_deb
     pl.ledger.funds = -0.5
     pl.begin()
     assert pl.ledger.funds == -0.5
+
+
+def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards_noise():
+    # its forward is AR's own: one twice-slow forward (another process) is no loss of speculation's
+    from selfspec.engine.layouts import AR
+    from selfspec.engine.planner import Planner, Seen
+
+    pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
+    ar = pl.seconds(AR, 1, 64)[1]
+    for model_seconds, plan in ((ar, 0.0), (2 * ar, 0.02 * ar), (0.5 * ar, 0.02 * ar)):
+        before = pl.ledger.funds
+        pl.unsettled.append(Seen(AR, rows=1, width=1, cache_len=64, model_seconds=model_seconds,
+                                 seconds=model_seconds + plan, plan_seconds=plan, bare=False, draining=False,
+                                 value=1.0))
+        pl.settle()
+        spent = 1.0 + plan / pl.seconds(AR, 1, 64)[1]  # the AR time as it stood when the round was accounted
+        assert pl.ledger.funds == pytest.approx(before + ledger_mod.EPS * spent + 1.0 - spent), model_seconds / ar

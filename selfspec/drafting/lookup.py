@@ -144,6 +144,12 @@ class ContextIndex:
         token it emits, and rounds that look nothing up (AR rounds) should not pay for it."""
         self._new.extend(int(t) for t in tokens)
 
+    def catch_up(self) -> None:
+        """Index every appended token now (a decoder indexes a prompt with its prefill, so that no
+        round pays for it)."""
+        if self._new:
+            self._catch_up()
+
     def _catch_up(self) -> None:
         """Index the appended tokens: each one updates the n-grams (n <= max_ngram) that end just before it.
         A prompt's worth at once (a first lookup over a long context) runs with the cyclic GC off:

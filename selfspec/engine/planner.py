@@ -315,7 +315,11 @@ class Planner:
         ar = self.seconds(AR, R, seen.cache_len)[1]
         expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
             0.0 if seen.bare else self.ledger.plan_seconds)
-        gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seen.seconds,
+        seconds = seen.seconds
+        if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning. Its
+            seconds = ar + seen.plan_seconds  # measured time also held the forward's noise, and one 2x stall
+            # (another process) put a 1k-token generation 1.1 AR rounds in debt: 100 rounds of rest
+        gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seconds,
                                   ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected)
         if seen.marginals:
             self.marg_gain = (self.marg_gain or 0.0) + gain
