@@ -174,7 +174,8 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
     m, prompt, ar, _ = setting
     cfg = DecodeConfig(max_new_tokens=16, block_length=8)
     dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
-    dec.planner.ledger.funds = -5.0
+    begin = dec.planner.begin
+    dec.planner.begin = lambda: (begin(), setattr(dec.planner.ledger, "funds", -5.0))  # in debt within the answer
     forecasts = []
     forecast = dec.planner.forecast
     dec.planner.forecast = lambda r: forecasts.append(1) or forecast(r)
@@ -184,17 +185,15 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
     assert forecasts == [] and set(dec.stats[0].plan_hist) == {"ar"}
 
 
-def test_a_new_generation_starts_with_at_most_carry_in_the_funds_and_keeps_a_debt():
-    # what code prompts won must not be lost on the chat prompt after them (at CAP: 8 AR rounds)
+def test_a_new_generation_starts_without_a_debt_and_keeps_what_was_won():
+    # a probe lost at the end of one answer must not keep the next ones from every bet
     from selfspec.engine.planner import Planner
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
-    pl.ledger.funds = ledger_mod.CAP
-    pl.begin()
-    assert pl.ledger.funds == ledger_mod.CARRY < ledger_mod.CAP
-    pl.ledger.funds = -0.5
-    pl.begin()
-    assert pl.ledger.funds == -0.5
+    for funds, start in ((ledger_mod.CAP, ledger_mod.CAP), (0.5, 0.5), (-4.5, 0.0)):
+        pl.ledger.funds = funds
+        pl.begin()
+        assert pl.ledger.funds == start
 
 
 def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards_noise():

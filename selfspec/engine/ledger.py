@@ -15,8 +15,8 @@ round's, and the forecast that precedes any bet, are placed only while they fit 
 speculation that never pays loses at most EPS of the time (plus CREDIT and one bet's overshoot of
 its prediction), speculation that pays funds bigger bets up to CAP, and a bare AR round (no
 forecast: the planner's answer when it may not bet) pays nothing for any of it. The ledger
-carries over between generations with the same settings (a new one starts with at most CARRY in
-the funds) and across a server's requests (which share one planner).
+carries over between generations with the same settings (a new one starts with no debt: a
+probe lost at the end of one answer had kept the next ones from every bet for ~200 AR rounds) and across a server's requests (which share one planner).
 
 A round that took more than PAUSE times its prediction was stalled by something it did not
 cause (a full collection of the cyclic GC among torch's ~370,000 objects: 100-200 ms on a 2-core
@@ -26,22 +26,19 @@ stall in a 1k-token prompt's first lookup (6 ms AR rounds) cost 30 AR rounds and
 estimate of 36 ms: no bet for the next ~1,700 rounds, i.e. auto ran AR for the rest of a bench.
 
 Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
-from CREDIT 1 the funds reach 3 after 200 AR rounds; the probe is bet and lost (funds 0), and the
-next one waits for another 300 AR rounds: 3 of every 303 rounds' time, ~1%.
+from CREDIT 1 the funds reach 3 after 100 AR rounds; the probe is bet and lost (funds 0), and the
+next one waits for another 150 AR rounds: 3 of every 153 rounds' time, ~2%.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-EPS = 0.01  # share of the time speculation may lose beyond what it has won: at 0.02, chat prompts (where
-# lookup chains about break even and most forecasts find nothing worth a bet) ran 0.955x AR, at 0.01 0.98-0.996x
+EPS = 0.02  # share of the time speculation may lose beyond what it has won (0.01 measured: chat prompts
+# within noise, code prompts 3% slower at T = 0: fewer of their chains bet on)
 CREDIT = 1.0  # AR rounds a new planner may lose before anything was won: a first cheap bet
 CAP = 8.0  # funds never exceed this many AR rounds: when a text stops being predictable, old wins pay
 # for at most this much of the losing streak
-CARRY = 2.0  # funds a new generation starts with at most (`Planner.begin`): what one text won is not lost on
-# the next (at CAP a chat answer of 64 tokens after a code one could lose 8 AR rounds; bench prompts, A/B in
-# one process: chat 0.985 -> 1.005x AR, code 1.004 -> 1.030x)
 PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
 PAUSE = 4.0  # a round's time beyond this many times its prediction is a stall it did not cause
 PLAN_FIRST = 0.1  # AR rounds a forecast is taken to cost before any was timed (~0.02-0.05 on a 2-core CPU):
