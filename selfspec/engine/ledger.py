@@ -39,6 +39,9 @@ EPS = 0.02  # share of the time speculation may lose beyond what it has won (0.0
 CREDIT = 1.0  # AR rounds a new planner may lose before anything was won: a first cheap bet
 CAP = 8.0  # funds never exceed this many AR rounds: when a text stops being predictable, old wins pay
 # for at most this much of the losing streak
+START_MIN = 0.0  # the least funds a generation starts with (`Planner.begin`): no debt carried into it. In a
+# policy A/B (one model, one process, bench prompts) -1 and no floor were within noise (1-2%) of it; in a
+# bench, one probe lost in the first answer had left every later answer at T = 0 nearly without a bet
 PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
 PAUSE = 4.0  # a round's time beyond this many times its prediction is a stall it did not cause
 PLAN_FIRST = 0.1  # AR rounds a forecast is taken to cost before any was timed (~0.02-0.05 on a 2-core CPU):

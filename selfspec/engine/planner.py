@@ -41,6 +41,7 @@ from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
+from selfspec.engine import ledger as ledger_mod
 from selfspec.engine.ledger import EPS, PAUSE, Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
@@ -104,7 +105,7 @@ class Planner:
         capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
         chat); the rate estimate and probe clock restart."""
         self.rates, self.since_probe, self.last_yields, self.trailing = {}, 0, [1.0], 0.0
-        self.ledger.funds = max(self.ledger.funds, 0.0)
+        self.ledger.funds = max(self.ledger.funds, ledger_mod.START_MIN)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
         """Whether a prefill adds a mask group per row, so that the first round has marginals.
