@@ -16,7 +16,8 @@ speculation that never pays loses at most EPS of the time (plus CREDIT and one b
 its prediction), speculation that pays funds bigger bets up to CAP, and a bare AR round (no
 forecast: the planner's answer when it may not bet) pays nothing for any of it. The ledger
 carries over between generations with the same settings (a new one starts with no debt: a
-probe lost at the end of one answer had kept the next ones from every bet for ~200 AR rounds) and across a server's requests (which share one planner).
+probe lost at the end of one answer had kept the next ones from every bet for ~200 AR rounds)
+and across a server's requests (which share one planner).
 
 A round that took more than PAUSE times its prediction was stalled by something it did not
 cause (a full collection of the cyclic GC among torch's ~370,000 objects: 100-200 ms on a 2-core

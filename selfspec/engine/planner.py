@@ -41,8 +41,7 @@ from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
-from selfspec.engine import ledger as ledger_mod
-from selfspec.engine.ledger import EPS, PAUSE, Ledger
+from selfspec.engine.ledger import EPS, PAUSE, START_MIN, Ledger
 from selfspec.engine.request import scratch
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
@@ -105,7 +104,7 @@ class Planner:
         capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
         chat); the rate estimate and probe clock restart."""
         self.rates, self.since_probe, self.last_yields, self.trailing = {}, 0, [1.0], 0.0
-        self.ledger.funds = max(self.ledger.funds, ledger_mod.START_MIN)
+        self.ledger.funds = max(self.ledger.funds, START_MIN)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
         """Whether a prefill adds a mask group per row, so that the first round has marginals.
@@ -292,11 +291,10 @@ class Planner:
     def _settle_due(self) -> bool:
         """Whether the rounds not yet settled must be now: a round that drafted or had marginals at
         hand (its outcome moves the next choice), one that closes the marginals' episode, or
-        SETTLE_AFTER plain AR rounds. A plain AR
-        round moves the funds by EPS and the AR time by a tenth of its error, so the choices in
-        between read numbers at most three rounds old, and the planner's Python runs once for four
-        (right after a forward its first round runs cold: settling cost 34 us a round one at a
-        time, 18 four at a time, default model on a 2-core CPU)."""
+        SETTLE_AFTER plain AR rounds. A plain AR round moves the funds by EPS and the AR time by a
+        tenth of its error, so the choices in between read numbers at most three rounds old, and
+        the planner's Python runs once for four (right after a forward its first round runs cold:
+        settling cost 34 us a round one at a time, 18 four at a time, default model, 2-core CPU)."""
         if len(self.unsettled) >= SETTLE_AFTER or (self.unsettled and self.marg_gain is not None):
             return True
         return bool(self.unsettled) and (self.unsettled[-1].option is not AR or self.unsettled[-1].marginals)
