@@ -186,8 +186,7 @@ class ContextIndex:
 
     def _match(self, suffix: Sequence[int]) -> tuple[_Node | None, int]:
         """(node, n) of the longest n-gram (min_ngram <= n <= max_ngram) ending the suffix; (None, 0)."""
-        if self._new:
-            self._catch_up()
+        self.catch_up()
         tail = [int(t) for t in suffix[-self.max_ngram :]]
         node, best, length = self._root, None, 0
         for n, w in enumerate(reversed(tail), 1):

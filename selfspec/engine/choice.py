@@ -67,7 +67,8 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
     ar_seconds = pl.seconds(AR, R, cache)[1]
     ar_value = 1.0 if draining else float(R)
     rate = max(pl.rates.get(draining, 0.0), ar_value / ar_seconds)
-    best = round_value(per_row, [r.room for r in rows], last_rows([r.room for r in rows], draining))
+    rooms = [r.room for r in rows]
+    best = round_value(per_row, rooms, last_rows(rooms, draining))
     return best * (1 - MARGIN) - rate * pl.least_seconds("lookup", R, longest, cache) <= ar_value - rate * ar_seconds
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import NamedTuple
 
 import torch
 
@@ -43,6 +42,7 @@ from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, l
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import EPS, PAUSE, START_MIN, Ledger
 from selfspec.engine.request import scratch
+from selfspec.engine.rounds import Seen
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
@@ -376,24 +376,6 @@ class Planner:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
-
-
-class Seen(NamedTuple):
-    """What the planner keeps of a finished round until it settles it (`Planner.settle`)."""
-
-    option: Option
-    rows: int
-    width: int  # query tokens per row (padding included)
-    cache_len: int
-    model_seconds: float
-    seconds: float
-    plan_seconds: float
-    bare: bool
-    draining: bool
-    value: float  # committed tokens as the batch values them (`choice.round_value`)
-    marginals: bool = False  # a probe, or a round with marginals at hand: the probe's bet (`close_episode`)
-    target_seconds: float = 0.0  # drawing the target's tokens (`rounds.Round`)
-    target_rows: int = 0
 
 
 def _per_kind(table: dict[str, float], family: str, default: float) -> float:

@@ -4,17 +4,20 @@
 fill one `Round`: the batch's option, hidden states and widths, and one `RowRound` per row. When a
 row's tokens are emitted, every observer in that row's list receives its `RowRound` (and the `Round`): the stats,
 the predictor's recorder and the round hook (`on_round`, whose dict contract, in
-`decoder.Decoder`'s docstring, `RowRound.info` keeps); the planner observes the whole `Round`.
+`decoder.Decoder`'s docstring, `RowRound.info` keeps); the planner observes the whole `Round` and
+keeps a `Seen` of it until it settles its times.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from selfspec.drafting.tree import Marginals, Tree
+from selfspec.engine.layouts import Option
 
 
 @dataclass
@@ -96,6 +99,24 @@ class Round:
     def cache_len(self) -> int:
         """The longest row's cache length: what the round's attention spans."""
         return max(r.cache_len for r in self.rows)
+
+
+class Seen(NamedTuple):
+    """What the planner keeps of a finished `Round` until it settles it (`planner.Planner.settle`)."""
+
+    option: Option
+    rows: int
+    width: int  # query tokens per row (padding included)
+    cache_len: int
+    model_seconds: float
+    seconds: float
+    plan_seconds: float
+    bare: bool
+    draining: bool
+    value: float  # committed tokens as the batch values them (`choice.round_value`)
+    marginals: bool = False  # a probe, or a round with marginals at hand: the probe's bet (`close_episode`)
+    target_seconds: float = 0.0  # drawing the target's tokens (`Round.target_seconds`)
+    target_rows: int = 0
 
 
 def stats_observer(stats):

@@ -60,16 +60,28 @@ static inline __m256i dot_acc(__m256i a, __m256i y, __m256i x) {
 #endif
 }
 
+/* the four keys' 2^shift from their shifts sh[0..3], built from the exponent bits (exact) */
+static inline __m256d pow2_x4(const int8_t *sh) {
+    int32_t e4;
+    memcpy(&e4, sh, 4);
+    return _mm256_castsi256_pd(_mm256_slli_epi64(
+        _mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52));
+}
+
+/* four scores of one query row: the integer sums times 2^shift_k, then 2^qs: powers of two, exact,
+ * so the bits of one multiply by 2^(qs + shift_k) */
+static inline void store_scores4(double *out, __m128i sums, __m256d fk, int8_t qs) {
+    __m256d s = _mm256_cvtepi32_pd(sums);
+    _mm256_storeu_pd(out, _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs))));
+}
+
 /* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
  * sums of sixteen products each step (D % 16 == 0). Returns the first key it left. */
 static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
                               const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
     for (; j + 4 <= j1; j += 4) {
         const int16_t *k0 = kh + j * D;
-        int32_t e4;  /* the four keys' 2^shift, from their exponent bits */
-        memcpy(&e4, sh + j, 4);
-        __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52);
-        __m256d fk = _mm256_castsi256_pd(e);
+        __m256d fk = pow2_x4(sh + j);
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
                           *q2 = qi + (i0 + 2 < G ? i0 + 2 : i0) * D;
@@ -84,12 +96,8 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
                 for (int u = 0; u < 3; u++)
                     for (int v = 0; v < 4; v++) a[u][v] = dot_acc(a[u][v], y[u], x[v]);
             }
-            for (int u = 0; u < 3 && i0 + u < G; u++) {
-                __m256d s = _mm256_cvtepi32_pd(hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]));
-                /* times 2^shift_k, then 2^qs: powers of two, exact, so the bits of one multiply by 2^(qs + shift_k) */
-                s = _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs[i0 + u])));
-                _mm256_storeu_pd(out + (i0 + u) * S + j, s);
-            }
+            for (int u = 0; u < 3 && i0 + u < G; u++)
+                store_scores4(out + (i0 + u) * S + j, hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]), fk, qs[i0 + u]);
         }
     }
     return j;
@@ -130,10 +138,7 @@ static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, co
     }
     for (; j + 4 <= j1; j += 4) {
         const int16_t *k0 = kh + j * D;
-        int32_t e4;  /* the four keys' 2^shift, from their exponent bits */
-        memcpy(&e4, sh + j, 4);
-        __m256d fk = _mm256_castsi256_pd(_mm256_slli_epi64(
-            _mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52));
+        __m256d fk = pow2_x4(sh + j);
         __m512i x[4][2];
         for (int v = 0; v < 4; v++) {
             x[v][0] = _mm512_loadu_si512((const void *)(k0 + v * D));
@@ -150,11 +155,9 @@ static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, co
             for (int u = 0; u < 3; u++)
                 for (int v = 0; v < 4; v++)
                     a[u][v] = dot_acc512(dot_acc512(_mm512_setzero_si512(), q[u][0], x[v][0]), q[u][1], x[v][1]);
-            for (int u = 0; u < 3 && i0 + u < G; u++) {
-                __m256d s = _mm256_cvtepi32_pd(hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]));
-                s = _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs[i0 + u])));
-                _mm256_storeu_pd(out + (i0 + u) * S + j, s);
-            }
+            for (int u = 0; u < 3 && i0 + u < G; u++)
+                store_scores4(out + (i0 + u) * S + j, hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]), fk,
+                              qs[i0 + u]);
         }
     }
     return j;
