@@ -26,17 +26,22 @@ _BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dtype | str | None = None,
-         device: str | None = None, device_map=None, max_memory=None, draft_lora: bool = True, progress: bool = True):
+         device: str | None = None, device_map=None, max_memory=None, draft_lora: bool = True, progress: bool = True,
+         kv_cache_dtype: str | None = None):
     """(model, tokenizer) from a checkpoint directory or a model name (`checkpoint.registry.names()`);
     no argument loads the default model (SmolLM2-135M-Instruct, converted on first use), in the
     weight format `weights` (see the module docstring). Bad arguments raise before any loading.
 
     `device_map` / `max_memory` go to accelerate (e.g. device_map="auto" to spread a 14B over
     several GPUs); a `linear_spec_lora/` adapter is attached for drafting unless `draft_lora=False`.
+    `kv_cache_dtype`: the exact formats' KV cache, "int16" (default, or $SELFSPEC_KV_CACHE_DTYPE) or
+    "int8" (half the bytes per cached token; `engine.batch_forward.set_kv_cache_dtype`).
     What exists when it returns is frozen out of the cyclic garbage collector (`gc.freeze()`; see
     the comment at the end): after `from_pretrained` call `gc.freeze()` yourself to get the same.
     """
     fmt = resolve_weights(weights, dtype, device, device_map)
+    kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
+    from selfspec.engine.batch_forward import set_kv_cache_dtype
     from selfspec.engine.formats import choose, set_weights
 
     quantized = fmt in ("auto",) + INT_FORMATS
@@ -49,6 +54,7 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
         set_weights(model, fmt)
     if named:
         _check_invariant(model, fmt)
+    set_kv_cache_dtype(model, kv)
     # What exists now (torch's, transformers' and the model's ~370,000 objects) lives as long as the
     # model: out of the cyclic collector's sight, as the server keeps it. Otherwise a full collection
     # of them (100-200 ms on a 2-core CPU) lands now and then mid-generation: 20-30 tokens' time.
@@ -79,7 +85,7 @@ def resolve_weights(weights, dtype, device, device_map) -> str | None:
     if not isinstance(weights, str) or weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; expected one of {WEIGHTS}")
     if dtype is not None:
-        want = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
+        want = fmt_dtype_of(dtype)
         if _BY_DTYPE.get(want) != weights:
             raise ValueError(f"weights={weights!r} and dtype={dtype!r} disagree; give one of them")
     if on_gpu and weights in ("auto",) + INT_FORMATS:
@@ -87,6 +93,26 @@ def resolve_weights(weights, dtype, device, device_map) -> str | None:
             return None
         raise ValueError(f"weights={weights!r} runs on torch's CPU kernels; use fp32 or bf16 on a GPU")
     return weights
+
+
+def resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map) -> str:
+    """The KV cache to keep ("int16" / "int8"), or one ValueError before anything loads: the compact
+    caches belong to the exact formats, which run on a CPU in any format but fp32."""
+    from selfspec.engine.batch_forward import KV_CACHE_DTYPES
+
+    kv = kv_cache_dtype or os.environ.get("SELFSPEC_KV_CACHE_DTYPE") or "int16"
+    if kv not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv!r}; expected one of {tuple(KV_CACHE_DTYPES)}")
+    on_gpu = (device or "").startswith("cuda") or device_map is not None
+    floaty = fmt == "fp32" or (fmt is None and fmt_dtype_of(dtype) is not torch.bfloat16)
+    if kv != "int16" and (on_gpu or floaty):
+        raise ValueError(f"kv_cache_dtype={kv!r} is a compact cache of the exact weight formats on a CPU (w4a8, "
+                         f"int4, int8, bf16, or auto); {'a GPU' if on_gpu else 'fp32'} keeps a float cache")
+    return kv
+
+
+def fmt_dtype_of(dtype):
+    return dtype if isinstance(dtype, torch.dtype) or dtype is None else getattr(torch, str(dtype), None)
 
 
 def fmt_dtype(fmt: str | None):

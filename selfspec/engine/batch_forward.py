@@ -89,21 +89,40 @@ def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tenso
     return mask[:, None].to(dtype)
 
 
+KV_CACHE_DTYPES = {"int16": torch.int16, "int8": torch.int8}  # the exact formats' compact caches
+
+
+def set_kv_cache_dtype(model, kv_cache_dtype: str):
+    """The compact cache the exact formats keep K and V in from now on: "int16" (the default: 15
+    significant bits a value, exact for nearly every value) or "int8" (7 bits: half the bytes, so
+    half the memory per cached token and less time reading it at long contexts; its cost in
+    quality is in docs/results.md). Float formats (fp32, bf16 on a GPU) keep their float cache:
+    "int8" there raises. Returns the model."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; expected one of {tuple(KV_CACHE_DTYPES)}")
+    if kv_cache_dtype != "int16" and not FastForward.of(model).exact:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is a compact cache of the exact weight formats "
+                         f"(int8, int4, w4a8, bf16 on a CPU); this model's forward keeps a float cache")
+    model.__dict__["selfspec_kv_cache"] = kv_cache_dtype
+    return model
+
+
 class BatchForward:
     """Batched forward passes over a `FastForward`'s weights into a `BatchKVCache`."""
 
-    def __init__(self, ff: FastForward):
+    def __init__(self, ff: FastForward, kv_cache_dtype: str = "int16"):
         self.ff = ff
+        self.kv_cache_dtype = kv_cache_dtype
 
     @classmethod
     def of(cls, model) -> "BatchForward":
-        return cls(FastForward.of(model))
+        return cls(FastForward.of(model), model.__dict__.get("selfspec_kv_cache", "int16"))
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """Exact attention keeps K and V compact: int16 on its grids with a shift per token and head
-        (`kernels.attn16.compress`)."""
-        return torch.int16 if self.ff.exact else self.ff.dtype
+        """Exact attention keeps K and V compact: int16 (or int8, `set_kv_cache_dtype`) on its grids
+        with a shift per token and head (`kernels.attn16.compress`)."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] if self.ff.exact else self.ff.dtype
 
     def new_cache(self, rows: int, capacity: int) -> BatchKVCache:
         ff = self.ff

@@ -11,9 +11,9 @@ written in place, committed by gathering the accepted rows into place (no per-fo
 concatenation, no per-round allocation that grows with the context). Cache lengths change only
 through its methods.
 
-An int16 cache (the exact formats') is compact: K and V as int16 mantissas with one shift per
-token and key head (`kernels.attn16.compress`); `write` returns them as they are stored, for the
-exact attention to read in place.
+A compact cache (the exact formats') holds K and V as int16 mantissas (or int8: the one-byte
+cache, `kv_cache_dtype="int8"`) with one shift per token and key head (`kernels.attn16.compress`);
+`write` returns them as they are stored, for the exact attention to read in place.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from selfspec.kernels import attn16
+
+COMPACT = (torch.int16, torch.int8)  # the compact caches' value dtypes (a shift per token and head beside them)
 
 
 class BatchKVCache:
@@ -41,7 +43,7 @@ class BatchKVCache:
         self.dtype = dtype
         self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
-        # compact (int16): the shifts of K and V, per [row, kv head, slot]
+        # compact (int16 / int8): the shifts of K and V, per [row, kv head, slot]
         self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=torch.int8) for d in self.devices
                        for _ in range(2)] if self.block16 else []
         self.lengths = [0] * self.shape[0]
@@ -51,8 +53,8 @@ class BatchKVCache:
 
     @property
     def block16(self) -> bool:
-        """K and V as int16 with a shift per token and head (the exact formats' cache)."""
-        return self.dtype == torch.int16
+        """K and V as int16 (or int8) with a shift per token and head (the exact formats' cache)."""
+        return self.dtype in COMPACT
 
     def _buffers(self) -> list:
         return [*self.k, *self.v, *self.shifts]
@@ -69,7 +71,7 @@ class BatchKVCache:
     def write(self, layer: int, rows: slice, starts: list[int], k: torch.Tensor, v: torch.Tensor):
         """Store row r's new K/V [R, kv, q, D] at slots starts[r].. and return views [R, kv, S, D]
         of the rows' slots 0..S-1, S = max(starts) + q (the caller's mask hides what a row may not see);
-        a compact cache returns (int16 K, shifts) and (int16 V, shifts) views instead."""
+        a compact cache returns (K, shifts) and (V, shifts) views instead (int16 or int8)."""
         q = k.shape[2]
         kb, vb = self.k[layer][rows], self.v[layer][rows]
         end = max(starts) + q
@@ -207,5 +209,5 @@ class BatchKVCache:
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:
         """Bytes such a cache allocates (K and V, every layer, and a compact cache's shifts), for
         checks before allocating."""
-        per_slot = head_dim * torch.empty((), dtype=dtype).element_size() + (1 if dtype == torch.int16 else 0)
+        per_slot = head_dim * torch.empty((), dtype=dtype).element_size() + (1 if dtype in COMPACT else 0)
         return 2 * layers * rows * n_kv * capacity * per_slot

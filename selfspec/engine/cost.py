@@ -237,7 +237,9 @@ def identity(model, ff=None) -> dict:
 
     ff = ff or FastForward.of(model)
     dtype = str(ff.dtype).replace("torch.", "")
-    return dict(device=device_key(ff.devices[0]), model=model_key(model), dtype=dtype, weights=ff.weights)
+    kv = model.__dict__.get("selfspec_kv_cache", "int16")  # a one-byte cache reads long contexts faster
+    weights = ff.weights if kv == "int16" or not ff.exact else f"{ff.weights}, {kv} KV cache"
+    return dict(device=device_key(ff.devices[0]), model=model_key(model), dtype=dtype, weights=weights)
 
 
 def cache_dir() -> str:

@@ -49,13 +49,13 @@ int attn16_pv_wide(void) {
 #endif
 }
 
-/* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16),
- * shifts at ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous: each query row rounded
- * (q_round) and its scores summed as int16 products (scores_i16). Returns 1 when scratch cannot
- * be had (nothing written), else 0. */
-int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *k,
+/* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16, or
+ * int8 where kb == 1: the one-byte cache), shifts at ks + r*srs + h*shs + j; scores [R, KV, G, S]
+ * contiguous: each query row rounded (q_round) and its scores summed as int16 products
+ * (scores_i16). Returns 1 when scratch cannot be had (nothing written), else 0. */
+int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const void *k,
                   int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
-                  double *scores, int threads) {
+                  double *scores, int threads, int kb) {
     int64_t n = R * KV * G;
     int16_t *qi = malloc((size_t)(n * D) * sizeof(int16_t));
     int8_t *qs = malloc((size_t)n);
@@ -65,25 +65,47 @@ int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, 
     }
     int qb = q_bits(D);
     for (int64_t row = 0; row < n; row++) qs[row] = (int8_t)q_round(q + row * D, D, qb, qi + row * D);
-    scores_i16(qi, qs, R, KV, G, D, k, krs, khs, ks, srs, shs, S, scores, threads, PAR_MIN);
+    scores_i16(qi, qs, R, KV, G, D, k, krs, khs, ks, srs, shs, S, scores, threads, PAR_MIN, kb);
     free(qi); free(qs);
     return 0;
 }
 
-/* p [R, KV, G, S] contiguous; v like k; out [R, KV, G, D] contiguous. */
-void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
-               int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
+                   int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads);
+
+/* p [R, KV, G, S] contiguous; v like k (int16, or int8 where kb == 1); out [R, KV, G, D]
+ * contiguous. Returns 1 when a one-byte cache's widened copy cannot be had (nothing written). */
+int attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const void *v, int64_t vrs,
+              int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads, int kb) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    if (int_pv_on && D % 32 == 0 && S > 0 && pv_uniform(vs, R, KV, S, srs, shs)) {
+    if (int_pv_on && D % 32 == 0 && D <= WIDE_D && S > 0 &&
+        (kb == 1 ? pv_fits8(vs, R, KV, S, srs, shs) : pv_uniform(vs, R, KV, S, srs, shs))) {
         int64_t n = R * KV * G, ws = (S + 1) / 2 + 16;
         int32_t *wh = words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S)));
         if (wh && weights_words(p, n, S, wh, wh + n * ws, ws, threads)) {
             pv_words(wh, wh + n * ws, ws, R, KV, G, D, v, vrs, vhs, vs, srs, shs, S, out, (double *)(wh + 2 * n * ws),
-                     threads);
-            return;
+                     threads, kb);
+            return 0;
         }
     }
 #endif
+    if (kb == 2) {
+        pv_any(p, R, KV, G, D, (const int16_t *)v, vrs, vhs, vs, srs, shs, S, out, threads);
+        return 0;
+    }
+    /* a one-byte cache the integer lanes cannot take: its values widened once (shifts kept), then the same loops */
+    int16_t *w16 = malloc((size_t)(R * KV * S * D) * sizeof(int16_t));
+    if (!w16) return 1;
+    for (int64_t rh = 0; rh < R * KV; rh++)
+        widen8((const int8_t *)v + (rh / KV) * vrs + (rh % KV) * vhs, S, D, NULL, w16 + rh * S * D);
+    pv_any(p, R, KV, G, D, w16, KV * S * D, S * D, vs, srs, shs, S, out, threads);
+    free(w16);
+    return 0;
+}
+
+/* attn16_pv's float64 loops over an int16 cache (shifts per key): AVX-512 tiles, AVX2, or plain C */
+static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
+                   int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
 #if defined(__AVX512F__)
     if (D % 16 == 0) {
         int64_t tq = G <= 3 ? 3 : (G <= 6 ? 6 : (G <= 9 ? 9 : 12)), ng = (G + tq - 1) / tq;
@@ -148,11 +170,14 @@ void attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, con
 
 /* Store new K or V rows x [R, KV, q, D] (float64 grid integers; strided, last dim contiguous) compactly at slots
  * starts[r] .. starts[r] + q - 1 of cache rows r: per key and head, shift = the exponent of
- * frexp(max |x|) less 15 (at least 0), m = rint(x * 2^-shift) clamped to +-32767. The same
- * numbers as `attn16.py`'s `compress`. */
+ * frexp(max |x|) less 15 (at least 0), m = rint(x * 2^-shift) clamped to +-32767, as int16; with
+ * kb == 1 (the one-byte cache) less 7, clamped to +-127, as int8. The same numbers as
+ * `attn16.py`'s `compress`. */
 void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
-                  int64_t D, const int64_t *starts, int16_t *m, int64_t mrs, int64_t mhs, int8_t *sh, int64_t srs,
-                  int64_t shs) {
+                  int64_t D, const int64_t *starts, void *m, int64_t mrs, int64_t mhs, int8_t *sh, int64_t srs,
+                  int64_t shs, int kb) {
+    const int bits = kb == 1 ? 7 : 15;
+    const double top_m = kb == 1 ? 127.0 : 32767.0;
     for (int64_t r = 0; r < R; r++) {
         for (int64_t h = 0; h < KV; h++) {
             for (int64_t t = 0; t < q; t++) {
@@ -162,14 +187,14 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
                 for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
                 int e = 0;
                 frexp(top, &e);
-                int s = e - 15 > 0 ? e - 15 : 0;
+                int s = e - bits > 0 ? e - bits : 0;
                 double f = pow2(-s);
-                int64_t slot = starts[r] + t;
-                int16_t *mt = m + r * mrs + h * mhs + slot * D;
+                int64_t slot = starts[r] + t, at = r * mrs + h * mhs + slot * D;
                 for (int64_t d = 0; d < D; d++) {
                     double v = nearbyint(xt[d] * f);
-                    v = v > 32767.0 ? 32767.0 : (v < -32767.0 ? -32767.0 : v);
-                    mt[d] = (int16_t)v;
+                    v = v > top_m ? top_m : (v < -top_m ? -top_m : v);
+                    if (kb == 1) ((int8_t *)m)[at + d] = (int8_t)v;
+                    else ((int16_t *)m)[at + d] = (int16_t)v;
                 }
                 sh[r * srs + h * shs + slot] = (int8_t)s;
             }
@@ -177,17 +202,21 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
     }
 }
 
-/* m [R, KV, S, D] int16 (strided rows and heads) and shifts -> out [R, KV, S, D] float64, contiguous:
- * m * 2^shift, for a wide round's matmuls (many queries read each key: a float64 GEMM pays). */
-void attn16_decompress(const int16_t *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
-                       const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads) {
+/* m [R, KV, S, D] int16 (int8 where kb == 1; strided rows and heads) and shifts -> out [R, KV, S, D]
+ * float64, contiguous: m * 2^shift, for a wide round's matmuls (many queries read each key: a
+ * float64 GEMM pays). */
+void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
+                       const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t j = 0; j < S; j++) {
             int64_t r = rh / KV, h = rh % KV;
-            const int16_t *mj = m + r * mrs + h * mhs + j * D;
+            int64_t at = r * mrs + h * mhs + j * D;
             double f = pow2(sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
-            for (int64_t d = 0; d < D; d++) o[d] = (double)mj[d] * f;
+            if (kb == 1)
+                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * f;
+            else
+                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int16_t *)m)[at + d] * f;
         }
     }
 }
@@ -305,9 +334,9 @@ static __thread double *direct_buf = NULL;
 static __thread size_t direct_cap = 0;
 
 int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV, int64_t D, const int64_t *starts,
-                  int64_t S, int16_t *kc, int16_t *vc, int64_t crs, int64_t chs, int8_t *ks, int8_t *vs,
+                  int64_t S, void *kc, void *vc, int64_t crs, int64_t chs, int8_t *ks, int8_t *vs,
                   int64_t srs, int64_t shs, const double *mask, int64_t mrs, int64_t mts, double scale,
-                  double shift, double vscale, uint16_t *out, int threads) {
+                  double shift, double vscale, uint16_t *out, int threads, int kb) {
     int64_t heads = nq + 2 * KV, J = nq / KV, G = J * w, n = R * KV * G;
     size_t need = (size_t)n * (size_t)(S + D + 1) + ((size_t)n * (size_t)(2 * D + 1) + 7) / 8;
     if (need > direct_cap) {
@@ -321,8 +350,8 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
     int8_t *qs = (int8_t *)(qi + n * D);
     int64_t xrs = w * heads * D, xts = heads * D;
     int qb = q_bits(D);
-    attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs);
-    attn16_store(x + (nq + KV) * D, xrs, D, xts, R, KV, w, D, starts, vc, crs, chs, vs, srs, shs);
+    attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs, kb);
+    attn16_store(x + (nq + KV) * D, xrs, D, xts, R, KV, w, D, starts, vc, crs, chs, vs, srs, shs, kb);
     for (int64_t r = 0; r < R; r++)  /* q [R, nq, w, D] -> [R, KV, J w, D]: head kv J + j, query t at row j w + t */
         for (int64_t kv = 0; kv < KV; kv++)
             for (int64_t g = 0; g < G; g++) {
@@ -330,31 +359,34 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                 qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
             }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    int words = int_pv_on && D % 32 == 0 && pv_uniform(vs, R, KV, S, srs, shs);  /* the integer weighted sums */
+    int words = int_pv_on && D % 32 == 0 && D <= WIDE_D &&  /* the integer weighted sums */
+                (kb == 1 ? pv_fits8(vs, R, KV, S, srs, shs) : pv_uniform(vs, R, KV, S, srs, shs));
     if (threads > 1 && S >= SPLIT_MIN && G <= 3 && words) {
         int32_t *scr = words_scratch((size_t)split_scratch(n, S, D, threads));
         if (scr) {
             if (split_attention(qi, qs, R, KV, G, w, D, S, kc, vc, crs, chs, ks, vs, srs, shs, mask, mrs, mts, scale,
-                                shift, vscale, sc, pv, den, scr, threads))
-                attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+                                shift, vscale, sc, pv, den, scr, threads, kb)
+                && attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads, kb))
+                return 1;
             attn16_out(pv, den, R, KV, J, w, D, out);
             return 0;
         }
     }
 #endif
-    scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN);
+    scores_i16(qi, qs, R, KV, G, D, kc, crs, chs, ks, srs, shs, S, sc, threads, PAR_MIN, kb);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     int64_t ws = (S + 1) / 2 + 16;  /* the integer weighted sums' words, written as the weights are made */
     int32_t *wh = words ? words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S))) : NULL;
     if (wh && !weights_impl(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads, wh, wh + n * ws, ws)) {
-        pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, (double *)(wh + 2 * n * ws), threads);
+        pv_words(wh, wh + n * ws, ws, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, (double *)(wh + 2 * n * ws), threads,
+                 kb);
         attn16_out(pv, den, R, KV, J, w, D, out);
         return 0;
     }
     if (!wh)  /* else sc holds the weights already, one past 2^20: the float64 tiles */
 #endif
     attn16_weights(sc, R, KV, G, S, w, mask, mrs, mts, scale, shift, vscale, den, threads);
-    attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads);
+    if (attn16_pv(sc, R, KV, G, D, vc, crs, chs, vs, srs, shs, S, pv, threads, kb)) return 1;
     attn16_out(pv, den, R, KV, J, w, D, out);
     return 0;
 }

@@ -26,16 +26,17 @@ import torch
 from selfspec.kernels import build
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = [_P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, ctypes.c_int]
+_C = ctypes.c_int
+_ARGS = [_P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _C, _C]
 
 
-_STORE = [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I]
-_DECOMPRESS = [_P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _P, ctypes.c_int]
+_STORE = [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _C]
+_DECOMPRESS = [_P, _I, _I, _I, _I, _I, _I, _P, _I, _I, _P, _C, _C]
 _D = ctypes.c_double
 _WEIGHTS = [_P, _I, _I, _I, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
 _EXP = [_P, _I]
 _OUT = [_P, _P, _I, _I, _I, _I, _I, _P]
-_DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _D, _D, _D, _P, ctypes.c_int]
+_DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _D, _D, _D, _P, _C, _C]
 # queries per key head read in place (rounds of up to 32 tokens here; 48 until a linear one-pass
 # round of 20 tokens was measured: a forward of 20 / 32 tokens 20-25% / 10-15% faster in place at
 # 128-3,000 cached tokens, `benchmarks/forward_curve.py`); wider ones decompress once and run a GEMM
@@ -70,30 +71,34 @@ def _fn(name: str):
         fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
                        "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT,
                        "attn16_pv_wide": [], "attn16_set_int_pv": [ctypes.c_int]}.get(name, _ARGS)
-        fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores", "attn16_pv_wide",
+        fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores", "attn16_pv", "attn16_pv_wide",
                                               "attn16_set_int_pv") else None
     return fn
 
 
-MANTISSA = 15  # bits of a compact value's magnitude (int16)
+MANTISSA = {torch.int16: 15, torch.int8: 7}  # bits of a compact value's magnitude, by the cache's dtype
 
 
-def compress(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grid integers x [..., D] (float64) -> (int16 [..., D], shift int8 [...]) with
-    x ~= m * 2^shift: shift the least that fits the row's largest |x| below 2^15, rounding half to
-    even. Example: [40000., -3., 1.] -> shift 1, m [20000, -2, 0] (3 / 2 = 1.5 -> 2, 1 / 2 -> 0)."""
+def compress(x: torch.Tensor, dtype: torch.dtype = torch.int16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grid integers x [..., D] (float64) -> (m [..., D] in `dtype`, shift int8 [...]) with
+    x ~= m * 2^shift: shift the least that fits the row's largest |x| below 2^15 (int16) or 2^7
+    (int8, the one-byte cache), rounding half to even, clamped to +-(2^bits - 1).
+    Example (int16): [40000., -3., 1.] -> shift 1, m [20000, -2, 0] (3 / 2 = 1.5 -> 2, 1 / 2 -> 0);
+    (int8): [300., -3., 1.] -> shift 2, m [75, -1, 0]."""
+    bits = MANTISSA[dtype]
     top = x.abs().amax(-1)
-    shift = (torch.frexp(top).exponent - MANTISSA).clamp_(min=0)
-    m = torch.round(x * torch.exp2(-shift.double())[..., None]).clamp_(-(2 ** MANTISSA - 1), 2 ** MANTISSA - 1)
-    return m.to(torch.int16), shift.to(torch.int8)
+    shift = (torch.frexp(top).exponent - bits).clamp_(min=0)
+    m = torch.round(x * torch.exp2(-shift.double())[..., None]).clamp_(-(2 ** bits - 1), 2 ** bits - 1)
+    return m.to(dtype), shift.to(torch.int8)
 
 
 def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False):
     """Write x [R, KV, q, D] (float64 grid integers) compressed into cache views m [R, KV, cap, D]
-    (int16) and shift [R, KV, cap] at slots starts[r] .. starts[r] + q - 1 of each row."""
+    (int16, or int8: the one-byte cache) and shift [R, KV, cap] at slots starts[r] .. starts[r] + q - 1
+    of each row."""
     fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else _fn("attn16_store")
     if fn is None:
-        c, s = compress(x)
+        c, s = compress(x, m.dtype)
         q = x.shape[2]
         for r, st in enumerate(starts):
             m[r, :, st : st + q] = c[r]
@@ -102,11 +107,11 @@ def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tens
     R, KV, q, D = x.shape
     st = (ctypes.c_int64 * R)(*starts)
     fn(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), R, KV, q, D, ctypes.addressof(st), m.data_ptr(),
-       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1))
+       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1), m.element_size())
 
 
 def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """int16 m [..., D] and shifts [...] -> the float64 integers m * 2^shift."""
+    """int16 (or int8) m [..., D] and shifts [...] -> the float64 integers m * 2^shift."""
     return m.double() * torch.exp2(shift.double())[..., None]
 
 
@@ -120,7 +125,7 @@ def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         buf = _scratch.buf = torch.empty(max(m.numel(), grown), dtype=torch.float64)
     out = buf[: m.numel()].view(R, KV, S, D)
     _fn("attn16_decompress")(m.data_ptr(), R, KV, S, D, m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0),
-                             shift.stride(1), out.data_ptr(), torch.get_num_threads())
+                             shift.stride(1), out.data_ptr(), torch.get_num_threads(), m.element_size())
     return out
 
 
@@ -135,7 +140,7 @@ def _pv_wide() -> bool:
 
 
 def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.int16 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+    return (x.device.type == "cpu" and x.dtype in MANTISSA and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
             and shift.stride(-1) == 1 and x.shape[-1] <= 256)
 
 
@@ -158,9 +163,9 @@ def round_q(q: torch.Tensor) -> torch.Tensor:
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
-    """q [R, KV, G, D] float64, k [R, KV, S, D] int16 (a view of the cache), shift [R, KV, S]
-    int8 -> [R, KV, G, S] float64: round_q(q) @ (k * 2^shift)^T, exact (in C, int16 products summed
-    in int32, at every width: no float64 copy of the keys)."""
+    """q [R, KV, G, D] float64, k [R, KV, S, D] int16 or int8 (a view of the cache), shift
+    [R, KV, S] int8 -> [R, KV, G, S] float64: round_q(q) @ (k * 2^shift)^T, exact (in C, int16
+    products summed in int32, at every width: no float64 copy of the keys)."""
     fn = None if fallback or not _ok(k, shift) else _fn("attn16_scores")
     if fn is None:
         return torch.matmul(round_q(q), decompress(k, shift).transpose(-1, -2))
@@ -169,14 +174,14 @@ def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: b
     q = q.contiguous()
     out = torch.empty(R, KV, G, S, dtype=torch.float64)
     if fn(q.data_ptr(), R, KV, G, D, k.data_ptr(), k.stride(0), k.stride(1), shift.data_ptr(), shift.stride(0),
-          shift.stride(1), S, out.data_ptr(), torch.get_num_threads()):
+          shift.stride(1), S, out.data_ptr(), torch.get_num_threads(), k.element_size()):
         raise MemoryError("attn16: out of memory for the rounded query rows")
     return out
 
 
 def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
-    """p [R, KV, G, S] float64, v [R, KV, S, D] int16, shift [R, KV, S] -> [R, KV, G, D] float64:
-    p @ (v * 2^shift), exact."""
+    """p [R, KV, G, S] float64, v [R, KV, S, D] int16 or int8, shift [R, KV, S] -> [R, KV, G, D]
+    float64: p @ (v * 2^shift), exact."""
     fn = None if fallback or not _ok(v, shift) else _fn("attn16_pv")
     if fn is None:
         return torch.matmul(p, decompress(v, shift))
@@ -186,8 +191,9 @@ def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback:
     D = v.shape[-1]
     p = p.contiguous()
     out = torch.empty(R, KV, G, D, dtype=torch.float64)
-    fn(p.data_ptr(), R, KV, G, D, v.data_ptr(), v.stride(0), v.stride(1), shift.data_ptr(), shift.stride(0),
-       shift.stride(1), S, out.data_ptr(), torch.get_num_threads())
+    if fn(p.data_ptr(), R, KV, G, D, v.data_ptr(), v.stride(0), v.stride(1), shift.data_ptr(), shift.stride(0),
+          shift.stride(1), S, out.data_ptr(), torch.get_num_threads(), v.element_size()):
+        raise MemoryError("attn16: out of memory for a one-byte cache's widened values")
     return out
 
 
@@ -267,7 +273,7 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     """One layer's exact attention for a narrow round in one C call, or None where it cannot run (no
     kernel, a wide round, layouts it does not read): x [R, w, nq + 2 KV, D] float64 (q, k and v heads
     on their grids); the new K and V stored at slots starts[r] .. of cache rows row + r of k / v
-    [rows, KV, cap, D] (int16) with their shifts [rows, KV, cap]; then `scores`, `weights`,
+    [rows, KV, cap, D] (int16, or int8: the one-byte cache) with their shifts [rows, KV, cap]; then `scores`, `weights`,
     `weighted` and `out` over slots 0 .. max(starts) + w - 1, the same calls in the same order
     (the same bits) -> bf16 [R, w, nq D]. mask as `weights` takes it."""
     R, w, heads, D = x.shape
@@ -275,7 +281,8 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     if (not direct_fits(R, KV, (nq // KV) * w, max(starts) + w)
             or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu)):
         return None
-    if not (_ok(k, kshift) and _ok(v, vshift) and k.stride() == v.stride() and kshift.stride() == vshift.stride()
+    if not (_ok(k, kshift) and _ok(v, vshift) and k.dtype == v.dtype and k.stride() == v.stride()
+            and kshift.stride() == vshift.stride()
             and k.shape[0] >= row + R):
         return None
     if mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1):
@@ -285,10 +292,10 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
         return None
     o = torch.empty((R, w, nq * D), dtype=torch.bfloat16)
     st = (ctypes.c_int64 * R)(*starts)
-    crs, srs = k.stride(0), kshift.stride(0)
-    if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr() + 2 * row * crs,
-          v.data_ptr() + 2 * row * crs, crs, k.stride(1), kshift.data_ptr() + row * srs,
+    crs, srs, kb = k.stride(0), kshift.stride(0), k.element_size()
+    if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr() + kb * row * crs,
+          v.data_ptr() + kb * row * crs, crs, k.stride(1), kshift.data_ptr() + row * srs,
           vshift.data_ptr() + row * srs, srs, kshift.stride(1), *_mask_args(mask), scale, shift, vscale,
-          o.data_ptr(), torch.get_num_threads()):
+          o.data_ptr(), torch.get_num_threads(), kb):
         raise MemoryError("attn16: out of memory for the attention's scratch")
     return o

@@ -127,8 +127,9 @@ static inline __m128i hsum4_epi32x16(__m512i a0, __m512i a1, __m512i a2, __m512i
  * instructions and a quarter of a four-way reduction; up to three query rows (a one-token round's
  * heads of one key head) stay in registers across the keys, more are read three at a time for every
  * four keys. The same integer sums, so the same bits. Returns the first key it left. */
-static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int16_t *kh, const int8_t *sh,
-                              int64_t j, int64_t j1, int64_t S, double *out) {
+static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *qi, const int8_t *qs, int64_t G,
+                                                                const void *kh, const int8_t *sh, int64_t j, int64_t j1,
+                                                                int64_t S, double *out, const int kb) {
     const int64_t D = 64;
     __m512i q[3][2];
     for (int u = 0; u < 3; u++) {  /* up to three rows: held for the whole block of keys */
@@ -137,13 +138,13 @@ static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, co
         q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
     }
     for (; j + 4 <= j1; j += 4) {
-        const int16_t *k0 = kh + j * D;
         __m256d fk = pow2_x4(sh + j);
         __m512i x[4][2];
-        for (int v = 0; v < 4; v++) {
-            x[v][0] = _mm512_loadu_si512((const void *)(k0 + v * D));
-            x[v][1] = _mm512_loadu_si512((const void *)(k0 + v * D + 32));
-        }
+        for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
+            for (int c = 0; c < 2; c++)
+                x[v][c] = kb == 1 ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+                                        (const __m256i *)((const int8_t *)kh + (j + v) * D + 32 * c)))
+                                  : _mm512_loadu_si512((const void *)((const int16_t *)kh + (j + v) * D + 32 * c));
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             if (G > 3)  /* more: three at a time for every four keys */
                 for (int u = 0; u < 3; u++) {
@@ -162,36 +163,95 @@ static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, co
     }
     return j;
 }
+
+static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int16_t *kh, const int8_t *sh,
+                              int64_t j, int64_t j1, int64_t S, double *out) {
+    return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 2);
+}
+
+static int64_t scores_i8_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int8_t *kh, const int8_t *sh,
+                             int64_t j, int64_t j1, int64_t S, double *out) {
+    return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 1);
+}
 #endif
 
-/* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k, shifts and scores as attn16_scores */
+/* scores of keys j .. j1 - 1 (int16 rows kh [.., D], shifts sh) for G rounded query rows, into
+ * out [G, S]: the widest loop this CPU has, then one key at a time. */
+static void scores_rows(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int16_t *kh,
+                        const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (D == 64) j = scores_i16_z64(qh, qsh, G, kh, sh, j, j1, S, out);
+#endif
+#if defined(__AVX2__)
+    if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
+#endif
+    for (; j < j1; j++) {
+        const int16_t *kj = kh + j * D;
+        for (int64_t i = 0; i < G; i++) {
+            const int16_t *q = qh + i * D;
+            int32_t acc = 0;
+            for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
+            out[i * S + j] = (double)acc * pow2(qsh[i] + sh[j]);
+        }
+    }
+}
+
+/* The one-byte cache (kb == 1): K and V as int8 mantissas with a shift per token and key head.
+ * Its rows are widened to int16 a block of keys at a time into this thread's scratch, which stays
+ * in L1, and the int16 loops run on it unchanged: half the bytes come from memory, the same
+ * integers reach the products. */
+#define WIDE_KEYS 96  /* keys a widened block holds (48 pairs: the weighted sums' blocks of 6) */
+#define WIDE_D 256    /* the widest head the blocks hold */
+static __thread int16_t wide_buf[WIDE_KEYS * WIDE_D];
+
+/* n rows of int8 src [n, D] -> int16 dst [n, D]; with sh, row j times 2^sh[j] (sh[j] <= 8 keeps
+ * |m| 2^sh <= 127 x 256 below 2^15: exact) */
+static inline void widen8(const int8_t *src, int64_t n, int64_t D, const int8_t *sh, int16_t *dst) {
+    for (int64_t j = 0; j < n; j++) {
+        const int8_t *s = src + j * D;
+        int16_t *o = dst + j * D;
+        int e = sh ? sh[j] : 0;
+        int64_t d = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        __m128i c = _mm_cvtsi32_si128(e);
+        for (; d + 32 <= D; d += 32)
+            _mm512_storeu_si512((void *)(o + d), _mm512_sll_epi16(_mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const __m256i *)(s + d))), c));
+#endif
+        for (; d < D; d++) o[d] = (int16_t)(s[d] * (1 << e));
+    }
+}
+
+/* scores_rows over a one-byte cache's keys j .. j1 - 1 (rows k8 [.., D]): widened in registers for D = 64
+ * on AVX-512, else a widened block at a time (and the keys z64 left) */
+static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int8_t *k8,
+                         const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    if (D == 64) j = scores_i8_z64(qh, qsh, G, k8, sh, j, j1, S, out);  /* widened in registers */
+#endif
+    for (int64_t b = j; b < j1; b += WIDE_KEYS) {
+        int64_t n = j1 - b < WIDE_KEYS ? j1 - b : WIDE_KEYS;
+        widen8(k8 + b * D, n, D, NULL, wide_buf);
+        scores_rows(qh, qsh, G, D, wide_buf, sh + b, 0, n, S, out + b);
+    }
+}
+
+/* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k (int16, or int8 where kb == 1), shifts
+ * and scores as attn16_scores */
 static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t D,
-                       const int16_t *k, int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs,
-                       int64_t S, double *scores, int threads, int64_t par_min) {
+                       const void *k, int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs,
+                       int64_t S, double *scores, int threads, int64_t par_min, int kb) {
     int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= par_min)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t jb = 0; jb < nj; jb++) {
-            int64_t r = rh / KV, h = rh % KV;
-            const int16_t *qh = qi + rh * G * D, *kh = k + r * krs + h * khs;
+            int64_t r = rh / KV, h = rh % KV, off = r * krs + h * khs;
+            const int16_t *qh = qi + rh * G * D;
             const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
             double *out = scores + rh * G * S;
             int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-            if (D == 64) j = scores_i16_z64(qh, qsh, G, kh, sh, j, j1, S, out);
-#endif
-#if defined(__AVX2__)
-            if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
-#endif
-            for (; j < j1; j++) {
-                const int16_t *kj = kh + j * D;
-                for (int64_t i = 0; i < G; i++) {
-                    const int16_t *q = qh + i * D;
-                    int32_t acc = 0;
-                    for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
-                    out[i * S + j] = (double)acc * pow2(qsh[i] + sh[j]);
-                }
-            }
+            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)k + off, sh, j, j1, S, out);
+            else scores_rows(qh, qsh, G, D, (const int16_t *)k + off, sh, j, j1, S, out);
         }
     }
 }

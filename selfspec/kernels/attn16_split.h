@@ -28,10 +28,10 @@ static inline int64_t split_scratch(int64_t n, int64_t S, int64_t D, int threads
  * weight was no integer in 0 .. 2^20 (sc then holds every weight and den their sums: the float64
  * tiles take over). */
 static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t w,
-                           int64_t D, int64_t S, const int16_t *kc, const int16_t *vc, int64_t crs, int64_t chs,
+                           int64_t D, int64_t S, const void *kc, const void *vc, int64_t crs, int64_t chs,
                            const int8_t *ks, const int8_t *vs, int64_t srs, int64_t shs, const double *mask,
                            int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *sc,
-                           double *pv, double *den, int32_t *scratch, int threads) {
+                           double *pv, double *den, int32_t *scratch, int threads, int kb) {
     int64_t n = R * KV * G, ws = (S + 1) / 2 + 16, tq = pv_group(G);
     int32_t *wh = scratch, *wl = scratch + n * ws;
     double *maxes = (double *)(scratch + 2 * n * ws), *sums = maxes + threads * n, *parts = sums + threads * n;
@@ -43,19 +43,12 @@ static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64
         int64_t j0 = t * span < S ? t * span : S, j1 = j0 + span < S ? j0 + span : S;
         double *tmax = maxes + t * n, *tsum = sums + t * n, *part = parts + t * n * 2 * D;
         for (int64_t rh = 0; rh < R * KV; rh++) {  /* scores of keys j0 .. j1 - 1 */
-            int64_t r = rh / KV, h = rh % KV;
-            const int16_t *qh = qi + rh * G * D, *kh = kc + r * crs + h * chs;
+            int64_t r = rh / KV, h = rh % KV, off = r * crs + h * chs;
+            const int16_t *qh = qi + rh * G * D;
             const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
             double *out = sc + rh * G * S;
-            int64_t j = j0;
-            if (D == 64) j = scores_i16_z64(qh, qsh, G, kh, sh, j, j1, S, out);
-            else if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
-            for (; j < j1; j++)
-                for (int64_t i = 0; i < G; i++) {
-                    int32_t acc = 0;
-                    for (int64_t d = 0; d < D; d++) acc += (int32_t)qh[i * D + d] * kh[j * D + d];
-                    out[i * S + j] = (double)acc * pow2(qsh[i] + sh[j]);
-                }
+            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)kc + off, sh, j0, j1, S, out);
+            else scores_rows(qh, qsh, G, D, (const int16_t *)kc + off, sh, j0, j1, S, out);
         }
         for (int64_t row = 0; row < n; row++) {  /* weights_impl's first steps, on these keys */
             double *sr = sc + row * S, top = -INFINITY;
@@ -88,9 +81,13 @@ static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64
             for (int64_t rh = 0; rh < R * KV; rh++)
                 for (int64_t i0 = 0; i0 < G; i0 += tq) {
                     int64_t r = rh / KV, h = rh % KV, nr = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
-                    const int16_t *vh = vc + r * crs + h * chs;
-                    pv_chunks_of(wh + row * ws, wl + row * ws, ws, nr, tq, S, D, j0 / 2, (j1 + 1) / 2, vh,
-                                 part + row * 2 * D);
+                    int64_t off = r * crs + h * chs;
+                    if (kb == 1)
+                        pv_chunks_of8(wh + row * ws, wl + row * ws, ws, nr, tq, S, D, j0 / 2, (j1 + 1) / 2,
+                                      (const int8_t *)vc + off, vs + r * srs + h * shs, part + row * 2 * D);
+                    else
+                        pv_chunks_of(wh + row * ws, wl + row * ws, ws, nr, tq, S, D, j0 / 2, (j1 + 1) / 2,
+                                     (const int16_t *)vc + off, part + row * 2 * D);
                 }
         #pragma omp barrier
         for (int64_t row = t; row < n; row += T) {  /* the rows' totals */
@@ -98,8 +95,8 @@ static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64
             for (int u = 0; u < T; u++) sum += sums[u * n + row];
             den[row] = sum * vscale;
             int64_t rh = row / G;
-            pv_sum_parts(parts + row * 2 * D, T, n * 2 * D, D, pow2(vs[(rh / KV) * srs + (rh % KV) * shs]),
-                         pv + row * D);
+            pv_sum_parts(parts + row * 2 * D, T, n * 2 * D, D,
+                         kb == 1 ? 1.0 : pow2(vs[(rh / KV) * srs + (rh % KV) * shs]), pv + row * D);
         }
     }
     return bad;

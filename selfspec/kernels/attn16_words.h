@@ -34,7 +34,19 @@ static int pv_uniform(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_
     return !diff;
 }
 
-/* weights p [n, S] (doubles) -> wh, wl [n, ws] (ws >= (S + 1) / 2 + 8); 0 where one is no integer in 0 .. 2^20 */
+/* a one-byte cache's V: every shift at most 8, so that its values widened times 2^shift (widen8) are
+ * int16 with one shift (0) for the int32 lanes */
+static int pv_fits8(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_t srs, int64_t shs) {
+    int over = 0;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < KV; h++) {
+            const int8_t *sh = vs + r * srs + h * shs;
+            #pragma omp simd reduction(|:over)
+            for (int64_t j = 0; j < S; j++) over |= sh[j] > 8;
+        }
+    return !over;
+}
+
 /* one row's weights sr [S] -> its words whr, wlr [(S + 1) / 2 + 8]; nonzero where a weight is no
  * integer in 0 .. 2^20 */
 static int row_words(const double *sr, int64_t S, int32_t *whr, int32_t *wlr) {
@@ -78,6 +90,15 @@ static int32_t *words_scratch(size_t need) {
     return pvw_buf;
 }
 
+/* 32 values of key j at element `at` of a V head: int16, or (kb == 1) int8 widened times 2^vsh[j] */
+static inline __attribute__((always_inline)) __m512i load_v32(const void *vh, const int8_t *vsh, const int kb,
+                                                              int64_t at, int64_t j) {
+    if (kb == 1)
+        return _mm512_sll_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((const int8_t *)vh + at))),
+                                _mm_cvtsi32_si128(vsh[j]));
+    return _mm512_loadu_si512((const void *)((const int16_t *)vh + at));
+}
+
 #define PV_BLOCK 6     /* key pairs one zero test of the high limbs covers (PV_FLUSH = 5 blocks) */
 
 /* Pairs m0 .. m1 - 1 for n <= Q queries (their words rows ws apart) and dimensions d0 .. d0 + 32 ND - 1,
@@ -87,7 +108,8 @@ static int32_t *words_scratch(size_t need) {
  * and a skipped product is an exact zero, so the sums are the same integers. */
 static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
                                                            const int ND, int64_t S, int64_t D, int64_t d0, int64_t m0,
-                                                           int64_t m1, const int16_t *vh, double *acc) {
+                                                           int64_t m1, const void *vh, const int8_t *vsh, const int kb,
+                                                           double *acc) {
     enum { Q = 3 };  /* six queries rarely leave a block without a high limb: pv_words_tile takes them */
     const int32_t *hr[Q], *lr[Q];
     for (int u = 0; u < Q; u++) {
@@ -110,9 +132,9 @@ static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, co
             }
 #define PV_PAIR(m, rows)                                                                                          \
     {                                                                                                             \
-        const int16_t *ra = vh + 2 * (m) * D + d0, *rb = 2 * (m) + 1 < S ? ra + D : ra; /* a last odd key: weight 0 */ \
+        int64_t ja = 2 * (m), jb = 2 * (m) + 1 < S ? ja + 1 : ja; /* a last odd key: weight 0 */                \
         for (int c = 0; c < ND; c++) {                                                                            \
-            __m512i va = _mm512_loadu_si512((const void *)(ra + 32 * c)), vb = _mm512_loadu_si512((const void *)(rb + 32 * c)); \
+            __m512i va = load_v32(vh, vsh, kb, ja * D + d0 + 32 * c, ja), vb = load_v32(vh, vsh, kb, jb * D + d0 + 32 * c, jb); \
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);                       \
             for (int u = 0; u < Q; u++) {                                                                         \
                 DPWSSD_BCAST(a[u][c][0], x0, rows[u][m]);                                                         \
@@ -151,8 +173,8 @@ static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, co
  * block of pairs without a high limb, and pv_chunk's second pass would read the values again). */
 static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *wh, const int32_t *wl, int64_t ws,
                                                                 int64_t n, const int Q, int64_t S, int64_t D,
-                                                                int64_t d0, int64_t m0, int64_t m1, const int16_t *vh,
-                                                                double sums[6][2][32]) {
+                                                                int64_t d0, int64_t m0, int64_t m1, const void *vh,
+                                                                const int8_t *vsh, const int kb, double sums[6][2][32]) {
     const int32_t *hr[6], *lr[6];
     for (int u = 0; u < Q; u++) {
         hr[u] = wh + (u < n ? u : 0) * ws;
@@ -165,8 +187,8 @@ static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *w
         for (int u = 0; u < Q; u++)
             for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
         for (int64_t m = w0; m < w1; m++) {
-            const int16_t *ra = vh + 2 * m * D + d0, *rb = 2 * m + 1 < S ? ra + D : ra;  /* a last odd key: weight 0 */
-            __m512i va = _mm512_loadu_si512((const void *)ra), vb = _mm512_loadu_si512((const void *)rb);
+            int64_t ja = 2 * m, jb = 2 * m + 1 < S ? ja + 1 : ja;  /* a last odd key: weight 0 */
+            __m512i va = load_v32(vh, vsh, kb, ja * D + d0, ja), vb = load_v32(vh, vsh, kb, jb * D + d0, jb);
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
             for (int u = 0; u < Q; u++) {
                 DPWSSD_BCAST(a[u][0][0], x0, hr[u][m]);
@@ -204,12 +226,14 @@ static inline void pv_sum_parts(const double *parts, int64_t nparts, int64_t str
 
 /* n <= tq queries' pairs m0 .. m1 - 1, every dimension, into acc [n][2][D]: pv_chunk (its zero
  * tests) for a group of three, pv_words_tile for six */
-static inline void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws, int64_t n, int64_t tq, int64_t S,
-                                int64_t D, int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
+static inline __attribute__((always_inline)) void pv_chunks_impl(const int32_t *hr, const int32_t *lr, int64_t ws,
+                                                                 int64_t n, int64_t tq, int64_t S, int64_t D, int64_t m0,
+                                                                 int64_t m1, const void *vh, const int8_t *vsh,
+                                                                 const int kb, double *acc) {
     if (tq == 6) {
         double sums[6][2][32];
         for (int64_t d0 = 0; d0 < D; d0 += 32) {
-            pv_words_tile(hr, lr, ws, n, 6, S, D, d0, m0, m1, vh, sums);
+            pv_words_tile(hr, lr, ws, n, 6, S, D, d0, m0, m1, vh, vsh, kb, sums);
             for (int64_t u = 0; u < n; u++)
                 for (int l = 0; l < 2; l++)
                     for (int i = 0; i < 32; i++) acc[(u * 2 + l) * D + d0 + i] += sums[u][l][i];
@@ -217,9 +241,21 @@ static inline void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws
         return;
     }
     for (int64_t d0 = 0; d0 < D; d0 += (D - d0) % 64 == 0 ? 64 : 32) {
-        if ((D - d0) % 64 == 0) pv_chunk(hr, lr, ws, n, 2, S, D, d0, m0, m1, vh, acc);
-        else pv_chunk(hr, lr, ws, n, 1, S, D, d0, m0, m1, vh, acc);
+        if ((D - d0) % 64 == 0) pv_chunk(hr, lr, ws, n, 2, S, D, d0, m0, m1, vh, vsh, kb, acc);
+        else pv_chunk(hr, lr, ws, n, 1, S, D, d0, m0, m1, vh, vsh, kb, acc);
     }
+}
+
+static void pv_chunks_of(const int32_t *hr, const int32_t *lr, int64_t ws, int64_t n, int64_t tq, int64_t S,
+                         int64_t D, int64_t m0, int64_t m1, const int16_t *vh, double *acc) {
+    pv_chunks_impl(hr, lr, ws, n, tq, S, D, m0, m1, vh, NULL, 2, acc);
+}
+
+/* pv_chunks_of over a one-byte cache's V (rows v8 [S, D], shifts sh, all at most 8: pv_fits8): each
+ * value widened times its 2^shift as it is loaded (load_v32), so the sums' factor is 1 */
+static void pv_chunks_of8(const int32_t *hr, const int32_t *lr, int64_t ws, int64_t n, int64_t tq, int64_t S,
+                          int64_t D, int64_t m0, int64_t m1, const int8_t *v8, const int8_t *sh, double *acc) {
+    pv_chunks_impl(hr, lr, ws, n, tq, S, D, m0, m1, v8, sh, 1, acc);
 }
 
 /* queries a weighted-sums task takes: threes with the zero tests up to two of them (a one- or
@@ -251,10 +287,11 @@ static inline int64_t pv_part(int64_t R, int64_t KV, int64_t G, int64_t D, int64
  * same result, so the keys split over the threads however long the context (a one-token round's three
  * key heads alone would leave one thread a third of the work). part: pv_part doubles. */
 static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R, int64_t KV, int64_t G, int64_t D,
-                     const int16_t *v, int64_t vrs, int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S,
-                     double *out, double *part, int threads) {
+                     const void *vc, int64_t vrs, int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S,
+                     double *out, double *part, int threads, int kb) {
     int64_t np = (S + 1) / 2;
-    if (np <= PV_CHUNK) {  /* a short context: tasks of 3 or 6 queries and 32 dimensions over every pair, no partials */
+    const int16_t *v = (const int16_t *)vc;
+    if (np <= PV_CHUNK && kb == 2) {  /* a short context: tasks of 3 or 6 queries and 32 dimensions over every pair, no partials */
         int64_t tq = G <= 3 ? 3 : 6, ng = (G + tq - 1) / tq, nd = D / 32;
         #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
         for (int64_t rh = 0; rh < R * KV; rh++)
@@ -264,9 +301,9 @@ static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R
                     const int16_t *vh = v + (rh / KV) * vrs + (rh % KV) * vhs;
                     double f = pow2(vs[(rh / KV) * srs + (rh % KV) * shs]), sums[6][2][32];
                     if (tq == 3)
-                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, vh, sums);
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, vh, NULL, 2, sums);
                     else
-                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, vh, sums);
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, vh, NULL, 2, sums);
                     for (int64_t u = 0; u < n; u++)  /* one part of 32 dimensions: the sums are the result */
                         pv_sum_parts(sums[u][0], 1, 0, 32, f, out + (row + u) * D + 32 * db);
                 }
@@ -282,13 +319,17 @@ static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R
         const int16_t *vh = v + r * vrs + h * vhs;
         double *acc = part + t * per;
         memset(acc, 0, (size_t)per * sizeof(double));
-        pv_chunks_of(wh + row * ws, wl + row * ws, ws, n, tq, S, D, m0, m1, vh, acc);
+        if (kb == 1)
+            pv_chunks_of8(wh + row * ws, wl + row * ws, ws, n, tq, S, D, m0, m1,
+                          (const int8_t *)vc + r * vrs + h * vhs, vs + r * srs + h * shs, acc);
+        else
+            pv_chunks_of(wh + row * ws, wl + row * ws, ws, n, tq, S, D, m0, m1, vh, acc);
     }
     #pragma omp parallel for schedule(static) num_threads(threads) if (R * KV * G * nc * D * 64 >= PAR_MIN)
     for (int64_t row = 0; row < R * KV * G; row++) {
         int64_t rh = row / G, rq = rh * ng + (row % G) / tq, u = (row % G) % tq;
-        pv_sum_parts(part + rq * nc * per + u * 2 * D, nc, per, D, pow2(vs[(rh / KV) * srs + (rh % KV) * shs]),
-                     out + row * D);
+        pv_sum_parts(part + rq * nc * per + u * 2 * D, nc, per, D,
+                     kb == 1 ? 1.0 : pow2(vs[(rh / KV) * srs + (rh % KV) * shs]), out + row * D);
     }
 }
 #endif

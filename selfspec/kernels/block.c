@@ -23,7 +23,7 @@ typedef int (*linear_t)(const void *x, int x_bf16, int64_t M, int64_t K, const u
 typedef int (*direct_t)(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV, int64_t D,
                         const int64_t *starts, int64_t S, const void *k, const void *v, int64_t crs, int64_t chs,
                         const void *ks, const void *vs, int64_t srs, int64_t shs, const double *mask, int64_t mrs,
-                        int64_t mts, double scale, double shift, double vscale, void *out, int threads);
+                        int64_t mts, double scale, double shift, double vscale, void *out, int threads, int kb);
 typedef void (*rms_t)(const float *h, int64_t M, int64_t H, const float *w, double eps, void *out, int out_bf16,
                       int threads);
 typedef void (*add_rms_t)(float *h, const uint16_t *o, int64_t M, int64_t H, const float *w, double eps, void *out,
@@ -57,7 +57,8 @@ typedef struct {
  * the layer's last add_rms applies; kv[4 i ..] = K, V, K shifts, V shifts of cache row `row`
  * (already offset); grid[3 i ..] = scale, shift, vscale of the layer's attention; lab[8 i + 2 g ..]
  * = A^T, scale B^T (fp32) of LoRA group g of layer i (NULL: none), lr[4 i + g] its rank, lrows
- * [nl] the draft rows (flat; nl = 0: no LoRA). h [M, H] fp32,
+ * [nl] the draft rows (flat; nl = 0: no LoRA); kb: bytes a cached value takes (2: int16, 1: int8,
+ * the one-byte cache). h [M, H] fp32,
  * the residual stream, updated in place; out [M, H] fp32: the final norm's output. Returns 0, or
  * 1 when memory ran out (nothing of the cache is then certain: the caller raises). */
 int block_layers(const kernels_t *kn, int64_t L, int64_t R, int64_t w, int64_t H, int64_t nq, int64_t KV, int64_t D,
@@ -65,7 +66,7 @@ int block_layers(const kernels_t *kn, int64_t L, int64_t R, int64_t w, int64_t H
                  const void *const *kv, const double *grid, int64_t crs, int64_t chs, int64_t srs, int64_t shs,
                  const int64_t *starts, int64_t S, const double *mask, int64_t mrs, int64_t mts, const int64_t *pos,
                  const double *const *tables, double rope_vscale, double eps, float *h, float *out,
-                 const float *const *lab, const int64_t *lr, const int64_t *lrows, int64_t nl, int threads) {
+                 const float *const *lab, const int64_t *lr, const int64_t *lrows, int64_t nl, int threads, int kb) {
     int64_t M = R * w, heads = nq + 2 * KV;
     uint16_t *x = malloc((size_t)(M * H) * 2), *qkv = malloc((size_t)(M * heads * D) * 2);
     uint16_t *a = malloc((size_t)(M * nq * D) * 2), *o = malloc((size_t)(M * H) * 2);
@@ -82,7 +83,7 @@ int block_layers(const kernels_t *kn, int64_t L, int64_t R, int64_t w, int64_t H
         if (err) break;
         kn->rope(qkv, pos, M, nq, KV, KV, D, tables[0], tables[1], tables[2], tables[3], rope_vscale, xs, threads);
         err = kn->direct(xs, R, w, nq, KV, D, starts, S, c[0], c[1], crs, chs, c[2], c[3], srs, shs, mask, mrs, mts,
-                         g[0], g[1], g[2], a, threads)
+                         g[0], g[1], g[2], a, threads, kb)
               || kn->linear(a, 1, M, nq * D, wi[1], H, o, 1, threads) || LORA(1, a, nq * D, o, H);
         if (err) break;
         kn->add_rms(h, o, M, H, norms[2 * i + 1], eps, x, 1, threads);

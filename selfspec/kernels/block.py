@@ -26,7 +26,7 @@ class _Kernels(ctypes.Structure):
 
 
 _ARGS = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _D, _D,
-         _P, _P, _P, _P, _P, _I, ctypes.c_int]
+         _P, _P, _P, _P, _P, _I, ctypes.c_int, ctypes.c_int]
 _state: dict = {}
 
 
@@ -79,13 +79,13 @@ def _cache_layout(cache, row: int):
     ks, vs, shifts = cache.k, cache.v, cache.shifts
     k0, s0 = ks[0], shifts[0]
     out = None
-    if (attn16._ok(k0, s0) and all(t.stride() == k0.stride() and t.dtype is torch.int16 for t in ks + vs)
+    if (attn16._ok(k0, s0) and all(t.stride() == k0.stride() and t.dtype is k0.dtype for t in ks + vs)
             and all(t.stride() == s0.stride() for t in shifts)):
-        crs, srs = k0.stride(0), s0.stride(0)
-        ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + 2 * row * crs, vs[i].data_ptr() + 2 * row * crs,
+        crs, srs, kb = k0.stride(0), s0.stride(0), k0.element_size()
+        ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + kb * row * crs, vs[i].data_ptr() + kb * row * crs,
                                                      shifts[2 * i].data_ptr() + row * srs,
                                                      shifts[2 * i + 1].data_ptr() + row * srs)]
-        out = ((crs, k0.stride(1), srs, s0.stride(1)), (_P * len(ptrs))(*ptrs))
+        out = ((crs, k0.stride(1), srs, s0.stride(1), kb), (_P * len(ptrs))(*ptrs))
     cache.scratch[("block", row)] = (cache.shape, out)
     return out
 
@@ -111,7 +111,7 @@ def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: in
     output [R w, H] fp32; None where the one-call attention would not run (the caller's loop then
     does the same in steps). `cache`: a compact `engine.cache.BatchKVCache` (K / V [rows, KV, cap,
     D] int16 per layer, their shifts [rows, KV, cap] int8); row: the first of its rows. `lora`: a
-    draft LoRA's (`lora_of`, flat draft rows int64) or None."""
+    draft LoRA's (`lora_of`, flat draft rows int64) or None. A one-byte cache (int8 K / V) runs too."""
     fn = _entry()
     if (fn is None or not attn16.direct_fits(R, kv, (nq // kv) * w, max(starts) + w) or cache.shape[0] < row + R
             or max(starts) + w > cache.shape[2]
@@ -121,7 +121,7 @@ def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: in
     layout = _cache_layout(cache, row)
     if layout is None:
         return None
-    (crs, chs, srs, shs), kvp = layout
+    (crs, chs, srs, shs, kb), kvp = layout
     ws, norms, nxt, F, grid, _ = weights
     M, H = h.shape
     st = (ctypes.c_int64 * R)(*starts)
@@ -133,6 +133,6 @@ def run(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int, w: in
           chs, srs, shs, at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
           h.data_ptr(), out.data_ptr(), None if lora is None else at(lora[0][0]),
           None if lora is None else at(lora[0][1]), None if lora is None else lora[1].data_ptr(),
-          0 if lora is None else int(lora[1].shape[0]), torch.get_num_threads()):
+          0 if lora is None else int(lora[1].shape[0]), torch.get_num_threads(), kb):
         raise MemoryError("block: out of memory for a layer's scratch")
     return out

@@ -57,7 +57,8 @@ def cmd_generate_batch(a) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
+                      kv_cache_dtype=a.kv_cache_dtype)
     results = generate(model, tok, prompts, seed=a.seed, batch_size=a.batch_size, profile=a.profile,
                        stop=a.stop or None, **decode_kwargs(a))
     for i, r in enumerate(results):

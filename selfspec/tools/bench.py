@@ -284,7 +284,8 @@ def cmd_bench(a) -> int:
         os.remove(probe)
     except OSError as e:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
+                      kv_cache_dtype=a.kv_cache_dtype)
     if batch:
         from selfspec.tools.bench_batch import cmd_batch_bench
 

@@ -106,7 +106,8 @@ def cmd_chat(a) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
+                      kv_cache_dtype=a.kv_cache_dtype)
     kw, lines = model_sampling(kw, resolve(a.model, progress=False))
     for line in lines:
         print(line, file=sys.stderr)

@@ -61,7 +61,8 @@ def cmd_generate(a) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
+                      kv_cache_dtype=a.kv_cache_dtype)
     gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **decode_kwargs(a))
     note = layout_note(model, cfg, a.profile)  # after the request's checks: bad input is one error line
     if note:

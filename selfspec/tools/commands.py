@@ -33,7 +33,8 @@ def cmd_trace(a) -> int:
         prompt = a.prompt
     if not prompt:
         raise SystemExit("error: empty prompt")
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
+                      kv_cache_dtype=a.kv_cache_dtype)
     gen = generate(model, tok, prompt, seed=a.seed, stop=a.stop or None, trace=True, profile=a.profile,
                    **decode_kwargs(a))
     size = gen.trace.save(a.out, open_rounds=a.open_rounds, max_trees=a.max_trees)
@@ -69,7 +70,7 @@ def cmd_profile(a) -> int:
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
-    model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device)
+    model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
     t0 = time.time()
     rows = tuple(r for r in ROWS if r < a.batch_size) + (next((r for r in ROWS if r >= a.batch_size), ROWS[-1]),)
     prof = measure(model, rows=rows)

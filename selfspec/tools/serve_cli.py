@@ -273,7 +273,7 @@ def cmd_serve(a) -> int:
     _check(a)
     cfg = _decode_config(a)  # bad options fail before the model loads
     model_id, aliases = model_names(a.model, a.served_model_name)
-    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device)
+    model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
     defaults = model_defaults(resolve(a.model, progress=False), a.max_tokens)
     memory = server_memory(model, cfg, a.max_batch, defaults.max_tokens, a.max_context)  # before any cache or cost model
     options = ServiceOptions(model_id=model_id, aliases=aliases, max_batch=a.max_batch, max_queue=a.max_queue,
