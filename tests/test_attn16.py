@@ -1,7 +1,8 @@
-"""The compact exact cache: K and V as int16 with a power-of-two shift per token and head. The C
-kernels (store, scores, weighted sums; read in place or decompressed for wide rounds) give the
-bits of the torch fallback, a token's values round-trip within half its step, and whole forwards
-stay width-invariant over it (test_invariance, test_format_matrix run on this cache)."""
+"""The compact exact cache: K and V as int16 (or int8, the one-byte cache) with a power-of-two shift
+per token and head. The C kernels (store, scores, weighted sums; read in place or decompressed for
+wide rounds) give the bits of the torch fallback, a token's values round-trip within half its
+step, and whole forwards stay width-invariant over it (test_invariance, test_format_matrix run on
+this cache; test_invariance on the one-byte cache too)."""
 
 import pytest
 import torch
@@ -35,14 +36,30 @@ def test_compress_keeps_small_values_exact_and_large_ones_within_half_a_step():
 def test_the_docstring_example():
     m, s = attn16.compress(torch.tensor([[40000.0, -3.0, 1.0]], dtype=torch.float64))
     assert s.tolist() == [1] and m.tolist() == [[20000, -2, 0]]
+    m, s = attn16.compress(torch.tensor([[300.0, -3.0, 1.0]], dtype=torch.float64), torch.int8)
+    assert s.tolist() == [2] and m.tolist() == [[75, -1, 0]] and m.dtype == torch.int8
+
+
+def test_the_one_byte_cache_keeps_seven_bits_exact_and_rounds_the_rest_within_half_a_step():
+    x = _grid_ints(2, 3, 40, 64, bits=9)
+    x[0, 0, 5] = torch.arange(64, dtype=torch.float64) - 32  # a token that fits 7 bits
+    m, s = attn16.compress(x, torch.int8)
+    back = attn16.decompress(m, s)
+    small = x.abs().amax(-1) < 2 ** 7
+    assert bool(small[0, 0, 5]) and torch.equal(back[small], x[small])  # stored exactly
+    step = torch.exp2(s.double())[..., None]
+    clamped = x.abs() >= 127.5 * step  # rounds to 128: kept at 127, within one step
+    assert bool(((back - x).abs() <= step / 2)[~clamped].all()) and bool(((back - x).abs() <= step)[clamped].all())
+    assert int(m.abs().max()) <= 127 and int(s.max()) >= 3 and bool(clamped.any())
 
 
 @needs_kernel
+@pytest.mark.parametrize("dt", [torch.int16, torch.int8])
 @pytest.mark.parametrize("R,q", [(1, 1), (1, 7), (3, 4)])
-def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q):
+def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q, dt):
     x = _grid_ints(R, q, 3, 64, seed=R + q).transpose(1, 2)  # the forward's strided K / V
     starts = [2 + 3 * r for r in range(R)]
-    bufs = [torch.zeros(R, 3, 32, 64, dtype=torch.int16), torch.zeros(R, 3, 32, dtype=torch.int8)]
+    bufs = [torch.zeros(R, 3, 32, 64, dtype=dt), torch.zeros(R, 3, 32, dtype=torch.int8)]
     ref = [b.clone() for b in bufs]
     attn16.store(x, starts, *bufs)
     attn16.store(x, starts, *ref, fallback=True)
@@ -51,11 +68,15 @@ def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dt, bits", [(torch.int16, 17), (torch.int8, 12), (torch.int8, 16)])
 @pytest.mark.parametrize("G", [1, 2, 3, 4, 5, 7, 9, 10, 13, 15, 48, attn16.DIRECT_MAX, attn16.DIRECT_MAX + 1, 375])
-# every tile the weighted sums take (3, 6, 9, 12 queries, a last one of 1-3 beside full ones), in place and wide
-def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G):
+# every tile the weighted sums take (3, 6, 9, 12 queries, a last one of 1-3 beside full ones), in place and wide;
+# the one-byte cache's values widened in registers (shifts up to 8: the integer lanes) or once (past 8)
+def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G, dt, bits):
     R, KV, S, D = 2, 3, 301, 64  # keys in blocks of 64, read four at a time: 301 leaves a tail of one
-    m, s = attn16.compress(_grid_ints(R, KV, S + 20, D))
+    x = _grid_ints(R, KV, S + 20, D, bits=bits)
+    m, s = attn16.compress(x if bits > 12 else x.clamp(-(2 ** 15 - 1), 2 ** 15 - 1), dt)
+    assert dt == torch.int16 or (int(s.max()) > 8) == (bits == 16)
     k, ks = m[:, :, :S], s[:, :, :S]  # views of a larger cache, as the runtime passes them
     q = _grid_ints(R, KV, G, D, bits=14, seed=1)
     assert torch.equal(attn16.scores(q, k, ks), attn16.scores(q, k, ks, fallback=True))
@@ -99,9 +120,10 @@ def test_weighted_sums_in_integers_are_the_float64_sums_at_their_bounds(case, G)
 
 
 @needs_kernel
+@pytest.mark.parametrize("dt", [torch.int16, torch.int8])
 @pytest.mark.parametrize("pattern", ["small with a few large", "largest with gaps"])
 @pytest.mark.parametrize("G", [1, 3, 4, 7])
-def test_weighted_sums_over_a_long_context_are_the_float64_sums(pattern, G):
+def test_weighted_sums_over_a_long_context_are_the_float64_sums(pattern, G, dt):
     """A long context's keys split into chunks the threads sum apart, and the high limbs of a block
     of six key pairs are skipped where every query's weights there are below 2^10: the skipped
     products are zeros, so every sum is the fallback's. The largest weights and values with whole
@@ -120,6 +142,10 @@ def test_weighted_sums_over_a_long_context_are_the_float64_sums(pattern, G):
         v.fill_(-32768)
         for start in range(0, S, 36):
             p[..., start:start + 12] = 0.0  # every third block of 12 keys: skipped between full ones
+    if dt == torch.int8:  # the one-byte cache: the same values, 7 bits and a shift (1 .. 8) each
+        v, shift = attn16.compress(v.double().clamp(-32767, 32767), dt)
+        shift[..., ::5] = 8  # the largest a value widened in registers may take: +-127 x 2^8
+        assert int(shift.max()) == 8
     assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
 
 

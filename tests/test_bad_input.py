@@ -143,6 +143,8 @@ GENERATE_OPTIONS = [
     (["--device", "warp9"], "unknown device 'warp9'"),
     (["--dtype", "int8"], "dtype torch.int8 is not a floating-point type"),
     (["--dtype", "float99"], "unknown dtype 'float99'"),
+    (["--kv-cache-dtype", "fp8"], "argument --kv-cache-dtype: invalid choice: 'fp8'"),
+    (["--weights", "fp32", "--kv-cache-dtype", "int8"], "kv_cache_dtype='int8' is a compact cache of the exact"),
 ]
 
 
@@ -257,6 +259,9 @@ def test_from_pretrained_refuses_a_truncated_file_before_transformers_reads_it(b
     (dict(device="warp9"), ValueError, "unknown device"),
     (dict(dtype="int8"), ValueError, "not a floating-point type"),
     (dict(path=NO_MODEL), FileNotFoundError, "does not exist"),
+    (dict(kv_cache_dtype="fp8"), ValueError, "unknown kv_cache_dtype 'fp8'"),
+    (dict(weights="fp32", kv_cache_dtype="int8"), ValueError, "fp32 keeps a float cache"),
+    (dict(dtype="float32", kv_cache_dtype="int8"), ValueError, "fp32 keeps a float cache"),
 ])
 def test_load_with_a_bad_argument_raises_before_model_work(kwargs, exc, match, tiny_dir, no_model_work):
     kwargs.setdefault("path", str(tiny_dir))

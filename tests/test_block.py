@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selfspec.engine import forward as fw
-from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.formats import set_weights
 from selfspec.engine.forward import FastForward
@@ -72,8 +72,10 @@ def _rounds(m, one_call: bool):
     return out
 
 
-def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls):
-    m = _model()
+@pytest.mark.parametrize("kv", ["int16", "int8"])
+def test_the_one_call_gives_the_loops_bits_alone_and_in_a_batch(calls, kv):
+    m = set_kv_cache_dtype(_model(), kv)
+    assert BatchForward.of(m).new_cache(1, 4).dtype == getattr(torch, kv)
     fast = _rounds(m, True)
     assert calls[0] == 9  # the 30-token prefill and every round above took the one call
     slow = _rounds(m, False)
@@ -101,9 +103,10 @@ def test_wide_rounds_and_other_formats_take_the_loop(calls):
     assert calls[0] == 1
 
 
+@pytest.mark.parametrize("kv", ["int16", "int8"])
 @pytest.mark.parametrize("mode", ["ar", "lookup", "auto"])
-def test_greedy_output_with_the_one_call_equals_the_loops(mode, calls):
-    m = _model(layers=2)
+def test_greedy_output_with_the_one_call_equals_the_loops(mode, calls, kv):
+    m = set_kv_cache_dtype(_model(layers=2), kv)
     prompt = (torch.arange(5, 30) % 12 + 4).tolist()
     cfg = DecodeConfig(mode=mode, max_new_tokens=24, temperature=0.0, block_length=4)
     FastForward.of(m)._block = (None,)

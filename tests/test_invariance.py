@@ -1,6 +1,7 @@
-"""Exact by construction: in bf16, int8 and int4 a row's logits are bitwise the same whatever the
-round's width, the tree, the padding and the other rows of the batch, so every mode's greedy
-output equals AR's in every format; exact attention sums do not depend on where the keys sit.
+"""Exact by construction: in bf16, int8, int4 and w4a8, over the int16 cache and the one-byte (int8)
+one, a row's logits are bitwise the same whatever the round's width, the tree, the padding and the
+other rows of the batch, so every mode's greedy output equals AR's in every format; exact
+attention sums do not depend on where the keys sit.
 (bf16 on the tiny models' short rows: on CPUs with native bf16 dot products a long row is not
 invariant, which `formats.invariant` finds on the real model; see test_quant.)"""
 
@@ -9,15 +10,26 @@ import torch
 
 from selfspec.drafting.tree import Tree, ancestors, chain
 from selfspec.engine.attention import exact_attention, grid_for, on_grid
-from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine import formats
+from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
 from selfspec.engine.decoder import generate_batch_ids, generate_ids
-from selfspec.engine.formats import set_weights
 from selfspec.engine.masks import additive, rows_layout, tree_block
 from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
 
-FORMATS = ["bf16", "int8", "int4", "w4a8"]
+# every exact weight format, with the int16 cache and with the one-byte (int8) cache
+FORMATS = ["bf16", "int8", "int4", "w4a8", "bf16+kv8", "int8+kv8", "int4+kv8", "w4a8+kv8"]
+
+
+def set_weights(m, fmt: str):
+    """`fmt` ("w4a8", or "w4a8+kv8": with K and V cached as int8) put on m."""
+    name, _, kv = fmt.partition("+")
+    m = formats.set_weights(m, name)
+    if kv:
+        set_kv_cache_dtype(m, "int8")
+        assert BatchForward.of(m).new_cache(1, 4).k[0].dtype == torch.int8
+    return m
 NEG = float("-inf")
 
 

@@ -80,14 +80,14 @@ def test_attention_output_in_bf16_heads_side_by_side_is_the_twins(w):
     assert torch.equal(attn16.out(pv, den, w), attn16.out(pv, den, w, fallback=True))
 
 
-def _layer_inputs(R, S, seed=6, first=0, bits=16):
-    """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache whose rows first .. first + R - 1
-    hold S - 1 tokens (the rows before them others); values of about 2^bits (bits 12: every V
-    shift 0)."""
+def _layer_inputs(R, S, seed=6, first=0, bits=16, dtype=torch.int16):
+    """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache (int16, or int8: the one-byte cache)
+    whose rows first .. first + R - 1 hold S - 1 tokens (the rows before them others); values of
+    about 2^bits (bits 12: every V shift 0 in int16, at most 8 in int8)."""
     from selfspec.engine.cache import BatchKVCache
 
     g = torch.Generator().manual_seed(seed)
-    cache = BatchKVCache([torch.device("cpu")], 3, 64, first + R, S + 8, torch.int16)
+    cache = BatchKVCache([torch.device("cpu")], 3, 64, first + R, S + 8, dtype)
     old = torch.round(torch.randn(first + R, 3, S - 1, 64, generator=g, dtype=torch.float64) * 2.0 ** bits)
     cache.write(0, slice(0, first + R), [0] * (first + R), old, old * 0.5)
     x = torch.round(torch.randn(R, 1, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** bits)
@@ -95,8 +95,9 @@ def _layer_inputs(R, S, seed=6, first=0, bits=16):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8])
 @pytest.mark.parametrize("R,masked,first", [(1, False, 0), (1, True, 0), (3, True, 0), (2, True, 2)])
-def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first):
+def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first, dtype):
     """attn16.direct (store K and V, scores, weights, weighted sums, bf16 output in one C call)
     against the same steps one by one (`BatchKVCache.write` and `exact_attention`)."""
     from selfspec.engine.attention import exact_attention, grid_for
@@ -112,8 +113,8 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
         mask[..., 7] = float("-inf")
         mask = mask[0, 0] if R == 1 else mask
     args = (grid.scale, grid.shift, 2.0 ** grid.v)
-    c1, x = _layer_inputs(R, S, first=first)  # rows first.. (a prefill chunk's rows sit behind the live ones)
-    c2, _ = _layer_inputs(R, S, first=first)
+    c1, x = _layer_inputs(R, S, first=first, dtype=dtype)  # rows first.. (a prefill chunk's rows behind the live ones)
+    c2, _ = _layer_inputs(R, S, first=first, dtype=dtype)
     rows = slice(first, first + R)
     a = c1.write_attend(0, rows, starts, x, 9, mask, *args)
     assert a is not None and a.shape == (R, 1, 9 * 64)
@@ -126,8 +127,9 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first)
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8])
 @pytest.mark.parametrize("S,R,w,threads", [(512, 1, 1, 2), (1037, 1, 1, 2), (1037, 2, 1, 3), (700, 2, 3, 2)])
-def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w, threads):
+def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w, threads, dtype):
     """From 512 keys a one-token round splits its keys over the threads (`attn16_split.h`): each
     thread's scores, weights and partial weighted sums, the maxima and sums met across threads; a
     wider round (w = 3) takes the chunked weighted sums. Against the steps one by one: rows of
@@ -147,8 +149,8 @@ def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        c1, x = _layer_inputs(R, S, bits=12)
-        c2, _ = _layer_inputs(R, S, bits=12)
+        c1, x = _layer_inputs(R, S, bits=12, dtype=dtype)
+        c2, _ = _layer_inputs(R, S, bits=12, dtype=dtype)
         x = torch.cat([x] * w, 1) + torch.arange(w, dtype=torch.float64).view(1, w, 1, 1)  # w different tokens
         a = c1.write_attend(0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
         xs = x.transpose(1, 2)
@@ -161,8 +163,9 @@ def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8])
 @pytest.mark.parametrize("R,w,first", [(1, 1, 0), (3, 1, 0), (1, 3, 0), (2, 5, 2)])
-def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, first):
+def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, first, dtype):
     """Where V's shifts agree (values below 2^15), the one call's weighted sums run in int32 lanes
     on AVX-512 VNNI (`pv_words`, words written with the weights): the same bits as with that path
     off (`attn16_set_int_pv`), for one token, three (tiles of six queries and a last one of three),
@@ -182,8 +185,9 @@ def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, fi
     toggle = attn16._fn("attn16_set_int_pv")
     outs = []
     for on in (1, 0):
-        cache, x = _layer_inputs(R, S, first=first, bits=12)
-        assert int(cache.shifts[1].abs().max()) == 0  # V shifts all 0: the integer path's condition
+        cache, x = _layer_inputs(R, S, first=first, bits=12, dtype=dtype)
+        vmax = int(cache.shifts[1].max())  # the integer path's condition: V shifts all 0 (int16), at most 8 (int8)
+        assert vmax == 0 if dtype == torch.int16 else 0 < vmax <= 8
         before = toggle(on)
         try:
             outs.append(cache.write_attend(0, slice(first, first + R), starts, torch.cat([x] * w, 1), 9, mask, *args))

@@ -1,0 +1,53 @@
+"""The exact formats' KV cache: int16 by default, int8 (the one-byte cache) when asked. The kernels
+and whole forwards over it are checked with the int16 cache's tests (test_attn16, test_layer_kernels,
+test_block, test_invariance); here, the option itself: what it costs in bytes, where it is refused,
+and that a cost model is measured for the cache it plans over."""
+
+import pytest
+import torch
+
+from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
+from selfspec.engine.cost import identity
+from selfspec.engine.formats import set_weights
+
+from conftest import tiny_model
+
+
+def test_the_one_byte_cache_holds_a_token_in_about_half_the_bytes():
+    m = set_weights(tiny_model(), "w4a8")
+    cfg = m.config
+    layers, kv, d = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    assert BatchForward.of(m).cache_dtype == torch.int16
+    assert BatchForward.of(m).cache_bytes(1, 1) == 2 * layers * kv * (2 * d + 1)  # K and V, a shift per head each
+    set_kv_cache_dtype(m, "int8")
+    bf = BatchForward.of(m)
+    assert bf.cache_dtype == torch.int8 and bf.new_cache(2, 16).k[0].dtype == torch.int8
+    assert bf.cache_bytes(3, 10) == 3 * 10 * 2 * layers * kv * (d + 1)
+    set_kv_cache_dtype(m, "int16")
+    assert BatchForward.of(m).cache_dtype == torch.int16
+
+
+@pytest.mark.parametrize("bad, match", [("fp8", "unknown kv_cache_dtype 'fp8'"), ("int4", "unknown kv_cache_dtype")])
+def test_an_unknown_cache_dtype_is_refused_by_name(bad, match):
+    m = set_weights(tiny_model(), "int4")
+    with pytest.raises(ValueError, match=match):
+        set_kv_cache_dtype(m, bad)
+    assert BatchForward.of(m).cache_dtype == torch.int16  # nothing changed
+
+
+def test_a_float_model_keeps_its_float_cache_and_refuses_the_one_byte_one():
+    m = tiny_model()  # fp32: transformers' numerics, a float cache
+    with pytest.raises(ValueError, match="compact cache of the exact weight formats"):
+        set_kv_cache_dtype(m, "int8")
+    assert BatchForward.of(m).cache_dtype == torch.float32
+    set_kv_cache_dtype(m, "int16")  # the default: accepted, and still the float cache here
+    assert BatchForward.of(m).cache_dtype == torch.float32
+
+
+def test_a_cost_model_is_measured_for_the_cache_it_plans_over():
+    """A one-byte cache reads long contexts faster, so a cost model measured over the int16 cache
+    is not the one's to plan with: the identity a cached cost model must match names the cache."""
+    m = set_weights(tiny_model(), "w4a8")
+    int16 = identity(m)
+    int8 = identity(set_kv_cache_dtype(m, "int8"))
+    assert int8 != int16 and int8["weights"] == "w4a8, int8 KV cache" and int16["weights"] == "w4a8"
