@@ -204,3 +204,19 @@ def test_a_rounded_query_row_keeps_q_bits_and_its_scores_fit_int32():
         assert torch.equal(ints, torch.round(ints)) and (r - q).abs().le(step / 2).all()
         assert ints.abs().max() * 32767 * D < 2 ** 31
         assert torch.equal(attn16.round_q(q[:7]), r[:7])  # a row's rounding is its own
+
+
+@needs_kernel
+@pytest.mark.parametrize("G", [1, 3, 7])
+@pytest.mark.parametrize("top", [8, 9])
+def test_one_byte_values_past_an_int16_lane_take_the_float64_sums(top, G):
+    """A one-byte value widened times 2^shift fits an int16 lane up to shift 8 (127 x 2^8 < 2^15);
+    one shift of 9 sends the weighted sums to the float64 tiles: the fallback's bits either way."""
+    R, KV, S, D = 1, 3, 301, 64
+    g = torch.Generator().manual_seed(7)
+    p = torch.round(torch.rand(R, KV, G, S, generator=g, dtype=torch.float64) * 2 ** 20)
+    v = torch.full((R, KV, S, D), -127, dtype=torch.int8)
+    v[:, :, ::2] = 127
+    shift = torch.full((R, KV, S), 8, dtype=torch.int8)
+    shift[0, 1, 17] = top
+    assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
