@@ -291,6 +291,7 @@ def cmd_bench(a) -> int:
 
         return cmd_batch_bench(a, model, tok, prompts, out, prompts_path)
     t0 = time.time()
+    from selfspec.engine.batch_forward import BatchForward
     from selfspec.engine.forward import FastForward
 
     weights = FastForward.of(model).weights
@@ -317,6 +318,8 @@ def cmd_bench(a) -> int:
         "command": "python -m selfspec " + " ".join(a.argv),
         "settings": {k: v for k, v in vars(a).items() if k not in ("func", "argv")},
         "model": os.path.abspath(model_dir), "dtype": str(model.dtype), "weights": weights, "device": str(model.device),
+        "kv_cache": {"dtype": str(BatchForward.of(model).cache_dtype).replace("torch.", ""),
+                     "bytes_per_token": BatchForward.of(model).cache_bytes(1, 1)},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
         "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts), "wall_seconds": round(time.time() - t0, 1),
