@@ -1,5 +1,6 @@
 /* The exact attention's two matmuls over the compact cache (int16 with a power-of-two shift per
- * key and head), read in place: no float64 copy of the cache is made.
+ * key and head, or int8 where kb == 1: the one-byte cache, widened to int16 as it is read), read in
+ * place: no float64 copy of the cache is made.
  *
  *   scores[r, h, i, j] = 2^ks[r, h, j] * sum_d q[r, h, i, d] * k[r, h, j, d]
  *   out[r, h, i, d]    = sum_j p[r, h, i, j] * 2^vs[r, h, j] * v[r, h, j, d]

@@ -14,6 +14,10 @@ whose layers run in one C call, `block.c`) the kernel reads the int16 cache in p
 the float64 cache's bytes. Wider rounds (a prefill's chunks) do too where the kernel has AVX-512
 tiles (twice the speed of torch's float64 GEMM of this skinny shape, `attn16_pv_wide`); elsewhere
 they decompress into a reused buffer in one C pass and run torch's GEMM.
+
+The one-byte cache (int8 mantissas, `compress(x, torch.int8)`: 7 bits) runs through the same
+calls: the kernels widen its values to int16 in registers (V times its 2^shift, exact up to shift
+8), so the same integer sums read half the bytes.
 """
 
 from __future__ import annotations
