@@ -220,3 +220,53 @@ def test_one_byte_values_past_an_int16_lane_take_the_float64_sums(top, G):
     shift = torch.full((R, KV, S), 8, dtype=torch.int8)
     shift[0, 1, 17] = top
     assert torch.equal(attn16.weighted(p, v, shift), attn16.weighted(p, v, shift, fallback=True))
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@needs_kernel
+@pytest.mark.parametrize("march, needs", [("x86-64", set()), ("haswell", {"avx2", "fma", "f16c"})],
+                         ids=["scalar", "avx2"])
+def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(tmp_path, monkeypatch, march, needs):
+    """What CPUs without AVX-512 run (this one takes the AVX-512 paths): the kernels built for them,
+    over the int16 and the one-byte cache (its values widened as they are loaded), against the
+    torch fallback."""
+    import ctypes
+    import os
+
+    if os.uname().machine not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
+        pytest.skip("an x86 CPU with these instructions")
+    out = str(tmp_path / f"attn16_{march}.so")
+    flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
+    assert build.compile_c(build.compiler(), os.path.join(build.HERE, "attn16.c"), out, flags) is None
+    lib, real = ctypes.CDLL(out), attn16._fn
+
+    def fn(name):
+        f, ours = getattr(lib, name), real(name)
+        f.argtypes, f.restype = ours.argtypes, ours.restype
+        return f
+
+    monkeypatch.setattr(attn16, "_fn", fn)
+    monkeypatch.setattr(attn16, "_PV_WIDE", None)
+    R, KV, S, D = 2, 3, 301, 64
+    for dt, bits in ((torch.int16, 17), (torch.int8, 12), (torch.int8, 16)):
+        x = _grid_ints(R, KV, S + 20, D, bits=bits).clamp(-(2 ** 17), 2 ** 17)
+        bufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=torch.int8)]
+        ref = [b.clone() for b in bufs]
+        attn16.store(x, [0, 0], *bufs)
+        attn16.store(x, [0, 0], *ref, fallback=True)
+        assert torch.equal(bufs[0], ref[0]) and torch.equal(bufs[1], ref[1])
+        k, ks = bufs[0][:, :, :S], bufs[1][:, :, :S]
+        for G in (1, 3, 7, 13, attn16.DIRECT_MAX + 1):
+            q = _grid_ints(R, KV, G, D, bits=14, seed=G)
+            assert torch.equal(attn16.scores(q, k, ks), attn16.scores(q, k, ks, fallback=True)), (dt, G)
+            g = torch.Generator().manual_seed(G)
+            p = torch.round(torch.rand(R, KV, G, S, generator=g, dtype=torch.float64) * 2 ** 20)
+            p[..., ::5] = 0.0
+            assert torch.equal(attn16.weighted(p, k, ks), attn16.weighted(p, k, ks, fallback=True)), (dt, G)

@@ -94,6 +94,20 @@ int attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, cons
         pv_any(p, R, KV, G, D, (const int16_t *)v, vrs, vhs, vs, srs, shs, S, out, threads);
         return 0;
     }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    if (D % 16 == 0) {  /* AVX2's tiles read the one-byte values in place (pv_any's AVX2 path, widened as loaded) */
+        int64_t ng = (G + 2) / 3, nd = D / 16;
+        #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
+        for (int64_t rh = 0; rh < R * KV; rh++)
+            for (int64_t qg = 0; qg < ng; qg++)
+                for (int64_t db = 0; db < nd; db++) {
+                    int64_t r = rh / KV, h = rh % KV, i0 = 3 * qg, n = G - i0 < 3 ? G - i0 : 3;
+                    pv_by16_8(p + (rh * G + i0) * S, n, S, D, 16 * db, (const int8_t *)v + r * vrs + h * vhs,
+                              vs + r * srs + h * shs, out + (rh * G + i0) * D);
+                }
+        return 0;
+    }
+#endif
     /* a one-byte cache the integer lanes cannot take: its values widened once (shifts kept), then the same loops */
     int16_t *w16 = malloc((size_t)(R * KV * S * D) * sizeof(int16_t));
     if (!w16) return 1;

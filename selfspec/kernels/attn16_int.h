@@ -77,10 +77,10 @@ static inline void store_scores4(double *out, __m128i sums, __m256d fk, int8_t q
 
 /* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
  * sums of sixteen products each step (D % 16 == 0). Returns the first key it left. */
-static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
-                              const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+static inline __attribute__((always_inline)) int64_t scores_by4(const int16_t *qi, const int8_t *qs, int64_t G,
+                                                                int64_t D, const void *kh, const int8_t *sh, int64_t j,
+                                                                int64_t j1, int64_t S, double *out, const int kb) {
     for (; j + 4 <= j1; j += 4) {
-        const int16_t *k0 = kh + j * D;
         __m256d fk = pow2_x4(sh + j);
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
@@ -89,7 +89,9 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
             for (int u = 0; u < 3; u++) for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_si256();
             for (int64_t d = 0; d < D; d += 16) {
                 __m256i x[4], y[3];
-                for (int v = 0; v < 4; v++) x[v] = _mm256_loadu_si256((const __m256i *)(k0 + v * D + d));
+                for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
+                    x[v] = kb == 1 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const int8_t *)kh + (j + v) * D + d)))
+                                   : _mm256_loadu_si256((const __m256i *)((const int16_t *)kh + (j + v) * D + d));
                 y[0] = _mm256_loadu_si256((const __m256i *)(q0 + d));
                 y[1] = _mm256_loadu_si256((const __m256i *)(q1 + d));
                 y[2] = _mm256_loadu_si256((const __m256i *)(q2 + d));
@@ -101,6 +103,16 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
         }
     }
     return j;
+}
+
+static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
+                              const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+    return scores_by4(qi, qs, G, D, kh, sh, j, j1, S, out, 2);
+}
+
+static int64_t scores_i8_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int8_t *kh,
+                             const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+    return scores_by4(qi, qs, G, D, kh, sh, j, j1, S, out, 1);
 }
 #endif
 
@@ -222,12 +234,15 @@ static inline void widen8(const int8_t *src, int64_t n, int64_t D, const int8_t 
     }
 }
 
-/* scores_rows over a one-byte cache's keys j .. j1 - 1 (rows k8 [.., D]): widened in registers for D = 64
- * on AVX-512, else a widened block at a time (and the keys z64 left) */
+/* scores_rows over a one-byte cache's keys j .. j1 - 1 (rows k8 [.., D]): widened in registers (AVX-512
+ * for D = 64, AVX2 for D % 16 == 0), the keys they leave a widened block at a time */
 static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int8_t *k8,
                          const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (D == 64) j = scores_i8_z64(qh, qsh, G, k8, sh, j, j1, S, out);  /* widened in registers */
+#endif
+#if defined(__AVX2__)
+    if (D % 16 == 0) j = scores_i8_by4(qh, qsh, G, D, k8, sh, j, j1, S, out);
 #endif
     for (int64_t b = j; b < j1; b += WIDE_KEYS) {
         int64_t n = j1 - b < WIDE_KEYS ? j1 - b : WIDE_KEYS;

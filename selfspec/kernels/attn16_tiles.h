@@ -59,25 +59,41 @@ static void pv_by8(const double *p, int64_t n, int64_t S, int64_t D, const int16
  * scaled once for the three queries; a key every query gives weight 0 is skipped. A task is one
  * block of sixteen dimensions, so a one-token round's three queries per key head still split
  * across the threads. Exact integer sums: the same bits as the loop in attn16_pv. */
-static void pv_by16(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int16_t *vh,
-                    const int8_t *sh, double *out) {
+static inline __attribute__((always_inline)) void pv_by16_of(const double *p, int64_t n, int64_t S, int64_t D,
+                                                             int64_t d, const void *vh, const int8_t *sh, double *out,
+                                                             const int kb) {
     const double *p0 = p, *p1 = p + (n > 1 ? 1 : 0) * S, *p2 = p + (n > 2 ? 2 : 0) * S;
     __m256d a[3][4];
     for (int u = 0; u < 3; u++) for (int t = 0; t < 4; t++) a[u][t] = _mm256_setzero_pd();
     for (int64_t j = 0; j < S; j++) {
         double w0 = p0[j], w1 = p1[j], w2 = p2[j];
         if (w0 == 0.0 && w1 == 0.0 && w2 == 0.0) continue;
-        const int16_t *vj = vh + j * D + d;
         __m256d sc = _mm256_set1_pd(pow2(sh[j]));
         __m256d x[4];
-        for (int t = 0; t < 4; t++)
-            x[t] = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)(vj + 4 * t)))), sc);
+        for (int t = 0; t < 4; t++) {  /* a one-byte cache's values widened as they are loaded */
+            int64_t at = j * D + d + 4 * t;
+            int32_t b4;
+            if (kb == 1) memcpy(&b4, (const int8_t *)vh + at, 4);
+            __m128i i4 = kb == 1 ? _mm_cvtepi8_epi32(_mm_cvtsi32_si128(b4))
+                                 : _mm_cvtepi16_epi32(_mm_loadl_epi64((const __m128i *)((const int16_t *)vh + at)));
+            x[t] = _mm256_mul_pd(_mm256_cvtepi32_pd(i4), sc);
+        }
         __m256d y[3] = {_mm256_set1_pd(w0), _mm256_set1_pd(w1), _mm256_set1_pd(w2)};
         for (int u = 0; u < 3; u++)
             for (int t = 0; t < 4; t++) a[u][t] = madd(a[u][t], y[u], x[t]);
     }
     for (int u = 0; u < n; u++)
         for (int t = 0; t < 4; t++) _mm256_storeu_pd(out + u * D + d + 4 * t, a[u][t]);
+}
+
+static void pv_by16(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int16_t *vh,
+                    const int8_t *sh, double *out) {
+    pv_by16_of(p, n, S, D, d, vh, sh, out, 2);
+}
+
+static void pv_by16_8(const double *p, int64_t n, int64_t S, int64_t D, int64_t d, const int8_t *vh,
+                      const int8_t *sh, double *out) {
+    pv_by16_of(p, n, S, D, d, vh, sh, out, 1);
 }
 #endif
 
