@@ -148,6 +148,9 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
     ms = [0 if o is None else int(o.shape[0]) for o in owners]
     N, G = max(ns), group
     q = max(N + max(ms) * G, width)
+    if q == 1 and N == 1:  # one node a row (AR): its token at its depth, no mask; what the loop below makes
+        return RowsLayout(torch.cat([t.tokens for t in trees]).view(R, 1),
+                          torch.cat([t.depths for t in trees]).view(R, 1), None, N)
     tokens = torch.full((R, q), mask_id, dtype=torch.long)
     offsets = torch.arange(q).repeat(R, 1)
     blocks = None if q == 1 else torch.empty(R, q, q)

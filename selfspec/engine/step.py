@@ -359,8 +359,11 @@ class Stepper:
             self.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
                                        base=R * q, round_seconds=own)
             ridden = taken, self._advance(taken, slot, widths, starts, chunk)
-        real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
-        logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
+        if q == 1:  # one node a row: every column is real
+            logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R, -1)), rnd)
+        else:
+            real = torch.cat([torch.arange(len(r.tree)) + i * q for i, r in enumerate(rnd.rows)])
+            logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R * q, -1)[real]), rnd)
         start, t0 = 0, self.clock()
         for r in rnd.rows:
             r.logits = logits[start : start + len(r.tree)]
