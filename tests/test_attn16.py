@@ -7,6 +7,7 @@ this cache; test_invariance on the one-byte cache too)."""
 import pytest
 import torch
 
+from selfspec.engine.cache import SIDE
 from selfspec.kernels import attn16, build
 
 needs_kernel = pytest.mark.skipif(attn16._fn("attn16_scores") is None,
@@ -38,6 +39,18 @@ def test_the_docstring_example():
     assert s.tolist() == [1] and m.tolist() == [[20000, -2, 0]]
     m, s = attn16.compress(torch.tensor([[300.0, -3.0, 1.0]], dtype=torch.float64), torch.int8)
     assert s.tolist() == [2] and m.tolist() == [[75, -1, 0]] and m.dtype == torch.int8
+    m, c = attn16.compress_scaled(torch.tensor([[300.0, -3.0, 1.0]], dtype=torch.float64))
+    assert c.tolist() == [3] and m.tolist() == [[100, -1, 0]] and c.dtype == torch.int32
+
+
+def test_the_one_byte_caches_keys_round_within_half_their_scale_and_small_ones_stay_exact():
+    x = _grid_ints(2, 3, 40, 64, bits=12)
+    x[0, 0, 5] = torch.arange(64, dtype=torch.float64) - 32  # a key within +-127: scale 1, exact
+    m, c = attn16.compress_scaled(x)
+    back = attn16.decompress(m, c)
+    assert int(c[0, 0, 5]) == 1 and torch.equal(back[0, 0, 5], x[0, 0, 5])
+    assert bool(((back - x).abs() <= c.double()[..., None] / 2).all())  # 127 c >= max |x|: never clamped
+    assert int(m.abs().max()) <= 127 and int(c.max()) > 2 ** 5
 
 
 def test_the_one_byte_cache_keeps_seven_bits_exact_and_rounds_the_rest_within_half_a_step():
@@ -54,12 +67,13 @@ def test_the_one_byte_cache_keeps_seven_bits_exact_and_rounds_the_rest_within_ha
 
 
 @needs_kernel
-@pytest.mark.parametrize("dt", [torch.int16, torch.int8])
+@pytest.mark.parametrize("dt, side", [(torch.int16, torch.int8), (torch.int8, torch.int8), (torch.int8, torch.int32)])
 @pytest.mark.parametrize("R,q", [(1, 1), (1, 7), (3, 4)])
-def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q, dt):
+def test_the_c_store_writes_the_fallbacks_bits_at_each_rows_own_slots(R, q, dt, side):
+    """int16 with shifts; the one-byte cache's V (int8 with shifts) and K (int8 with integer scales)."""
     x = _grid_ints(R, q, 3, 64, seed=R + q).transpose(1, 2)  # the forward's strided K / V
     starts = [2 + 3 * r for r in range(R)]
-    bufs = [torch.zeros(R, 3, 32, 64, dtype=dt), torch.zeros(R, 3, 32, dtype=torch.int8)]
+    bufs = [torch.zeros(R, 3, 32, 64, dtype=dt), torch.zeros(R, 3, 32, dtype=side)]
     ref = [b.clone() for b in bufs]
     attn16.store(x, starts, *bufs)
     attn16.store(x, starts, *ref, fallback=True)
@@ -78,8 +92,13 @@ def test_scores_and_weighted_sums_are_the_fallbacks_bits_in_place_and_wide(G, dt
     m, s = attn16.compress(x if bits > 12 else x.clamp(-(2 ** 15 - 1), 2 ** 15 - 1), dt)
     assert dt == torch.int16 or (int(s.max()) > 8) == (bits == 16)
     k, ks = m[:, :, :S], s[:, :, :S]  # views of a larger cache, as the runtime passes them
+    if dt == torch.int8:  # the one-byte cache's K: integer scales
+        mk, c = attn16.compress_scaled(x)
+        k, ks = mk[:, :, :S], c[:, :, :S]
+        assert int(c.max()) > 2 ** (bits - 7)
     q = _grid_ints(R, KV, G, D, bits=14, seed=1)
     assert torch.equal(attn16.scores(q, k, ks), attn16.scores(q, k, ks, fallback=True))
+    k, ks = m[:, :, :S], s[:, :, :S]
     p = torch.round(torch.rand(R, KV, G, S, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 2 ** 20)
     p[..., ::5] = 0.0  # masked keys
     p[..., 0, 1::7] = 0.0  # keys one query gives no weight and the others do
@@ -258,15 +277,21 @@ def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(tmp_
     for dt, bits in ((torch.int16, 17), (torch.int8, 12), (torch.int8, 16)):
         x = _grid_ints(R, KV, S + 20, D, bits=bits).clamp(-(2 ** 17), 2 ** 17)
         bufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=torch.int8)]
+        kbufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=SIDE[dt][0])]
+        kref = [b.clone() for b in kbufs]
+        attn16.store(x, [0, 0], *kbufs)
+        attn16.store(x, [0, 0], *kref, fallback=True)
+        assert torch.equal(kbufs[0], kref[0]) and torch.equal(kbufs[1], kref[1])
         ref = [b.clone() for b in bufs]
         attn16.store(x, [0, 0], *bufs)
         attn16.store(x, [0, 0], *ref, fallback=True)
         assert torch.equal(bufs[0], ref[0]) and torch.equal(bufs[1], ref[1])
-        k, ks = bufs[0][:, :, :S], bufs[1][:, :, :S]
+        k, ks = kbufs[0][:, :, :S], kbufs[1][:, :, :S]  # K as the cache keeps it
+        v, vs = bufs[0][:, :, :S], bufs[1][:, :, :S]  # V
         for G in (1, 3, 7, 13, attn16.DIRECT_MAX + 1):
             q = _grid_ints(R, KV, G, D, bits=14, seed=G)
             assert torch.equal(attn16.scores(q, k, ks), attn16.scores(q, k, ks, fallback=True)), (dt, G)
             g = torch.Generator().manual_seed(G)
             p = torch.round(torch.rand(R, KV, G, S, generator=g, dtype=torch.float64) * 2 ** 20)
             p[..., ::5] = 0.0
-            assert torch.equal(attn16.weighted(p, k, ks), attn16.weighted(p, k, ks, fallback=True)), (dt, G)
+            assert torch.equal(attn16.weighted(p, v, vs), attn16.weighted(p, v, vs, fallback=True)), (dt, G)

@@ -22,7 +22,7 @@ def test_the_one_byte_cache_holds_a_token_in_about_half_the_bytes():
     set_kv_cache_dtype(m, "int8")
     bf = BatchForward.of(m)
     assert bf.cache_dtype == torch.int8 and bf.new_cache(2, 16).k[0].dtype == torch.int8
-    assert bf.cache_bytes(3, 10) == 3 * 10 * 2 * layers * kv * (d + 1)
+    assert bf.cache_bytes(3, 10) == 3 * 10 * layers * kv * (2 * d + 5)  # K: an int32 scale a head, V: a shift
     set_kv_cache_dtype(m, "int16")
     assert BatchForward.of(m).cache_dtype == torch.int16
 

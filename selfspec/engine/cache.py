@@ -23,6 +23,7 @@ import torch
 from selfspec.kernels import attn16
 
 COMPACT = (torch.int16, torch.int8)  # the compact caches' value dtypes (a shift per token and head beside them)
+SIDE = {torch.int16: (torch.int8, torch.int8), torch.int8: (torch.int32, torch.int8)}  # K's and V's side arrays
 
 
 class BatchKVCache:
@@ -43,9 +44,10 @@ class BatchKVCache:
         self.dtype = dtype
         self.k = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
         self.v = [torch.zeros(self.shape, device=d, dtype=dtype) for d in self.devices]
-        # compact (int16 / int8): the shifts of K and V, per [row, kv head, slot]
-        self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=torch.int8) for d in self.devices
-                       for _ in range(2)] if self.block16 else []
+        # compact (int16 / int8): K's and V's shifts per [row, kv head, slot] (the one-byte cache's K:
+        # an integer scale, int32)
+        self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=side) for d in self.devices
+                       for side in SIDE[dtype]] if self.block16 else []
         self.lengths = [0] * self.shape[0]
         # per-request buffers the forward writes (the one-row mask): they live with the request, so
         # generations running in other threads on the same model never see each other's writes
@@ -209,5 +211,6 @@ class BatchKVCache:
     def nbytes(layers: int, n_kv: int, head_dim: int, rows: int, capacity: int, dtype: torch.dtype) -> int:
         """Bytes such a cache allocates (K and V, every layer, and a compact cache's shifts), for
         checks before allocating."""
-        per_slot = head_dim * torch.empty((), dtype=dtype).element_size() + (1 if dtype in COMPACT else 0)
-        return 2 * layers * rows * n_kv * capacity * per_slot
+        size = lambda t: torch.empty((), dtype=t).element_size()  # noqa: E731
+        per_slot = 2 * head_dim * size(dtype) + (sum(size(t) for t in SIDE[dtype]) if dtype in COMPACT else 0)
+        return layers * rows * n_kv * capacity * per_slot

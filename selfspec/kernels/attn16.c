@@ -50,12 +50,13 @@ int attn16_pv_wide(void) {
 #endif
 }
 
-/* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16, or
- * int8 where kb == 1: the one-byte cache), shifts at ks + r*srs + h*shs + j; scores [R, KV, G, S]
- * contiguous: each query row rounded (q_round) and its scores summed as int16 products
- * (scores_i16). Returns 1 when scratch cannot be had (nothing written), else 0. */
+/* q [R, KV, G, D] contiguous float64 grid integers; k rows at k + r*krs + h*khs + j*D (int16 with
+ * int8 shifts, or where kb == 1 int8 with int32 scales: the one-byte cache), their factors at
+ * ks + r*srs + h*shs + j; scores [R, KV, G, S] contiguous: each query row rounded (q_round) and its
+ * scores summed as int16 products (scores_i16). Returns 1 when scratch cannot be had (nothing
+ * written), else 0. */
 int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, const void *k,
-                  int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs, int64_t S,
+                  int64_t krs, int64_t khs, const void *ks, int64_t srs, int64_t shs, int64_t S,
                   double *scores, int threads, int kb) {
     int64_t n = R * KV * G;
     int16_t *qi = malloc((size_t)(n * D) * sizeof(int16_t));
@@ -217,18 +218,43 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
     }
 }
 
+/* A one-byte cache's new K rows x [R, KV, q, D] (as attn16_store takes them) at slots starts[r] ..: per
+ * key and head the integer scale c = max(1, ceil(max |x| / 127)) (int32) and m = rint(x / c) clamped
+ * to +-127 (int8): k ~= m c, within c / 2. The same numbers as `attn16.py`'s `compress_scaled`. */
+void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
+                     int64_t D, const int64_t *starts, int8_t *m, int64_t mrs, int64_t mhs, int32_t *c, int64_t srs,
+                     int64_t shs) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < KV; h++)
+            for (int64_t t = 0; t < q; t++) {
+                const double *xt = x + r * xrs + h * xhs + t * xts;
+                double top = 0.0;
+                #pragma omp simd reduction(max:top)
+                for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
+                double f = ceil(top / 127.0);
+                f = f > 1.0 ? f : 1.0;
+                int64_t slot = starts[r] + t, at = r * mrs + h * mhs + slot * D;
+                for (int64_t d = 0; d < D; d++) {
+                    double v = nearbyint(xt[d] / f);
+                    m[at + d] = (int8_t)(v > 127.0 ? 127.0 : (v < -127.0 ? -127.0 : v));
+                }
+                c[r * srs + h * shs + slot] = (int32_t)f;
+            }
+}
+
 /* m [R, KV, S, D] int16 (int8 where kb == 1; strided rows and heads) and shifts -> out [R, KV, S, D]
  * float64, contiguous: m * 2^shift, for a wide round's matmuls (many queries read each key: a
- * float64 GEMM pays). */
+ * float64 GEMM pays); kb == 3: a one-byte cache's K, int8 m times its int32 scale. */
 void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
-                       const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
+                       const void *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t j = 0; j < S; j++) {
             int64_t r = rh / KV, h = rh % KV;
-            int64_t at = r * mrs + h * mhs + j * D;
-            double f = pow2(sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
-            if (kb == 1)
+            int64_t at = r * mrs + h * mhs + j * D, sat = r * srs + h * shs + j;
+            double f = kb == 3 ? (double)((const int32_t *)sh)[sat] : pow2(((const int8_t *)sh)[sat]);
+            double *o = out + (rh * S + j) * D;
+            if (kb != 2)
                 for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * f;
             else
                 for (int64_t d = 0; d < D; d++) o[d] = (double)((const int16_t *)m)[at + d] * f;
@@ -349,7 +375,7 @@ static __thread double *direct_buf = NULL;
 static __thread size_t direct_cap = 0;
 
 int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV, int64_t D, const int64_t *starts,
-                  int64_t S, void *kc, void *vc, int64_t crs, int64_t chs, int8_t *ks, int8_t *vs,
+                  int64_t S, void *kc, void *vc, int64_t crs, int64_t chs, void *ks, int8_t *vs,
                   int64_t srs, int64_t shs, const double *mask, int64_t mrs, int64_t mts, double scale,
                   double shift, double vscale, uint16_t *out, int threads, int kb) {
     int64_t heads = nq + 2 * KV, J = nq / KV, G = J * w, n = R * KV * G;
@@ -365,7 +391,10 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
     int8_t *qs = (int8_t *)(qi + n * D);
     int64_t xrs = w * heads * D, xts = heads * D;
     int qb = q_bits(D);
-    attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs, kb);
+    if (kb == 1)  /* the one-byte cache's K: integer scales */
+        attn16_store_k8(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs);
+    else
+        attn16_store(x + nq * D, xrs, D, xts, R, KV, w, D, starts, kc, crs, chs, ks, srs, shs, kb);
     attn16_store(x + (nq + KV) * D, xrs, D, xts, R, KV, w, D, starts, vc, crs, chs, vs, srs, shs, kb);
     for (int64_t r = 0; r < R; r++)  /* q [R, nq, w, D] -> [R, KV, J w, D]: head kv J + j, query t at row j w + t */
         for (int64_t kv = 0; kv < KV; kv++)

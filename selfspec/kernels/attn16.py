@@ -72,7 +72,8 @@ def _fn(name: str):
         return None
     fn = getattr(lib, name)
     if fn.argtypes is None:
-        fn.argtypes = {"attn16_store": _STORE, "attn16_decompress": _DECOMPRESS, "attn16_weights": _WEIGHTS,
+        fn.argtypes = {"attn16_store": _STORE, "attn16_store_k8": _STORE[:-1], "attn16_decompress": _DECOMPRESS,
+                       "attn16_weights": _WEIGHTS,
                        "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT,
                        "attn16_pv_wide": [], "attn16_set_int_pv": [ctypes.c_int]}.get(name, _ARGS)
         fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores", "attn16_pv", "attn16_pv_wide",
@@ -96,13 +97,25 @@ def compress(x: torch.Tensor, dtype: torch.dtype = torch.int16) -> tuple[torch.T
     return m.to(dtype), shift.to(torch.int8)
 
 
+def compress_scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-byte cache's K: grid integers x [..., D] (float64) -> (m int8 [..., D], c int32 [...])
+    with x ~= m * c: the integer scale c = max(1, ceil(max |x| / 127)), m = rint(x / c) (half to
+    even) within +-127. Finer than a power of two (the largest value keeps 7 bits, not 6-7): a
+    key's rounding moves the attention's scores most. Example: [300., -3., 1.] -> c 3, m [100, -1, 0]."""
+    c = torch.ceil(x.abs().amax(-1) / 127.0).clamp_(min=1.0)
+    m = torch.round(x / c[..., None]).clamp_(-127, 127)
+    return m.to(torch.int8), c.to(torch.int32)
+
+
 def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False):
     """Write x [R, KV, q, D] (float64 grid integers) compressed into cache views m [R, KV, cap, D]
     (int16, or int8: the one-byte cache) and shift [R, KV, cap] at slots starts[r] .. starts[r] + q - 1
     of each row."""
-    fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else _fn("attn16_store")
+    scaled = shift.dtype == torch.int32  # the one-byte cache's K: integer scales
+    fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else \
+        _fn("attn16_store_k8" if scaled else "attn16_store")
     if fn is None:
-        c, s = compress(x, m.dtype)
+        c, s = compress_scaled(x) if scaled else compress(x, m.dtype)
         q = x.shape[2]
         for r, st in enumerate(starts):
             m[r, :, st : st + q] = c[r]
@@ -111,11 +124,14 @@ def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tens
     R, KV, q, D = x.shape
     st = (ctypes.c_int64 * R)(*starts)
     fn(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), R, KV, q, D, ctypes.addressof(st), m.data_ptr(),
-       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1), m.element_size())
+       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1), *(() if scaled else (m.element_size(),)))
 
 
 def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """int16 (or int8) m [..., D] and shifts [...] -> the float64 integers m * 2^shift."""
+    """int16 (or int8) m [..., D] and shifts [...] -> the float64 integers m * 2^shift; with int32
+    scales (the one-byte cache's K) m * scale."""
+    if shift.dtype == torch.int32:
+        return m.double() * shift.double()[..., None]
     return m.double() * torch.exp2(shift.double())[..., None]
 
 
@@ -129,7 +145,8 @@ def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         buf = _scratch.buf = torch.empty(max(m.numel(), grown), dtype=torch.float64)
     out = buf[: m.numel()].view(R, KV, S, D)
     _fn("attn16_decompress")(m.data_ptr(), R, KV, S, D, m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0),
-                             shift.stride(1), out.data_ptr(), torch.get_num_threads(), m.element_size())
+                             shift.stride(1), out.data_ptr(), torch.get_num_threads(),
+                             3 if shift.dtype == torch.int32 else m.element_size())
     return out
 
 
@@ -144,8 +161,9 @@ def _pv_wide() -> bool:
 
 
 def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype in MANTISSA and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
-            and shift.stride(-1) == 1 and x.shape[-1] <= 256)
+    kinds = {torch.int16: (torch.int8,), torch.int8: (torch.int8, torch.int32)}  # value, side array (K: int32)
+    return (x.device.type == "cpu" and shift.dtype in kinds.get(x.dtype, ()) and x.stride(-1) == 1
+            and x.stride(-2) == x.shape[-1] and shift.stride(-1) == 1 and x.shape[-1] <= 256)
 
 
 def q_bits(D: int) -> int:
@@ -170,7 +188,8 @@ def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: b
     """q [R, KV, G, D] float64, k [R, KV, S, D] int16 or int8 (a view of the cache), shift
     [R, KV, S] int8 -> [R, KV, G, S] float64: round_q(q) @ (k * 2^shift)^T, exact (in C, int16
     products summed in int32, at every width: no float64 copy of the keys)."""
-    fn = None if fallback or not _ok(k, shift) else _fn("attn16_scores")
+    keys = (k.dtype, shift.dtype) in ((torch.int16, torch.int8), (torch.int8, torch.int32))
+    fn = None if fallback or not (keys and _ok(k, shift)) else _fn("attn16_scores")
     if fn is None:
         return torch.matmul(round_q(q), decompress(k, shift).transpose(-1, -2))
     R, KV, G, D = q.shape
@@ -186,7 +205,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: b
 def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
     """p [R, KV, G, S] float64, v [R, KV, S, D] int16 or int8, shift [R, KV, S] -> [R, KV, G, D]
     float64: p @ (v * 2^shift), exact."""
-    fn = None if fallback or not _ok(v, shift) else _fn("attn16_pv")
+    fn = None if fallback or not (_ok(v, shift) and shift.dtype == torch.int8) else _fn("attn16_pv")
     if fn is None:
         return torch.matmul(p, decompress(v, shift))
     if p.shape[2] > DIRECT_MAX and not _pv_wide():
@@ -286,7 +305,8 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
             or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu)):
         return None
     if not (_ok(k, kshift) and _ok(v, vshift) and k.dtype == v.dtype and k.stride() == v.stride()
-            and kshift.stride() == vshift.stride()
+            and kshift.stride() == vshift.stride() and vshift.dtype == torch.int8
+            and kshift.dtype == (torch.int32 if k.dtype == torch.int8 else torch.int8)
             and k.shape[0] >= row + R):
         return None
     if mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1):
@@ -298,7 +318,7 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     st = (ctypes.c_int64 * R)(*starts)
     crs, srs, kb = k.stride(0), kshift.stride(0), k.element_size()
     if fn(x.data_ptr(), R, w, nq, KV, D, ctypes.addressof(st), max(starts) + w, k.data_ptr() + kb * row * crs,
-          v.data_ptr() + kb * row * crs, crs, k.stride(1), kshift.data_ptr() + row * srs,
+          v.data_ptr() + kb * row * crs, crs, k.stride(1), kshift.data_ptr() + kshift.element_size() * row * srs,
           vshift.data_ptr() + row * srs, srs, kshift.stride(1), *_mask_args(mask), scale, shift, vscale,
           o.data_ptr(), torch.get_num_threads(), kb):
         raise MemoryError("attn16: out of memory for the attention's scratch")

@@ -68,8 +68,19 @@ static inline __m256d pow2_x4(const int8_t *sh) {
         _mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52));
 }
 
-/* four scores of one query row: the integer sums times 2^shift_k, then 2^qs: powers of two, exact,
- * so the bits of one multiply by 2^(qs + shift_k) */
+/* the four keys' integer scales c[0..3] (a one-byte cache's K) as doubles (exact) */
+static inline __m256d scale_x4(const int32_t *c) {
+    return _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)c));
+}
+
+/* four keys' factors: 2^shift (int16 K) or the integer scale (kb == 1: the one-byte cache's K) */
+static inline __attribute__((always_inline)) __m256d key_x4(const void *sh, int64_t j, const int kb) {
+    return kb == 1 ? scale_x4((const int32_t *)sh + j) : pow2_x4((const int8_t *)sh + j);
+}
+
+/* four scores of one query row: the integer sums times the keys' factors (2^shift_k, or an integer
+ * scale: products below 2^53), then 2^qs: exact, so the bits of the float64 sums of the rounded
+ * row times the keys' values */
 static inline void store_scores4(double *out, __m128i sums, __m256d fk, int8_t qs) {
     __m256d s = _mm256_cvtepi32_pd(sums);
     _mm256_storeu_pd(out, _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs))));
@@ -78,10 +89,10 @@ static inline void store_scores4(double *out, __m128i sums, __m256d fk, int8_t q
 /* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
  * sums of sixteen products each step (D % 16 == 0). Returns the first key it left. */
 static inline __attribute__((always_inline)) int64_t scores_by4(const int16_t *qi, const int8_t *qs, int64_t G,
-                                                                int64_t D, const void *kh, const int8_t *sh, int64_t j,
+                                                                int64_t D, const void *kh, const void *sh, int64_t j,
                                                                 int64_t j1, int64_t S, double *out, const int kb) {
     for (; j + 4 <= j1; j += 4) {
-        __m256d fk = pow2_x4(sh + j);
+        __m256d fk = key_x4(sh, j, kb);
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
                           *q2 = qi + (i0 + 2 < G ? i0 + 2 : i0) * D;
@@ -111,7 +122,7 @@ static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, in
 }
 
 static int64_t scores_i8_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int8_t *kh,
-                             const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+                             const int32_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
     return scores_by4(qi, qs, G, D, kh, sh, j, j1, S, out, 1);
 }
 #endif
@@ -140,7 +151,7 @@ static inline __m128i hsum4_epi32x16(__m512i a0, __m512i a1, __m512i a2, __m512i
  * heads of one key head) stay in registers across the keys, more are read three at a time for every
  * four keys. The same integer sums, so the same bits. Returns the first key it left. */
 static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *qi, const int8_t *qs, int64_t G,
-                                                                const void *kh, const int8_t *sh, int64_t j, int64_t j1,
+                                                                const void *kh, const void *sh, int64_t j, int64_t j1,
                                                                 int64_t S, double *out, const int kb) {
     const int64_t D = 64;
     __m512i q[3][2];
@@ -150,7 +161,7 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
         q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
     }
     for (; j + 4 <= j1; j += 4) {
-        __m256d fk = pow2_x4(sh + j);
+        __m256d fk = key_x4(sh, j, kb);
         __m512i x[4][2];
         for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
             for (int c = 0; c < 2; c++)
@@ -181,7 +192,7 @@ static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, co
     return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 2);
 }
 
-static int64_t scores_i8_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int8_t *kh, const int8_t *sh,
+static int64_t scores_i8_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int8_t *kh, const int32_t *sh,
                              int64_t j, int64_t j1, int64_t S, double *out) {
     return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 1);
 }
@@ -208,65 +219,55 @@ static void scores_rows(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t
     }
 }
 
-/* The one-byte cache (kb == 1): K and V as int8 mantissas with a shift per token and key head.
- * Its rows are widened to int16 a block of keys at a time into this thread's scratch, which stays
- * in L1, and the int16 loops run on it unchanged: half the bytes come from memory, the same
- * integers reach the products. */
-#define WIDE_KEYS 96  /* keys a widened block holds (48 pairs: the weighted sums' blocks of 6) */
-#define WIDE_D 256    /* the widest head the blocks hold */
-static __thread int16_t wide_buf[WIDE_KEYS * WIDE_D];
+/* The one-byte cache (kb == 1): K as int8 mantissas with an integer scale per token and key head
+ * (int32: k = m c), V as int8 mantissas with a shift (v = m 2^shift). The loops below widen them to
+ * int16 in registers as they load them; `widen8` makes a widened copy where a loop cannot. */
+#define WIDE_D 256    /* the widest head the one-byte loops take */
 
 /* n rows of int8 src [n, D] -> int16 dst [n, D]; with sh, row j times 2^sh[j] (sh[j] <= 8 keeps
  * |m| 2^sh <= 127 x 256 below 2^15: exact) */
 static inline void widen8(const int8_t *src, int64_t n, int64_t D, const int8_t *sh, int16_t *dst) {
-    for (int64_t j = 0; j < n; j++) {
-        const int8_t *s = src + j * D;
-        int16_t *o = dst + j * D;
-        int e = sh ? sh[j] : 0;
-        int64_t d = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-        __m128i c = _mm_cvtsi32_si128(e);
-        for (; d + 32 <= D; d += 32)
-            _mm512_storeu_si512((void *)(o + d), _mm512_sll_epi16(_mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const __m256i *)(s + d))), c));
-#endif
-        for (; d < D; d++) o[d] = (int16_t)(s[d] * (1 << e));
-    }
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t d = 0; d < D; d++) dst[j * D + d] = (int16_t)(src[j * D + d] * (1 << (sh ? sh[j] : 0)));
 }
 
-/* scores_rows over a one-byte cache's keys j .. j1 - 1 (rows k8 [.., D]): widened in registers (AVX-512
- * for D = 64, AVX2 for D % 16 == 0), the keys they leave a widened block at a time */
+/* scores of a one-byte cache's keys j .. j1 - 1 (int8 rows k8 [.., D], integer scales kc): widened in
+ * registers (AVX-512 for D = 64, AVX2 for D % 16 == 0), then one key at a time */
 static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int8_t *k8,
-                         const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+                         const int32_t *kc, int64_t j, int64_t j1, int64_t S, double *out) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (D == 64) j = scores_i8_z64(qh, qsh, G, k8, sh, j, j1, S, out);  /* widened in registers */
+    if (D == 64) j = scores_i8_z64(qh, qsh, G, k8, kc, j, j1, S, out);
 #endif
 #if defined(__AVX2__)
-    if (D % 16 == 0) j = scores_i8_by4(qh, qsh, G, D, k8, sh, j, j1, S, out);
+    if (D % 16 == 0) j = scores_i8_by4(qh, qsh, G, D, k8, kc, j, j1, S, out);
 #endif
-    for (int64_t b = j; b < j1; b += WIDE_KEYS) {
-        int64_t n = j1 - b < WIDE_KEYS ? j1 - b : WIDE_KEYS;
-        widen8(k8 + b * D, n, D, NULL, wide_buf);
-        scores_rows(qh, qsh, G, D, wide_buf, sh + b, 0, n, S, out + b);
+    for (; j < j1; j++) {
+        const int8_t *kj = k8 + j * D;
+        for (int64_t i = 0; i < G; i++) {
+            const int16_t *q = qh + i * D;
+            int32_t acc = 0;
+            for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
+            out[i * S + j] = ((double)acc * (double)kc[j]) * pow2(qsh[i]);  /* below 2^53: exact */
+        }
     }
 }
 
-/* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k (int16, or int8 where kb == 1), shifts
- * and scores as attn16_scores */
+/* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k (int16 with int8 shifts, or where kb == 1
+ * int8 with int32 scales), its factors ks and scores as attn16_scores */
 static void scores_i16(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t D,
-                       const void *k, int64_t krs, int64_t khs, const int8_t *ks, int64_t srs, int64_t shs,
+                       const void *k, int64_t krs, int64_t khs, const void *ks, int64_t srs, int64_t shs,
                        int64_t S, double *scores, int threads, int64_t par_min, int kb) {
     int64_t jblock = 64, nj = (S + jblock - 1) / jblock;
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= par_min)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t jb = 0; jb < nj; jb++) {
-            int64_t r = rh / KV, h = rh % KV, off = r * krs + h * khs;
+            int64_t r = rh / KV, h = rh % KV, off = r * krs + h * khs, soff = r * srs + h * shs;
             const int16_t *qh = qi + rh * G * D;
-            const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
+            const int8_t *qsh = qs + rh * G;
             double *out = scores + rh * G * S;
             int64_t j = jb * jblock, j1 = (jb + 1) * jblock < S ? (jb + 1) * jblock : S;
-            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)k + off, sh, j, j1, S, out);
-            else scores_rows(qh, qsh, G, D, (const int16_t *)k + off, sh, j, j1, S, out);
+            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)k + off, (const int32_t *)ks + soff, j, j1, S, out);
+            else scores_rows(qh, qsh, G, D, (const int16_t *)k + off, (const int8_t *)ks + soff, j, j1, S, out);
         }
     }
 }

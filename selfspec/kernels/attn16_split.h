@@ -29,7 +29,7 @@ static inline int64_t split_scratch(int64_t n, int64_t S, int64_t D, int threads
  * tiles take over). */
 static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64_t KV, int64_t G, int64_t w,
                            int64_t D, int64_t S, const void *kc, const void *vc, int64_t crs, int64_t chs,
-                           const int8_t *ks, const int8_t *vs, int64_t srs, int64_t shs, const double *mask,
+                           const void *ks, const int8_t *vs, int64_t srs, int64_t shs, const double *mask,
                            int64_t mrs, int64_t mts, double scale, double shift, double vscale, double *sc,
                            double *pv, double *den, int32_t *scratch, int threads, int kb) {
     int64_t n = R * KV * G, ws = (S + 1) / 2 + 16, tq = pv_group(G);
@@ -43,12 +43,12 @@ static int split_attention(const int16_t *qi, const int8_t *qs, int64_t R, int64
         int64_t j0 = t * span < S ? t * span : S, j1 = j0 + span < S ? j0 + span : S;
         double *tmax = maxes + t * n, *tsum = sums + t * n, *part = parts + t * n * 2 * D;
         for (int64_t rh = 0; rh < R * KV; rh++) {  /* scores of keys j0 .. j1 - 1 */
-            int64_t r = rh / KV, h = rh % KV, off = r * crs + h * chs;
+            int64_t r = rh / KV, h = rh % KV, off = r * crs + h * chs, soff = r * srs + h * shs;
             const int16_t *qh = qi + rh * G * D;
-            const int8_t *sh = ks + r * srs + h * shs, *qsh = qs + rh * G;
+            const int8_t *qsh = qs + rh * G;
             double *out = sc + rh * G * S;
-            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)kc + off, sh, j0, j1, S, out);
-            else scores_rows(qh, qsh, G, D, (const int16_t *)kc + off, sh, j0, j1, S, out);
+            if (kb == 1) scores_rows8(qh, qsh, G, D, (const int8_t *)kc + off, (const int32_t *)ks + soff, j0, j1, S, out);
+            else scores_rows(qh, qsh, G, D, (const int16_t *)kc + off, (const int8_t *)ks + soff, j0, j1, S, out);
         }
         for (int64_t row = 0; row < n; row++) {  /* weights_impl's first steps, on these keys */
             double *sr = sc + row * S, top = -INFINITY;

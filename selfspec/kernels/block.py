@@ -83,7 +83,7 @@ def _cache_layout(cache, row: int):
             and all(t.stride() == s0.stride() for t in shifts)):
         crs, srs, kb = k0.stride(0), s0.stride(0), k0.element_size()
         ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + kb * row * crs, vs[i].data_ptr() + kb * row * crs,
-                                                     shifts[2 * i].data_ptr() + row * srs,
+                                                     shifts[2 * i].data_ptr() + shifts[2 * i].element_size() * row * srs,
                                                      shifts[2 * i + 1].data_ptr() + row * srs)]
         out = ((crs, k0.stride(1), srs, s0.stride(1), kb), (_P * len(ptrs))(*ptrs))
     cache.scratch[("block", row)] = (cache.shape, out)
