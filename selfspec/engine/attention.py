@@ -33,7 +33,8 @@ significant bits, as a block float. Decompressed (`from_block16`) they are integ
 grid again, within the bounds the grid was made for, so every sum above stays exact: what the
 rounding costs is measured as any weight format's quality is (`formats.measure`), never paid in
 exactness. 2 bytes a value plus 1 a token and head (against 8 as float64); the one-byte cache
-(`kv_cache_dtype="int8"`) keeps 7 bits the same way, 1 byte a value.
+(`kv_cache_dtype="int8"`) keeps K as int8 times an integer scale per token and head (ceil(max /
+127): integers again) and V as int8 times a power of two, 1 byte a value.
 
 Cost: the two matmuls run in float64 on small tensors, about what bf16 SDPA costs at one query
 row on a CPU, more for wide rounds (`benchmarks/formats.py`).

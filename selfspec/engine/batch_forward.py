@@ -94,7 +94,8 @@ KV_CACHE_DTYPES = {"int16": torch.int16, "int8": torch.int8}  # the exact format
 
 def set_kv_cache_dtype(model, kv_cache_dtype: str):
     """The compact cache the exact formats keep K and V in from now on: "int16" (the default: 15
-    significant bits a value, exact for nearly every value) or "int8" (7 bits: half the bytes, so
+    significant bits a value, exact for nearly every value) or "int8" (int8 values, K's times an
+    integer scale per token and head, V's times a power of two: half the bytes, so
     half the memory per cached token and less time reading it at long contexts; its cost in
     quality is in docs/results.md). Float formats (fp32, bf16 on a GPU) keep their float cache:
     "int8" there raises. Returns the model."""

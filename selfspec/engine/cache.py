@@ -11,8 +11,9 @@ written in place, committed by gathering the accepted rows into place (no per-fo
 concatenation, no per-round allocation that grows with the context). Cache lengths change only
 through its methods.
 
-A compact cache (the exact formats') holds K and V as int16 mantissas (or int8: the one-byte
-cache, `kv_cache_dtype="int8"`) with one shift per token and key head (`kernels.attn16.compress`);
+A compact cache (the exact formats') holds K and V as int16 mantissas with one shift per token and
+key head (`kernels.attn16.compress`), or (the one-byte cache, `kv_cache_dtype="int8"`) int8
+mantissas, K's with an integer scale per token and head (int32, `compress_scaled`), V's with a shift;
 `write` returns them as they are stored, for the exact attention to read in place.
 """
 

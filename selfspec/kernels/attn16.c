@@ -1,6 +1,7 @@
 /* The exact attention's two matmuls over the compact cache (int16 with a power-of-two shift per
- * key and head, or int8 where kb == 1: the one-byte cache, widened to int16 as it is read), read in
- * place: no float64 copy of the cache is made.
+ * key and head, or where kb == 1 the one-byte cache: int8 K times an int32 scale per key and head,
+ * int8 V times a power of two, widened to int16 as they are read), read in place: no float64 copy
+ * of the cache is made.
  *
  *   scores[r, h, i, j] = 2^ks[r, h, j] * sum_d q[r, h, i, d] * k[r, h, j, d]
  *   out[r, h, i, d]    = sum_j p[r, h, i, j] * 2^vs[r, h, j] * v[r, h, j, d]
@@ -187,7 +188,7 @@ static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D,
 /* Store new K or V rows x [R, KV, q, D] (float64 grid integers; strided, last dim contiguous) compactly at slots
  * starts[r] .. starts[r] + q - 1 of cache rows r: per key and head, shift = the exponent of
  * frexp(max |x|) less 15 (at least 0), m = rint(x * 2^-shift) clamped to +-32767, as int16; with
- * kb == 1 (the one-byte cache) less 7, clamped to +-127, as int8. The same numbers as
+ * kb == 1 (the one-byte cache's V) less 7, clamped to +-127, as int8. The same numbers as
  * `attn16.py`'s `compress`. */
 void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
                   int64_t D, const int64_t *starts, void *m, int64_t mrs, int64_t mhs, int8_t *sh, int64_t srs,

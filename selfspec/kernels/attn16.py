@@ -15,9 +15,10 @@ the float64 cache's bytes. Wider rounds (a prefill's chunks) do too where the ke
 tiles (twice the speed of torch's float64 GEMM of this skinny shape, `attn16_pv_wide`); elsewhere
 they decompress into a reused buffer in one C pass and run torch's GEMM.
 
-The one-byte cache (int8 mantissas, `compress(x, torch.int8)`: 7 bits) runs through the same
-calls: the kernels widen its values to int16 in registers (V times its 2^shift, exact up to shift
-8), so the same integer sums read half the bytes.
+The one-byte cache runs through the same calls: K as int8 times an integer scale per token and
+head (`compress_scaled`, int32 scales), V as int8 times a power of two (`compress(x, torch.int8)`);
+the kernels widen both to int16 in registers (V times its 2^shift, exact up to shift 8; K's scale
+multiplies its scores), so the same exact integer sums read half the bytes.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def compress_scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False):
     """Write x [R, KV, q, D] (float64 grid integers) compressed into cache views m [R, KV, cap, D]
-    (int16, or int8: the one-byte cache) and shift [R, KV, cap] at slots starts[r] .. starts[r] + q - 1
-    of each row."""
+    (int16, or int8: the one-byte cache) and shift [R, KV, cap] (int8; int32: the one-byte cache's K,
+    integer scales, `compress_scaled`) at slots starts[r] .. starts[r] + q - 1 of each row."""
     scaled = shift.dtype == torch.int32  # the one-byte cache's K: integer scales
     fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else \
         _fn("attn16_store_k8" if scaled else "attn16_store")
@@ -296,7 +297,8 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     """One layer's exact attention for a narrow round in one C call, or None where it cannot run (no
     kernel, a wide round, layouts it does not read): x [R, w, nq + 2 KV, D] float64 (q, k and v heads
     on their grids); the new K and V stored at slots starts[r] .. of cache rows row + r of k / v
-    [rows, KV, cap, D] (int16, or int8: the one-byte cache) with their shifts [rows, KV, cap]; then `scores`, `weights`,
+    [rows, KV, cap, D] (int16, or int8: the one-byte cache) with their shifts [rows, KV, cap] (K's int32
+    scales in the one-byte cache); then `scores`, `weights`,
     `weighted` and `out` over slots 0 .. max(starts) + w - 1, the same calls in the same order
     (the same bits) -> bf16 [R, w, nq D]. mask as `weights` takes it."""
     R, w, heads, D = x.shape
