@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -25,6 +26,9 @@ KVS = ("int16", "int8")
 
 
 def quality(a) -> list[dict]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from long_kl import agreement_kl
+
     from selfspec.engine.batch_forward import set_kv_cache_dtype
     from selfspec.engine.formats import _logits, clone, set_weights
     from selfspec.loading import load
@@ -40,15 +44,9 @@ def quality(a) -> list[dict]:
         m = set_weights(clone(model), fmt)
         for kv in KVS:
             set_kv_cache_dtype(m, kv)
-            agree, kl, n = 0.0, 0.0, 0
-            for ids, lp in zip(texts, refs):
-                lq = _logits(m, torch.tensor(ids)).log_softmax(-1)
-                agree += float((lp.argmax(-1) == lq.argmax(-1)).float().sum())
-                kl += float((lp.exp() * (lp - lq)).sum(-1).sum())
-                n += len(ids)
-            rows.append({"weights": fmt, "kv_cache": kv, "agreement": round(agree / n, 5), "kl": round(kl / n, 6),
-                         "positions": n})
-            print(f"  {fmt} {kv}: agreement {agree / n:.4f} KL {kl / n:.6f}", file=sys.stderr, flush=True)
+            rows.append({"weights": fmt, "kv_cache": kv, **agreement_kl(m, texts, refs)})
+            print(f"  {fmt} {kv}: agreement {rows[-1]['agreement']:.4f} KL {rows[-1]['kl']:.6f}", file=sys.stderr,
+                  flush=True)
     return rows
 
 

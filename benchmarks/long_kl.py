@@ -44,6 +44,18 @@ def use(lib, kn, real_fn) -> None:
     block._state["kn"] = kn
 
 
+def agreement_kl(model, texts: list, refs: list) -> dict:
+    """`model`'s top-1 agreement with the reference log-probabilities `refs` (one [n, V] per text of
+    token ids in `texts`) and its mean KL(ref || model) per position, teacher-forced."""
+    agree, kl, n = 0.0, 0.0, 0
+    for ids, lp in zip(texts, refs):
+        lq = _logits(model, torch.tensor(ids)).log_softmax(-1)
+        agree += float((lp.argmax(-1) == lq.argmax(-1)).float().sum())
+        kl += float((lp.exp() * (lp - lq)).sum(-1).sum())
+        n += len(ids)
+    return {"agreement": round(agree / n, 5), "kl": round(kl / n, 6), "positions": n}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD")
@@ -70,14 +82,8 @@ def main() -> None:
                 use(lib, old_kn, real_fn)
             else:
                 attn16._fn, block._state["kn"] = real_fn, new_kn
-            agree, kl, n = 0.0, 0.0, 0
-            for ids, lp in zip(texts, refs):
-                lq = _logits(m, torch.tensor(ids)).log_softmax(-1)
-                agree += float((lp.argmax(-1) == lq.argmax(-1)).float().sum())
-                kl += float((lp.exp() * (lp - lq)).sum(-1).sum())
-                n += len(ids)
             rows.append({"weights": fmt, "build": a.rev if name == "old" else "working tree",
-                         "agreement": round(agree / n, 5), "kl": round(kl / n, 6), "positions": n})
+                         **agreement_kl(m, texts, refs)})
         attn16._fn, block._state["kn"] = real_fn, new_kn
     print("| weights | attention build | top-1 agreement with fp32 | mean KL(fp32 || format) |")
     print("|---|---|---|---|")

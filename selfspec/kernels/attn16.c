@@ -73,8 +73,8 @@ int attn16_scores(const double *q, int64_t R, int64_t KV, int64_t G, int64_t D, 
     return 0;
 }
 
-static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
-                   int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads);
+static int pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const void *v, int64_t vrs,
+                  int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads, int kb);
 
 /* p [R, KV, G, S] contiguous; v like k (int16, or int8 where kb == 1); out [R, KV, G, D]
  * contiguous. Returns 1 when a one-byte cache's widened copy cannot be had (nothing written). */
@@ -92,38 +92,24 @@ int attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, cons
         }
     }
 #endif
-    if (kb == 2) {
-        pv_any(p, R, KV, G, D, (const int16_t *)v, vrs, vhs, vs, srs, shs, S, out, threads);
-        return 0;
-    }
-#if defined(__AVX2__) && !defined(__AVX512F__)
-    if (D % 16 == 0) {  /* AVX2's tiles read the one-byte values in place (pv_any's AVX2 path, widened as loaded) */
-        int64_t ng = (G + 2) / 3, nd = D / 16;
-        #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
-        for (int64_t rh = 0; rh < R * KV; rh++)
-            for (int64_t qg = 0; qg < ng; qg++)
-                for (int64_t db = 0; db < nd; db++) {
-                    int64_t r = rh / KV, h = rh % KV, i0 = 3 * qg, n = G - i0 < 3 ? G - i0 : 3;
-                    pv_by16_8(p + (rh * G + i0) * S, n, S, D, 16 * db, (const int8_t *)v + r * vrs + h * vhs,
-                              vs + r * srs + h * shs, out + (rh * G + i0) * D);
-                }
-        return 0;
-    }
-#endif
-    /* a one-byte cache the integer lanes cannot take: its values widened once (shifts kept), then the same loops */
+    if (pv_any(p, R, KV, G, D, v, vrs, vhs, vs, srs, shs, S, out, threads, kb) == 0) return 0;
+    /* a one-byte cache no loop here reads in place: its values widened once (shifts kept), then the same loops */
     int16_t *w16 = malloc((size_t)(R * KV * S * D) * sizeof(int16_t));
     if (!w16) return 1;
     for (int64_t rh = 0; rh < R * KV; rh++)
         widen8((const int8_t *)v + (rh / KV) * vrs + (rh % KV) * vhs, S, D, NULL, w16 + rh * S * D);
-    pv_any(p, R, KV, G, D, w16, KV * S * D, S * D, vs, srs, shs, S, out, threads);
+    pv_any(p, R, KV, G, D, w16, KV * S * D, S * D, vs, srs, shs, S, out, threads, 2);
     free(w16);
     return 0;
 }
 
-/* attn16_pv's float64 loops over an int16 cache (shifts per key): AVX-512 tiles, AVX2, or plain C */
-static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const int16_t *v, int64_t vrs,
-                   int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads) {
+/* attn16_pv's float64 loops (shifts per key) over an int16 cache: AVX-512 tiles, AVX2, or plain C; over
+ * a one-byte cache's V (kb == 1) the AVX2 loop where it is this CPU's, else nothing (returns 1) */
+static int pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const void *vc, int64_t vrs,
+                  int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads, int kb) {
+    const int16_t *v = (const int16_t *)vc;
 #if defined(__AVX512F__)
+    if (kb == 1) return 1;
     if (D % 16 == 0) {
         int64_t tq = G <= 3 ? 3 : (G <= 6 ? 6 : (G <= 9 ? 9 : 12)), ng = (G + tq - 1) / tq;
         int64_t bw = G <= 3 && D % 32 == 0 ? 32 : 16, nd = D / bw;  /* pv_tile's dimensions a task */
@@ -135,7 +121,7 @@ static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D,
                     pv_tile(p + (rh * G + i0) * S, n, bw, S, D, bw * db, v + r * vrs + h * vhs, vs + r * srs + h * shs,
                             out + (rh * G + i0) * D);
                 }
-        return;
+        return 0;
     }
 #endif
 #if defined(__AVX2__)
@@ -146,12 +132,17 @@ static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D,
             for (int64_t qg = 0; qg < ng; qg++)
                 for (int64_t db = 0; db < nd; db++) {
                     int64_t r = rh / KV, h = rh % KV, i0 = 3 * qg, n = G - i0 < 3 ? G - i0 : 3;
-                    pv_by16(p + (rh * G + i0) * S, n, S, D, 16 * db, v + r * vrs + h * vhs, vs + r * srs + h * shs,
-                            out + (rh * G + i0) * D);
+                    if (kb == 1)  /* widened as loaded */
+                        pv_by16_8(p + (rh * G + i0) * S, n, S, D, 16 * db, (const int8_t *)vc + r * vrs + h * vhs,
+                                  vs + r * srs + h * shs, out + (rh * G + i0) * D);
+                    else
+                        pv_by16(p + (rh * G + i0) * S, n, S, D, 16 * db, v + r * vrs + h * vhs, vs + r * srs + h * shs,
+                                out + (rh * G + i0) * D);
                 }
-        return;
+        return 0;
     }
 #endif
+    if (kb == 1) return 1;
     int64_t nq = (G + QCHUNK - 1) / QCHUNK;
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
@@ -183,6 +174,7 @@ static void pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D,
             for (int64_t i = 0; i < n; i++) memcpy(out + (rh * G + i0 + i) * D, acc[i], D * sizeof(double));
         }
     }
+    return 0;
 }
 
 /* Store new K or V rows x [R, KV, q, D] (float64 grid integers; strided, last dim contiguous) compactly at slots

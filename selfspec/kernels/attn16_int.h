@@ -115,16 +115,6 @@ static inline __attribute__((always_inline)) int64_t scores_by4(const int16_t *q
     }
     return j;
 }
-
-static int64_t scores_i16_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int16_t *kh,
-                              const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
-    return scores_by4(qi, qs, G, D, kh, sh, j, j1, S, out, 2);
-}
-
-static int64_t scores_i8_by4(const int16_t *qi, const int8_t *qs, int64_t G, int64_t D, const int8_t *kh,
-                             const int32_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
-    return scores_by4(qi, qs, G, D, kh, sh, j, j1, S, out, 1);
-}
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -186,37 +176,41 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
     }
     return j;
 }
-
-static int64_t scores_i16_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int16_t *kh, const int8_t *sh,
-                              int64_t j, int64_t j1, int64_t S, double *out) {
-    return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 2);
-}
-
-static int64_t scores_i8_z64(const int16_t *qi, const int8_t *qs, int64_t G, const int8_t *kh, const int32_t *sh,
-                             int64_t j, int64_t j1, int64_t S, double *out) {
-    return scores_z64(qi, qs, G, kh, sh, j, j1, S, out, 1);
-}
 #endif
 
-/* scores of keys j .. j1 - 1 (int16 rows kh [.., D], shifts sh) for G rounded query rows, into
- * out [G, S]: the widest loop this CPU has, then one key at a time. */
-static void scores_rows(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int16_t *kh,
-                        const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+/* scores of keys j .. j1 - 1 for G rounded query rows, into out [G, S]: the widest loop this CPU has,
+ * then one key at a time. Keys: int16 rows kh [.., D] with shifts sh, or (kb == 1, the one-byte
+ * cache) int8 rows with int32 scales. */
+static inline __attribute__((always_inline)) void scores_rows_of(const int16_t *qh, const int8_t *qsh, int64_t G,
+                                                                 int64_t D, const void *kh, const void *sh, int64_t j,
+                                                                 int64_t j1, int64_t S, double *out, const int kb) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (D == 64) j = scores_i16_z64(qh, qsh, G, kh, sh, j, j1, S, out);
+    if (D == 64) j = scores_z64(qh, qsh, G, kh, sh, j, j1, S, out, kb);
 #endif
 #if defined(__AVX2__)
-    if (D % 16 == 0) j = scores_i16_by4(qh, qsh, G, D, kh, sh, j, j1, S, out);
+    if (D % 16 == 0) j = scores_by4(qh, qsh, G, D, kh, sh, j, j1, S, out, kb);
 #endif
-    for (; j < j1; j++) {
-        const int16_t *kj = kh + j * D;
+    for (; j < j1; j++)
         for (int64_t i = 0; i < G; i++) {
             const int16_t *q = qh + i * D;
-            int32_t acc = 0;
-            for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
-            out[i * S + j] = (double)acc * pow2(qsh[i] + sh[j]);
+            int32_t acc = 0;  /* exact: below 2^31 */
+            if (kb == 1)
+                for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * ((const int8_t *)kh)[j * D + d];
+            else
+                for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * ((const int16_t *)kh)[j * D + d];
+            out[i * S + j] = kb == 1 ? ((double)acc * (double)((const int32_t *)sh)[j]) * pow2(qsh[i])  /* < 2^53 */
+                                     : (double)acc * pow2(qsh[i] + ((const int8_t *)sh)[j]);
         }
-    }
+}
+
+static void scores_rows(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int16_t *kh,
+                        const int8_t *sh, int64_t j, int64_t j1, int64_t S, double *out) {
+    scores_rows_of(qh, qsh, G, D, kh, sh, j, j1, S, out, 2);
+}
+
+static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int8_t *kh,
+                         const int32_t *kc, int64_t j, int64_t j1, int64_t S, double *out) {
+    scores_rows_of(qh, qsh, G, D, kh, kc, j, j1, S, out, 1);
 }
 
 /* The one-byte cache (kb == 1): K as int8 mantissas with an integer scale per token and key head
@@ -229,27 +223,6 @@ static void scores_rows(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t
 static inline void widen8(const int8_t *src, int64_t n, int64_t D, const int8_t *sh, int16_t *dst) {
     for (int64_t j = 0; j < n; j++)
         for (int64_t d = 0; d < D; d++) dst[j * D + d] = (int16_t)(src[j * D + d] * (1 << (sh ? sh[j] : 0)));
-}
-
-/* scores of a one-byte cache's keys j .. j1 - 1 (int8 rows k8 [.., D], integer scales kc): widened in
- * registers (AVX-512 for D = 64, AVX2 for D % 16 == 0), then one key at a time */
-static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_t D, const int8_t *k8,
-                         const int32_t *kc, int64_t j, int64_t j1, int64_t S, double *out) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (D == 64) j = scores_i8_z64(qh, qsh, G, k8, kc, j, j1, S, out);
-#endif
-#if defined(__AVX2__)
-    if (D % 16 == 0) j = scores_i8_by4(qh, qsh, G, D, k8, kc, j, j1, S, out);
-#endif
-    for (; j < j1; j++) {
-        const int8_t *kj = k8 + j * D;
-        for (int64_t i = 0; i < G; i++) {
-            const int16_t *q = qh + i * D;
-            int32_t acc = 0;
-            for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * kj[d];  /* exact: below 2^31 */
-            out[i * S + j] = ((double)acc * (double)kc[j]) * pow2(qsh[i]);  /* below 2^53: exact */
-        }
-    }
 }
 
 /* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k (int16 with int8 shifts, or where kb == 1
