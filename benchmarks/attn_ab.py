@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, nargs="+", default=[128, 1000, 3000])
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-cache-dtype", default="int16", choices=["int16", "int8"],
+                    help="the cache both builds read (int8: builds from 8861d85 on)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     fns = {}
@@ -41,7 +43,7 @@ def main() -> None:
     for S in a.keys:
         for w in a.widths:
             g = torch.Generator().manual_seed(0)
-            cache = BatchKVCache([torch.device("cpu")], 3, 64, 1, S + 32, torch.int16)
+            cache = BatchKVCache([torch.device("cpu")], 3, 64, 1, S + 32, getattr(torch, a.kv_cache_dtype))
             old = torch.round(torch.randn(1, 3, S - w, 64, generator=g, dtype=torch.float64) * 2.0 ** 12)
             cache.write(0, slice(0, 1), [0], old, old * 0.5)
             x = torch.round(torch.randn(1, w, 15, 64, generator=g, dtype=torch.float64) * 2.0 ** 12)
@@ -53,7 +55,8 @@ def main() -> None:
             st = (ctypes.c_int64 * 1)(S - w)
             args = (x.data_ptr(), 1, w, 9, 3, 64, ctypes.addressof(st), S, k.data_ptr(), v.data_ptr(), k.stride(0),
                     k.stride(1), ks.data_ptr(), vs.data_ptr(), ks.stride(0), ks.stride(1), mask.data_ptr(), 0,
-                    mask.stride(0), 2.0 ** -26, 20 * math.log(2.0), 2.0 ** 10, o.data_ptr(), a.threads)
+                    mask.stride(0), 2.0 ** -26, 20 * math.log(2.0), 2.0 ** 10, o.data_ptr(), a.threads,
+                    k.element_size())  # a build before the one-byte cache takes no such argument: ignored
             best, outs = {}, {}
             for rep in range(8):
                 for name in ("old", "new") if rep % 2 == 0 else ("new", "old"):
