@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from selfspec.tools.cli import main
 
@@ -26,6 +27,24 @@ def test_generate_streams_text_and_matches_ar(tiny_dir, capsys):
     assert main(["generate", "--model", str(tiny_dir), "--prompt", "import os", "--max-new-tokens", "5"]) == 0
     captured = capsys.readouterr()
     assert "tau" in captured.err
+
+
+def test_generate_with_the_one_byte_cache_matches_its_ar(tiny_dir, capsys, monkeypatch):
+    """--kv-cache-dtype int8 reaches the cache (a spy on the decoder's cache), and lookup's greedy
+    output with it equals AR's with it."""
+    from selfspec.engine.batch_forward import BatchForward
+
+    made = []
+    new_cache = BatchForward.new_cache
+    monkeypatch.setattr(BatchForward, "new_cache",
+                        lambda self, *a, **k: made.append(new_cache(self, *a, **k)) or made[-1])
+    outs = []
+    for mode in ("ar", "lookup"):
+        assert main(["generate", "--model", str(tiny_dir), "--prompt", "import os", "--max-new-tokens", "10",
+                     "--weights", "int4", "--kv-cache-dtype", "int8", "--mode", mode, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
+        assert made[-1].k[0].dtype == torch.int8 and made[-1].shifts[0].dtype == torch.int32  # the generation's
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("args, match", [
