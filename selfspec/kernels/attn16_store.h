@@ -42,8 +42,9 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
 }
 
 /* A one-byte cache's new K rows x [R, KV, q, D] (as attn16_store takes them) at slots starts[r] ..: per
- * key and head the integer scale c = max(1, ceil(max |x| / 127)) (int32) and m = rint(x / c) clamped
- * to +-127 (int8): k ~= m c, within c / 2. The same numbers as `attn16.py`'s `compress_scaled`. */
+ * key, head and half of the dimensions (the first D / 2, the rest) the integer scale c = ceil(max |x| /
+ * 127) within 1 .. 32767 and m = rint(x / c) clamped to +-127 (int8): k ~= m c, within c / 2; the two
+ * scales packed low | high << 16 in one int32. The same numbers as `attn16.py`'s `compress_scaled`. */
 void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
                      int64_t D, const int64_t *starts, int8_t *m, int64_t mrs, int64_t mhs, int32_t *c, int64_t srs,
                      int64_t shs) {
@@ -51,23 +52,27 @@ void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int
         for (int64_t h = 0; h < KV; h++)
             for (int64_t t = 0; t < q; t++) {
                 const double *xt = x + r * xrs + h * xhs + t * xts;
-                double top = 0.0;
-                #pragma omp simd reduction(max:top)
-                for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
-                double f = ceil(top / 127.0);
-                f = f > 1.0 ? f : 1.0;
                 int64_t slot = starts[r] + t, at = r * mrs + h * mhs + slot * D;
-                for (int64_t d = 0; d < D; d++) {
-                    double v = nearbyint(xt[d] / f);
-                    m[at + d] = (int8_t)(v > 127.0 ? 127.0 : (v < -127.0 ? -127.0 : v));
+                int32_t packed = 0;
+                for (int hi = 0; hi < 2; hi++) {
+                    int64_t d0 = hi ? D / 2 : 0, d1 = hi ? D : D / 2;
+                    double top = 0.0;
+                    for (int64_t d = d0; d < d1; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
+                    double f = ceil(top / 127.0);
+                    f = f > 1.0 ? (f < 32767.0 ? f : 32767.0) : 1.0;
+                    for (int64_t d = d0; d < d1; d++) {
+                        double v = nearbyint(xt[d] / f);
+                        m[at + d] = (int8_t)(v > 127.0 ? 127.0 : (v < -127.0 ? -127.0 : v));
+                    }
+                    packed |= (int32_t)f << (16 * hi);
                 }
-                c[r * srs + h * shs + slot] = (int32_t)f;
+                c[r * srs + h * shs + slot] = packed;
             }
 }
 
 /* m [R, KV, S, D] int16 (int8 where kb == 1; strided rows and heads) and shifts -> out [R, KV, S, D]
  * float64, contiguous: m * 2^shift, for a wide round's matmuls (many queries read each key: a
- * float64 GEMM pays); kb == 3: a one-byte cache's K, int8 m times its int32 scale. */
+ * float64 GEMM pays); kb == 3: a one-byte cache's K, int8 m times its half's scale. */
 void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
                        const void *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
@@ -75,10 +80,11 @@ void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t 
         for (int64_t j = 0; j < S; j++) {
             int64_t r = rh / KV, h = rh % KV;
             int64_t at = r * mrs + h * mhs + j * D, sat = r * srs + h * shs + j;
-            double f = kb == 3 ? (double)((const int32_t *)sh)[sat] : pow2(((const int8_t *)sh)[sat]);
+            double f = kb == 3 ? (double)half_scale(((const int32_t *)sh)[sat], 0) : pow2(((const int8_t *)sh)[sat]);
+            double f1 = kb == 3 ? (double)half_scale(((const int32_t *)sh)[sat], 1) : f;
             double *o = out + (rh * S + j) * D;
             if (kb != 2)
-                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * f;
+                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * (d < D / 2 || kb != 3 ? f : f1);
             else
                 for (int64_t d = 0; d < D; d++) o[d] = (double)((const int16_t *)m)[at + d] * f;
         }
