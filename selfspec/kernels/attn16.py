@@ -151,8 +151,7 @@ def _wide(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         buf = _scratch.buf = torch.empty(max(m.numel(), grown), dtype=torch.float64)
     out = buf[: m.numel()].view(R, KV, S, D)
     _fn("attn16_decompress")(m.data_ptr(), R, KV, S, D, m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0),
-                             shift.stride(1), out.data_ptr(), torch.get_num_threads(),
-                             3 if shift.dtype == torch.int32 else m.element_size())
+                             shift.stride(1), out.data_ptr(), torch.get_num_threads(), m.element_size())
     return out
 
 

@@ -72,19 +72,17 @@ void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int
 
 /* m [R, KV, S, D] int16 (int8 where kb == 1; strided rows and heads) and shifts -> out [R, KV, S, D]
  * float64, contiguous: m * 2^shift, for a wide round's matmuls (many queries read each key: a
- * float64 GEMM pays); kb == 3: a one-byte cache's K, int8 m times its half's scale. */
+ * float64 GEMM pays: a wide round's values). */
 void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
-                       const void *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
+                       const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
     for (int64_t rh = 0; rh < R * KV; rh++) {
         for (int64_t j = 0; j < S; j++) {
             int64_t r = rh / KV, h = rh % KV;
-            int64_t at = r * mrs + h * mhs + j * D, sat = r * srs + h * shs + j;
-            double f = kb == 3 ? (double)half_scale(((const int32_t *)sh)[sat], 0) : pow2(((const int8_t *)sh)[sat]);
-            double f1 = kb == 3 ? (double)half_scale(((const int32_t *)sh)[sat], 1) : f;
-            double *o = out + (rh * S + j) * D;
-            if (kb != 2)
-                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * (d < D / 2 || kb != 3 ? f : f1);
+            int64_t at = r * mrs + h * mhs + j * D;
+            double f = pow2(sh[r * srs + h * shs + j]), *o = out + (rh * S + j) * D;
+            if (kb == 1)
+                for (int64_t d = 0; d < D; d++) o[d] = (double)((const int8_t *)m)[at + d] * f;
             else
                 for (int64_t d = 0; d < D; d++) o[d] = (double)((const int16_t *)m)[at + d] * f;
         }
