@@ -100,16 +100,12 @@ def compress(x: torch.Tensor, dtype: torch.dtype = torch.int16) -> tuple[torch.T
 
 def compress_scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The one-byte cache's K: grid integers x [..., D] (float64) -> (m int8 [..., D], c int32 [...])
-    with x ~= m * (c's half's scale): per half of the dimensions (the first D / 2, the rest) the integer
-    scale ceil(max |x| / 127) within 1 .. 32767, m = rint(x / scale) (half to even) within +-127; the
-    two scales packed low | high << 16. Finer than a power of two per key (the largest value of each
-    half keeps 7 bits): a key's rounding moves the attention's scores most.
-    Example: [300., -3., 1., 40.] -> scales 3 and 1 (c = 3 | 1 << 16), m [100, -1, 1, 40]."""
-    h = x.shape[-1] // 2
-    s = [torch.ceil(part.abs().amax(-1) / 127.0).clamp_(1.0, 32767.0) for part in (x[..., :h], x[..., h:])]
-    full = torch.cat([s[0][..., None].expand(*s[0].shape, h), s[1][..., None].expand(*s[1].shape, x.shape[-1] - h)], -1)
-    m = torch.round(x / full).clamp_(-127, 127)
-    return m.to(torch.int8), (s[0].to(torch.int32) | (s[1].to(torch.int32) << 16))
+    with x ~= m * c: the integer scale c = max(1, ceil(max |x| / 127)), m = rint(x / c) (half to
+    even) within +-127. Finer than a power of two (the largest value keeps 7 bits, not 6-7): a
+    key's rounding moves the attention's scores most. Example: [300., -3., 1.] -> c 3, m [100, -1, 0]."""
+    c = torch.ceil(x.abs().amax(-1) / 127.0).clamp_(min=1.0)
+    m = torch.round(x / c[..., None]).clamp_(-127, 127)
+    return m.to(torch.int8), c.to(torch.int32)
 
 
 def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False):
@@ -135,9 +131,8 @@ def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tens
 def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """int16 (or int8) m [..., D] and shifts [...] -> the float64 integers m * 2^shift; with int32
     scales (the one-byte cache's K) m * scale."""
-    if shift.dtype == torch.int32:  # per half of the dimensions, packed low | high << 16
-        h, lo, hi = m.shape[-1] // 2, (shift & 0xFFFF).double(), (shift >> 16).double()
-        return m.double() * torch.cat([lo[..., None].expand(*lo.shape, h), hi[..., None].expand(*hi.shape, m.shape[-1] - h)], -1)
+    if shift.dtype == torch.int32:
+        return m.double() * shift.double()[..., None]
     return m.double() * torch.exp2(shift.double())[..., None]
 
 

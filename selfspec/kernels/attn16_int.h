@@ -29,12 +29,6 @@ static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly 
     return t.d;
 }
 
-/* A one-byte cache's K scales: two per key and head, one for each half of its dimensions (the first
- * D / 2, the rest), 1 .. 32767 each, packed low | high << 16 in one int32 */
-static inline int64_t half_scale(int32_t c, int hi) {
-    return hi ? (int64_t)(c >> 16) : (int64_t)(c & 0xFFFF);
-}
-
 /* q [D] float64 grid integers -> qi [D] = rint(q 2^-s); returns s */
 static inline int q_round(const double *q, int64_t D, int qb, int16_t *qi) {
     double top = 0.0;
@@ -74,25 +68,22 @@ static inline __m256d pow2_x4(const int8_t *sh) {
         _mm256_add_epi64(_mm256_cvtepi8_epi64(_mm_cvtsi32_si128(e4)), _mm256_set1_epi64x(1023)), 52));
 }
 
-/* the four keys' scales of one half (hi 0 / 1) as doubles (exact) */
-static inline __m256d scale_x4(const int32_t *c, int hi) {
-    __m128i c4 = _mm_loadu_si128((const __m128i *)c);
-    return _mm256_cvtepi32_pd(hi ? _mm_srli_epi32(c4, 16) : _mm_and_si128(c4, _mm_set1_epi32(0xFFFF)));
+/* the four keys' integer scales c[0..3] (a one-byte cache's K) as doubles (exact) */
+static inline __m256d scale_x4(const int32_t *c) {
+    return _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)c));
 }
 
-/* four scores of one query row: the integer sums times 2^shift_k, then 2^qs: exact, so the bits of
- * the float64 sums of the rounded row times the keys' values */
+/* four keys' factors: 2^shift (int16 K) or the integer scale (kb == 1: the one-byte cache's K) */
+static inline __attribute__((always_inline)) __m256d key_x4(const void *sh, int64_t j, const int kb) {
+    return kb == 1 ? scale_x4((const int32_t *)sh + j) : pow2_x4((const int8_t *)sh + j);
+}
+
+/* four scores of one query row: the integer sums times the keys' factors (2^shift_k, or an integer
+ * scale: products below 2^53), then 2^qs: exact, so the bits of the float64 sums of the rounded
+ * row times the keys' values */
 static inline void store_scores4(double *out, __m128i sums, __m256d fk, int8_t qs) {
     __m256d s = _mm256_cvtepi32_pd(sums);
     _mm256_storeu_pd(out, _mm256_mul_pd(_mm256_mul_pd(s, fk), _mm256_set1_pd(pow2(qs))));
-}
-
-/* the one-byte cache's four scores: each half's integer sums times its scales, added (products below
- * 2^38: exact), then 2^qs */
-static inline void store_scores4_halves(double *out, __m128i s0, __m128i s1, const int32_t *c, int8_t qs) {
-    __m256d a = _mm256_mul_pd(_mm256_cvtepi32_pd(s0), scale_x4(c, 0));
-    __m256d b = _mm256_mul_pd(_mm256_cvtepi32_pd(s1), scale_x4(c, 1));
-    _mm256_storeu_pd(out, _mm256_mul_pd(_mm256_add_pd(a, b), _mm256_set1_pd(pow2(qs))));
 }
 
 /* scores of keys j .. j1 - 1, four at a time, for G queries three at a time: twelve int32 vector
@@ -101,19 +92,13 @@ static inline __attribute__((always_inline)) int64_t scores_by4(const int16_t *q
                                                                 int64_t D, const void *kh, const void *sh, int64_t j,
                                                                 int64_t j1, int64_t S, double *out, const int kb) {
     for (; j + 4 <= j1; j += 4) {
+        __m256d fk = key_x4(sh, j, kb);
         for (int64_t i0 = 0; i0 < G; i0 += 3) {
             const int16_t *q0 = qi + i0 * D, *q1 = qi + (i0 + 1 < G ? i0 + 1 : i0) * D,
                           *q2 = qi + (i0 + 2 < G ? i0 + 2 : i0) * D;
-            __m128i half[3];  /* a one-byte cache's first half's sums (kb == 1: D % 32 == 0) */
             __m256i a[3][4];
             for (int u = 0; u < 3; u++) for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_si256();
             for (int64_t d = 0; d < D; d += 16) {
-                if (kb == 1 && d == D / 2) {
-                    for (int u = 0; u < 3; u++) {
-                        half[u] = hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]);
-                        for (int v = 0; v < 4; v++) a[u][v] = _mm256_setzero_si256();
-                    }
-                }
                 __m256i x[4], y[3];
                 for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
                     x[v] = kb == 1 ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const int8_t *)kh + (j + v) * D + d)))
@@ -124,11 +109,8 @@ static inline __attribute__((always_inline)) int64_t scores_by4(const int16_t *q
                 for (int u = 0; u < 3; u++)
                     for (int v = 0; v < 4; v++) a[u][v] = dot_acc(a[u][v], y[u], x[v]);
             }
-            for (int u = 0; u < 3 && i0 + u < G; u++) {
-                __m128i sums = hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]);
-                if (kb == 1) store_scores4_halves(out + (i0 + u) * S + j, half[u], sums, (const int32_t *)sh + j, qs[i0 + u]);
-                else store_scores4(out + (i0 + u) * S + j, sums, pow2_x4((const int8_t *)sh + j), qs[i0 + u]);
-            }
+            for (int u = 0; u < 3 && i0 + u < G; u++)
+                store_scores4(out + (i0 + u) * S + j, hsum4_epi32(a[u][0], a[u][1], a[u][2], a[u][3]), fk, qs[i0 + u]);
         }
     }
     return j;
@@ -169,6 +151,7 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
         q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
     }
     for (; j + 4 <= j1; j += 4) {
+        __m256d fk = key_x4(sh, j, kb);
         __m512i x[4][2];
         for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
             for (int c = 0; c < 2; c++)
@@ -183,27 +166,12 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
                     q[u][1] = _mm512_loadu_si512((const void *)(qi + i * D + 32));
                 }
             __m512i a[3][4];
-            if (kb == 1) {  /* the one-byte cache: a sum per half (each 32 dimensions), each times its scale */
-                __m128i half[3];
-                for (int u = 0; u < 3; u++) {
-                    for (int v = 0; v < 4; v++) a[u][v] = dot_acc512(_mm512_setzero_si512(), q[u][0], x[v][0]);
-                    half[u] = hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]);
-                }
-                for (int u = 0; u < 3; u++) {
-                    for (int v = 0; v < 4; v++) a[u][v] = dot_acc512(_mm512_setzero_si512(), q[u][1], x[v][1]);
-                    if (i0 + u < G)
-                        store_scores4_halves(out + (i0 + u) * S + j, half[u],
-                                             hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]),
-                                             (const int32_t *)sh + j, qs[i0 + u]);
-                }
-                continue;
-            }
             for (int u = 0; u < 3; u++)
                 for (int v = 0; v < 4; v++)
                     a[u][v] = dot_acc512(dot_acc512(_mm512_setzero_si512(), q[u][0], x[v][0]), q[u][1], x[v][1]);
             for (int u = 0; u < 3 && i0 + u < G; u++)
-                store_scores4(out + (i0 + u) * S + j, hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]),
-                              pow2_x4((const int8_t *)sh + j), qs[i0 + u]);
+                store_scores4(out + (i0 + u) * S + j, hsum4_epi32x16(a[u][0], a[u][1], a[u][2], a[u][3]), fk,
+                              qs[i0 + u]);
         }
     }
     return j;
@@ -220,23 +188,18 @@ static inline __attribute__((always_inline)) void scores_rows_of(const int16_t *
     if (D == 64) j = scores_z64(qh, qsh, G, kh, sh, j, j1, S, out, kb);
 #endif
 #if defined(__AVX2__)
-    if (D % (kb == 1 ? 32 : 16) == 0) j = scores_by4(qh, qsh, G, D, kh, sh, j, j1, S, out, kb);
+    if (D % 16 == 0) j = scores_by4(qh, qsh, G, D, kh, sh, j, j1, S, out, kb);
 #endif
     for (; j < j1; j++)
         for (int64_t i = 0; i < G; i++) {
             const int16_t *q = qh + i * D;
-            if (kb == 1) {  /* a sum per half, each times its scale: products below 2^38, exact */
-                const int8_t *kj = (const int8_t *)kh + j * D;
-                int32_t c = ((const int32_t *)sh)[j], a0 = 0, a1 = 0;
-                for (int64_t d = 0; d < D / 2; d++) a0 += (int32_t)q[d] * kj[d];
-                for (int64_t d = D / 2; d < D; d++) a1 += (int32_t)q[d] * kj[d];
-                out[i * S + j] = ((double)a0 * (double)half_scale(c, 0) + (double)a1 * (double)half_scale(c, 1))
-                                 * pow2(qsh[i]);
-                continue;
-            }
             int32_t acc = 0;  /* exact: below 2^31 */
-            for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * ((const int16_t *)kh)[j * D + d];
-            out[i * S + j] = (double)acc * pow2(qsh[i] + ((const int8_t *)sh)[j]);
+            if (kb == 1)
+                for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * ((const int8_t *)kh)[j * D + d];
+            else
+                for (int64_t d = 0; d < D; d++) acc += (int32_t)q[d] * ((const int16_t *)kh)[j * D + d];
+            out[i * S + j] = kb == 1 ? ((double)acc * (double)((const int32_t *)sh)[j]) * pow2(qsh[i])  /* < 2^53 */
+                                     : (double)acc * pow2(qsh[i] + ((const int8_t *)sh)[j]);
         }
 }
 

@@ -42,9 +42,8 @@ void attn16_store(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_
 }
 
 /* A one-byte cache's new K rows x [R, KV, q, D] (as attn16_store takes them) at slots starts[r] ..: per
- * key, head and half of the dimensions (the first D / 2, the rest) the integer scale c = ceil(max |x| /
- * 127) within 1 .. 32767 and m = rint(x / c) clamped to +-127 (int8): k ~= m c, within c / 2; the two
- * scales packed low | high << 16 in one int32. The same numbers as `attn16.py`'s `compress_scaled`. */
+ * key and head the integer scale c = max(1, ceil(max |x| / 127)) (int32) and m = rint(x / c) clamped
+ * to +-127 (int8): k ~= m c, within c / 2. The same numbers as `attn16.py`'s `compress_scaled`. */
 void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int64_t R, int64_t KV, int64_t q,
                      int64_t D, const int64_t *starts, int8_t *m, int64_t mrs, int64_t mhs, int32_t *c, int64_t srs,
                      int64_t shs) {
@@ -52,27 +51,23 @@ void attn16_store_k8(const double *x, int64_t xrs, int64_t xhs, int64_t xts, int
         for (int64_t h = 0; h < KV; h++)
             for (int64_t t = 0; t < q; t++) {
                 const double *xt = x + r * xrs + h * xhs + t * xts;
+                double top = 0.0;
+                #pragma omp simd reduction(max:top)
+                for (int64_t d = 0; d < D; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
+                double f = ceil(top / 127.0);
+                f = f > 1.0 ? f : 1.0;
                 int64_t slot = starts[r] + t, at = r * mrs + h * mhs + slot * D;
-                int32_t packed = 0;
-                for (int hi = 0; hi < 2; hi++) {
-                    int64_t d0 = hi ? D / 2 : 0, d1 = hi ? D : D / 2;
-                    double top = 0.0;
-                    for (int64_t d = d0; d < d1; d++) { double a = fabs(xt[d]); top = a > top ? a : top; }
-                    double f = ceil(top / 127.0);
-                    f = f > 1.0 ? (f < 32767.0 ? f : 32767.0) : 1.0;
-                    for (int64_t d = d0; d < d1; d++) {
-                        double v = nearbyint(xt[d] / f);
-                        m[at + d] = (int8_t)(v > 127.0 ? 127.0 : (v < -127.0 ? -127.0 : v));
-                    }
-                    packed |= (int32_t)f << (16 * hi);
+                for (int64_t d = 0; d < D; d++) {
+                    double v = nearbyint(xt[d] / f);
+                    m[at + d] = (int8_t)(v > 127.0 ? 127.0 : (v < -127.0 ? -127.0 : v));
                 }
-                c[r * srs + h * shs + slot] = packed;
+                c[r * srs + h * shs + slot] = (int32_t)f;
             }
 }
 
 /* m [R, KV, S, D] int16 (int8 where kb == 1; strided rows and heads) and shifts -> out [R, KV, S, D]
  * float64, contiguous: m * 2^shift, for a wide round's matmuls (many queries read each key: a
- * float64 GEMM pays: a wide round's values). */
+ * float64 GEMM pays: a wide round's values; K's scores never widen it). */
 void attn16_decompress(const void *m, int64_t R, int64_t KV, int64_t S, int64_t D, int64_t mrs, int64_t mhs,
                        const int8_t *sh, int64_t srs, int64_t shs, double *out, int threads, int kb) {
     #pragma omp parallel for schedule(static) collapse(2) num_threads(threads) if (R * KV * S * D >= PAR_MIN)
