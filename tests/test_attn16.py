@@ -7,7 +7,6 @@ this cache; test_invariance on the one-byte cache too)."""
 import pytest
 import torch
 
-from selfspec.engine.cache import SIDE
 from selfspec.kernels import attn16, build
 
 needs_kernel = pytest.mark.skipif(attn16._fn("attn16_scores") is None,
@@ -277,7 +276,7 @@ def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(tmp_
     for dt, bits in ((torch.int16, 17), (torch.int8, 12), (torch.int8, 16)):
         x = _grid_ints(R, KV, S + 20, D, bits=bits).clamp(-(2 ** 17), 2 ** 17)
         bufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=torch.int8)]
-        kbufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=SIDE[dt][0])]
+        kbufs = [torch.zeros(R, KV, S + 20, D, dtype=dt), torch.zeros(R, KV, S + 20, dtype=attn16.SIDES[dt][0])]
         kref = [b.clone() for b in kbufs]
         attn16.store(x, [0, 0], *kbufs)
         attn16.store(x, [0, 0], *kref, fallback=True)

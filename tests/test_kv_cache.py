@@ -51,3 +51,18 @@ def test_a_cost_model_is_measured_for_the_cache_it_plans_over():
     int16 = identity(m)
     int8 = identity(set_kv_cache_dtype(m, "int8"))
     assert int8 != int16 and int8["weights"] == "w4a8, int8 KV cache" and int16["weights"] == "w4a8"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "w4a8"])
+def test_with_the_one_byte_cache_every_mode_samples_ars_tokens_for_a_seed_in_every_exact_format(fmt):
+    """Reproducible sampling over the one-byte cache: the same seed gives AR's tokens in every mode,
+    alone and in a batch (greedy: test_invariance)."""
+    from test_seeds import MODES, _prompts, _run
+
+    m = set_kv_cache_dtype(set_weights(tiny_model(seed=2, vocab_size=8), fmt), "int8")
+    assert BatchForward.of(m).cache_dtype == torch.int8
+    prompts, seeds = _prompts(), [11, 12, 13]
+    ar = [_run(m, [p], [s], "ar")[0] for p, s in zip(prompts, seeds)]
+    for mode in ("lookup", "linear one-pass", "presto two-pass", "presto one-pass"):
+        assert [_run(m, [p], [s], mode)[0] for p, s in zip(prompts, seeds)] == ar, mode
+        assert _run(m, prompts, seeds, mode, batch_size=2) == ar, mode

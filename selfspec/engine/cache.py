@@ -23,8 +23,7 @@ import torch
 
 from selfspec.kernels import attn16
 
-COMPACT = (torch.int16, torch.int8)  # the compact caches' value dtypes (a shift per token and head beside them)
-SIDE = {torch.int16: (torch.int8, torch.int8), torch.int8: (torch.int32, torch.int8)}  # K's and V's side arrays
+COMPACT = tuple(attn16.SIDES)  # the compact caches' value dtypes (K's and V's side arrays: `attn16.SIDES`)
 
 
 class BatchKVCache:
@@ -48,7 +47,7 @@ class BatchKVCache:
         # compact (int16 / int8): K's and V's shifts per [row, kv head, slot] (the one-byte cache's K:
         # an integer scale, int32)
         self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=side) for d in self.devices
-                       for side in SIDE[dtype]] if self.block16 else []
+                       for side in attn16.SIDES[dtype]] if self.block16 else []
         self.lengths = [0] * self.shape[0]
         # per-request buffers the forward writes (the one-row mask): they live with the request, so
         # generations running in other threads on the same model never see each other's writes
@@ -213,5 +212,5 @@ class BatchKVCache:
         """Bytes such a cache allocates (K and V, every layer, and a compact cache's shifts), for
         checks before allocating."""
         size = lambda t: torch.empty((), dtype=t).element_size()  # noqa: E731
-        per_slot = 2 * head_dim * size(dtype) + (sum(size(t) for t in SIDE[dtype]) if dtype in COMPACT else 0)
+        per_slot = 2 * head_dim * size(dtype) + (sum(size(t) for t in attn16.SIDES[dtype]) if dtype in COMPACT else 0)
         return layers * rows * n_kv * capacity * per_slot

@@ -82,7 +82,7 @@ static int pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, 
 int attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, const void *v, int64_t vrs,
               int64_t vhs, const int8_t *vs, int64_t srs, int64_t shs, int64_t S, double *out, int threads, int kb) {
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    if (int_pv_on && D % 32 == 0 && D <= WIDE_D && S > 0 &&
+    if (int_pv_on && D % 32 == 0 && S > 0 &&
         (kb == 1 ? pv_fits8(vs, R, KV, S, srs, shs) : pv_uniform(vs, R, KV, S, srs, shs))) {
         int64_t n = R * KV * G, ws = (S + 1) / 2 + 16;
         int32_t *wh = words_scratch((size_t)(2 * n * ws + 2 * pv_part(R, KV, G, D, S)));
@@ -98,7 +98,7 @@ int attn16_pv(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, cons
     int16_t *w16 = malloc((size_t)(R * KV * S * D) * sizeof(int16_t));
     if (!w16) return 1;
     for (int64_t rh = 0; rh < R * KV; rh++)
-        widen8((const int8_t *)v + (rh / KV) * vrs + (rh % KV) * vhs, S, D, NULL, w16 + rh * S * D);
+        widen8((const int8_t *)v + (rh / KV) * vrs + (rh % KV) * vhs, S, D, w16 + rh * S * D);
     pv_any(p, R, KV, G, D, w16, KV * S * D, S * D, vs, srs, shs, S, out, threads, 2);
     free(w16);
     return 0;
@@ -318,7 +318,7 @@ int attn16_direct(const double *x, int64_t R, int64_t w, int64_t nq, int64_t KV,
                 qs[row] = (int8_t)q_round(x + r * xrs + (g % w) * xts + (kv * J + g / w) * D, D, qb, qi + row * D);
             }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    int words = int_pv_on && D % 32 == 0 && D <= WIDE_D &&  /* the integer weighted sums */
+    int words = int_pv_on && D % 32 == 0 &&  /* the integer weighted sums */
                 (kb == 1 ? pv_fits8(vs, R, KV, S, srs, shs) : pv_uniform(vs, R, KV, S, srs, shs));
     if (threads > 1 && S >= SPLIT_MIN && G <= 3 && words) {
         int32_t *scr = words_scratch((size_t)split_scratch(n, S, D, threads));

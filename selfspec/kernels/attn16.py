@@ -83,6 +83,10 @@ def _fn(name: str):
 
 
 MANTISSA = {torch.int16: 15, torch.int8: 7}  # bits of a compact value's magnitude, by the cache's dtype
+# the side arrays beside a compact cache's K and V values, by the values' dtype: shifts (int8), or the
+# one-byte cache's K's integer scales (int32, `compress_scaled`)
+SIDES = {torch.int16: (torch.int8, torch.int8), torch.int8: (torch.int32, torch.int8)}
+K, V = 0, 1
 
 
 def compress(x: torch.Tensor, dtype: torch.dtype = torch.int16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +117,7 @@ def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tens
     (int16, or int8: the one-byte cache) and shift [R, KV, cap] (int8; int32: the one-byte cache's K,
     integer scales, `compress_scaled`) at slots starts[r] .. starts[r] + q - 1 of each row."""
     scaled = shift.dtype == torch.int32  # the one-byte cache's K: integer scales
-    fn = None if fallback or not _ok(m, shift) or x.stride(-1) != 1 else \
+    fn = None if fallback or not (_ok(m, shift, K) or _ok(m, shift, V)) or x.stride(-1) != 1 else \
         _fn("attn16_store_k8" if scaled else "attn16_store")
     if fn is None:
         c, s = compress_scaled(x) if scaled else compress(x, m.dtype)
@@ -124,8 +128,9 @@ def store(x: torch.Tensor, starts: list[int], m: torch.Tensor, shift: torch.Tens
         return
     R, KV, q, D = x.shape
     st = (ctypes.c_int64 * R)(*starts)
+    kb = () if scaled else (m.element_size(),)  # attn16_store_k8 is the one-byte cache's alone
     fn(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), R, KV, q, D, ctypes.addressof(st), m.data_ptr(),
-       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1), *(() if scaled else (m.element_size(),)))
+       m.stride(0), m.stride(1), shift.data_ptr(), shift.stride(0), shift.stride(1), *kb)
 
 
 def decompress(m: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -160,10 +165,10 @@ def _pv_wide() -> bool:
     return _PV_WIDE
 
 
-def _ok(x: torch.Tensor, shift: torch.Tensor) -> bool:
-    kinds = {torch.int16: (torch.int8,), torch.int8: (torch.int8, torch.int32)}  # value, side array (K: int32)
-    return (x.device.type == "cpu" and shift.dtype in kinds.get(x.dtype, ()) and x.stride(-1) == 1
-            and x.stride(-2) == x.shape[-1] and shift.stride(-1) == 1 and x.shape[-1] <= 256)
+def _ok(x: torch.Tensor, shift: torch.Tensor, side: int) -> bool:
+    """Whether the C kernels read K (side K) or V (side V) values x with their side array `shift` in place."""
+    return (x.device.type == "cpu" and x.dtype in SIDES and shift.dtype == SIDES[x.dtype][side]
+            and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and shift.stride(-1) == 1 and x.shape[-1] <= 256)
 
 
 def q_bits(D: int) -> int:
@@ -188,8 +193,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: b
     """q [R, KV, G, D] float64, k [R, KV, S, D] int16 or int8 (a view of the cache), shift
     [R, KV, S] int8 -> [R, KV, G, S] float64: round_q(q) @ (k * 2^shift)^T, exact (in C, int16
     products summed in int32, at every width: no float64 copy of the keys)."""
-    keys = (k.dtype, shift.dtype) in ((torch.int16, torch.int8), (torch.int8, torch.int32))
-    fn = None if fallback or not (keys and _ok(k, shift)) else _fn("attn16_scores")
+    fn = None if fallback or not _ok(k, shift, K) else _fn("attn16_scores")
     if fn is None:
         return torch.matmul(round_q(q), decompress(k, shift).transpose(-1, -2))
     R, KV, G, D = q.shape
@@ -205,7 +209,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, *, fallback: b
 def weighted(p: torch.Tensor, v: torch.Tensor, shift: torch.Tensor, *, fallback: bool = False) -> torch.Tensor:
     """p [R, KV, G, S] float64, v [R, KV, S, D] int16 or int8, shift [R, KV, S] -> [R, KV, G, D]
     float64: p @ (v * 2^shift), exact."""
-    fn = None if fallback or not (_ok(v, shift) and shift.dtype == torch.int8) else _fn("attn16_pv")
+    fn = None if fallback or not _ok(v, shift, V) else _fn("attn16_pv")
     if fn is None:
         return torch.matmul(p, decompress(v, shift))
     if p.shape[2] > DIRECT_MAX and not _pv_wide():
@@ -305,10 +309,8 @@ def direct(x: torch.Tensor, nq: int, starts: list[int], k: torch.Tensor, kshift:
     if (not direct_fits(R, KV, (nq // KV) * w, max(starts) + w)
             or not (x.is_contiguous() and x.dtype is torch.float64 and x.is_cpu)):
         return None
-    if not (_ok(k, kshift) and _ok(v, vshift) and k.dtype == v.dtype and k.stride() == v.stride()
-            and kshift.stride() == vshift.stride() and vshift.dtype == torch.int8
-            and kshift.dtype == (torch.int32 if k.dtype == torch.int8 else torch.int8)
-            and k.shape[0] >= row + R):
+    if not (_ok(k, kshift, K) and _ok(v, vshift, V) and k.dtype == v.dtype and k.stride() == v.stride()
+            and kshift.stride() == vshift.stride() and k.shape[0] >= row + R):
         return None
     if mask is not None and not (mask.dtype is torch.float64 and mask.stride(-1) == 1):
         return None

@@ -214,15 +214,12 @@ static void scores_rows8(const int16_t *qh, const int8_t *qsh, int64_t G, int64_
 }
 
 /* The one-byte cache (kb == 1): K as int8 mantissas with an integer scale per token and key head
- * (int32: k = m c), V as int8 mantissas with a shift (v = m 2^shift). The loops below widen them to
- * int16 in registers as they load them; `widen8` makes a widened copy where a loop cannot. */
-#define WIDE_D 256    /* the widest head the one-byte loops take */
+ * (int32: k = m c), V as int8 mantissas with a shift (v = m 2^shift). The loops widen them to int16
+ * in registers as they load them; `widen8` makes a widened copy where no loop reads them. */
 
-/* n rows of int8 src [n, D] -> int16 dst [n, D]; with sh, row j times 2^sh[j] (sh[j] <= 8 keeps
- * |m| 2^sh <= 127 x 256 below 2^15: exact) */
-static inline void widen8(const int8_t *src, int64_t n, int64_t D, const int8_t *sh, int16_t *dst) {
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t d = 0; d < D; d++) dst[j * D + d] = (int16_t)(src[j * D + d] * (1 << (sh ? sh[j] : 0)));
+/* n rows of int8 src [n, D] -> int16 dst [n, D] */
+static inline void widen8(const int8_t *src, int64_t n, int64_t D, int16_t *dst) {
+    for (int64_t i = 0; i < n * D; i++) dst[i] = src[i];
 }
 
 /* qi [R, KV, G, D] int16 and qs [R, KV, G] (q_round's); k (int16 with int8 shifts, or where kb == 1

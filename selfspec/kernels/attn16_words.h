@@ -34,7 +34,7 @@ static int pv_uniform(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_
     return !diff;
 }
 
-/* a one-byte cache's V: every shift at most 8, so that its values widened times 2^shift (widen8) are
+/* a one-byte cache's V: every shift at most 8, so that its values widened times 2^shift (load_v32) are
  * int16 with one shift (0) for the int32 lanes */
 static int pv_fits8(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_t srs, int64_t shs) {
     int over = 0;

@@ -79,11 +79,12 @@ def _cache_layout(cache, row: int):
     ks, vs, shifts = cache.k, cache.v, cache.shifts
     k0, s0 = ks[0], shifts[0]
     out = None
-    if (attn16._ok(k0, s0) and all(t.stride() == k0.stride() and t.dtype is k0.dtype for t in ks + vs)
+    if (attn16._ok(k0, s0, attn16.K) and all(t.stride() == k0.stride() and t.dtype is k0.dtype for t in ks + vs)
             and all(t.stride() == s0.stride() for t in shifts)):
-        crs, srs, kb = k0.stride(0), s0.stride(0), k0.element_size()
-        ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + kb * row * crs, vs[i].data_ptr() + kb * row * crs,
-                                                     shifts[2 * i].data_ptr() + shifts[2 * i].element_size() * row * srs,
+        crs, srs, kb, sb = k0.stride(0), s0.stride(0), k0.element_size(), s0.element_size()  # sb: K's side array
+        ptrs = [p for i in range(len(ks)) for p in (ks[i].data_ptr() + kb * row * crs,
+                                                     vs[i].data_ptr() + kb * row * crs,
+                                                     shifts[2 * i].data_ptr() + sb * row * srs,
                                                      shifts[2 * i + 1].data_ptr() + row * srs)]
         out = ((crs, k0.stride(1), srs, s0.stride(1), kb), (_P * len(ptrs))(*ptrs))
     cache.scratch[("block", row)] = (cache.shape, out)
