@@ -1,6 +1,6 @@
 import json
-import sys
 import os
+import sys
 
 import pytest
 
@@ -163,6 +163,7 @@ def test_a_peer_that_fails_on_a_prompt_loses_that_prompt_not_the_run(tiny_dir, p
             return [7] * max_new_tokens, 0.02
 
     monkeypatch.setattr("selfspec.tools.bench.llama_cpp_available", lambda: True)
+    monkeypatch.setattr("selfspec.tools.bench.llama_cpp_crash", lambda *a, **k: None)
     monkeypatch.setattr("selfspec.tools.peers.LlamaCppPeer", FlakyPeer)
     long_prompts = tmp_path / "q.jsonl"
     long_prompts.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" +
@@ -180,6 +181,57 @@ def test_a_peer_that_fails_on_a_prompt_loses_that_prompt_not_the_run(tiny_dir, p
     assert [x.get("failed") for x in peer["records"]] == [None, "ValueError: could not broadcast input array"]
     assert rows["ar"]["prompts"] == 2 and rows["ar"]["failed"] == 0
     assert "(1 failed)" in (out / "table.md").read_text()
+
+
+def _fake_llama_cpp(tmp_path, monkeypatch, body: str):
+    """A `llama_cpp` package whose Llama() runs `body`, first on the path of every child process."""
+    pkg = tmp_path / "fake" / "llama_cpp"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import os, signal, sys\n\nclass Llama:\n    def __init__(self, **kw):\n"
+                                     f"        {body}\n\n    def generate(self, ids, **kw):\n        yield from ids\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setattr("selfspec.tools.bench.llama_cpp_available", lambda: True)
+
+
+def test_a_llama_cpp_that_crashes_is_found_in_a_child_process_with_its_signal(tmp_path, monkeypatch):
+    from selfspec.tools.peers import llama_cpp_crash
+
+    _fake_llama_cpp(tmp_path, monkeypatch, "os.kill(os.getpid(), signal.SIGSEGV)")
+    assert "crashed (SIGSEGV)" in llama_cpp_crash(str(tmp_path / "m.gguf"))
+
+
+def test_a_llama_cpp_that_runs_passes_and_one_that_raises_says_why(tmp_path, monkeypatch):
+    from selfspec.tools.peers import llama_cpp_crash
+
+    _fake_llama_cpp(tmp_path, monkeypatch, "pass")
+    assert llama_cpp_crash(str(tmp_path / "m.gguf")) is None
+    _fake_llama_cpp(tmp_path / "b", monkeypatch, "raise ValueError('Failed to load model from file')")
+    why = llama_cpp_crash(str(tmp_path / "m.gguf"))
+    assert "exit 1" in why and "Failed to load model from file" in why
+
+
+def test_a_crashing_llama_cpp_leaves_the_default_bench_without_its_rows(tiny_dir, prompts, tmp_path, capsys,
+                                                                         monkeypatch):
+    """llama-cpp-python 0.3.36 built on a CPU with AMX dies with SIGSEGV in its own kernels: run in
+    the bench's process, it took the whole run down before a row was written."""
+    _fake_llama_cpp(tmp_path, monkeypatch, "os.kill(os.getpid(), signal.SIGSEGV)")
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "4",
+                 "--temperatures", "0", "--modes", "ar", "--weights", "fp32", "--gguf", str(prompts),
+                 "--out", str(out)]) == 0
+    assert "llama.cpp rows skipped: llama-cpp-python crashed (SIGSEGV)" in capsys.readouterr().err
+    assert {r["label"] for r in json.loads((out / "results.json").read_text())["rows"]} == {"ar", "hf-generate"}
+
+
+def test_a_crashing_llama_cpp_asked_for_by_name_is_one_clear_error_before_any_work(tiny_dir, prompts, tmp_path,
+                                                                                   capsys, monkeypatch):
+    _fake_llama_cpp(tmp_path, monkeypatch, "os.kill(os.getpid(), signal.SIGSEGV)")
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--peers", "llama.cpp",
+               "--gguf", str(prompts), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the llama.cpp peer cannot run here: llama-cpp-python crashed (SIGSEGV)" in err
+    assert not out.exists()
 
 
 def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar(tiny_dir, tmp_path, capsys):

@@ -21,7 +21,7 @@ from selfspec.tools.bench_report import (_by_kind, _summed, _worst, aggregate, f
                                          long_floor_lines, long_report, long_table, markdown_table,
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
 from selfspec.tools.bench_prompts import META, read_prompts, read_suite
-from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available
+from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available, llama_cpp_crash
 
 PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
 def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
@@ -248,6 +248,10 @@ def cmd_bench(a) -> int:
         elif not _default_gguf(a) and not gguf:
             llama = []
             notes.append("llama.cpp rows skipped: no GGUF for this model (--gguf FILE)")
+        elif llama and not batch and (crash := llama_cpp_crash(gguf or _default_gguf(a))):
+            llama = []
+            notes.append(f"llama.cpp rows skipped: {crash}")
+            print(f"bench: llama.cpp rows skipped: {crash}", file=sys.stderr)
         a.peers = ["hf"] if batch else llama if suite else ["hf"] + (["hf-lookup"] if a.full else []) + llama
         notes = notes if suite else []  # the other grids name llama.cpp only when it runs, as before
     for name in a.peers:
@@ -263,6 +267,8 @@ def cmd_bench(a) -> int:
         gguf = gguf or _default_gguf(a)
         if not gguf or not os.path.isfile(gguf):
             raise ValueError("the llama.cpp peer needs the model's GGUF: --gguf FILE (found by itself for the default model)")
+        if not default_peers and (crash := llama_cpp_crash(gguf)):  # a crash in its C code would end the run
+            raise ValueError(f"the llama.cpp peer cannot run here: {crash}")
     temps = [a.temperature] if a.temperature is not None else a.temperatures
     configs = []
     for t in temps:

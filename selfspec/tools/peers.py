@@ -8,6 +8,10 @@ weights. The bench times it next to selfspec's rows, on the same prompts, in the
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import torch
@@ -125,6 +129,49 @@ class LlamaCppPeer:
             if tok in eos or len(out) >= max_new_tokens:
                 break
         return out, time.perf_counter() - t0
+
+
+# a few greedy tokens through llama-cpp-python in a child process (argv: GGUF, threads)
+_SMOKE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), verbose=False)
+for i, _ in enumerate(llm.generate([1, 2, 3, 4, 5, 6, 7, 8], temp=0.0, reset=True)):
+    if i >= 3:
+        break
+"""
+
+
+def llama_cpp_crash(gguf_path: str, *, threads: int | None = None, timeout: float = 300.0) -> str | None:
+    """Why llama-cpp-python cannot run `gguf_path` here, or None when it can: a few tokens in a child
+    process first, since a crash inside its C code would take the bench down with it (0.3.36 built
+    for the CPU it runs on dies with SIGSEGV in its AMX kernels on Intel CPUs with AMX-INT8)."""
+    cmd = [sys.executable, "-c", _SMOKE, gguf_path, str(threads or torch.get_num_threads())]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        return f"llama-cpp-python did not decode 4 tokens of {os.path.basename(gguf_path)} in {timeout:.0f} s"
+    if res.returncode == 0:
+        return None
+    if res.returncode < 0:
+        try:
+            sig = signal.Signals(-res.returncode).name
+        except ValueError:
+            sig = f"signal {-res.returncode}"
+        hint = ("; on CPUs with AMX a build without its AMX kernels runs (CMAKE_ARGS='-DGGML_NATIVE=OFF "
+                "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON' pip install --force-reinstall --no-cache-dir "
+                "llama-cpp-python)") if _has_amx() else ""
+        return f"llama-cpp-python crashed ({sig}) decoding 4 tokens of {os.path.basename(gguf_path)}{hint}"
+    last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"llama-cpp-python failed on {os.path.basename(gguf_path)} (exit {res.returncode}: {last})"
+
+
+def _has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
 
 
 def llama_cpp_available() -> bool:
