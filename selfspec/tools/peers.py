@@ -142,6 +142,11 @@ for i, _ in enumerate(llm.generate([1, 2, 3, 4, 5, 6, 7, 8], temp=0.0, reset=Tru
 """
 
 
+# llama.cpp's CPU build without its AMX kernels (0.3.36 built so runs on a CPU with AMX-INT8)
+_NO_AMX = ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON "
+           "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+
+
 def llama_cpp_crash(gguf_path: str, *, threads: int | None = None, timeout: float = 300.0) -> str | None:
     """Why llama-cpp-python cannot run `gguf_path` here, or None when it can: a few tokens in a child
     process first, since a crash inside its C code would take the bench down with it (0.3.36 built
@@ -158,9 +163,8 @@ def llama_cpp_crash(gguf_path: str, *, threads: int | None = None, timeout: floa
             sig = signal.Signals(-res.returncode).name
         except ValueError:
             sig = f"signal {-res.returncode}"
-        hint = ("; on CPUs with AMX a build without its AMX kernels runs (CMAKE_ARGS='-DGGML_NATIVE=OFF "
-                "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON' pip install --force-reinstall --no-cache-dir "
-                "llama-cpp-python)") if _has_amx() else ""
+        hint = (f"; on CPUs with AMX a build without its AMX kernels runs: CMAKE_ARGS='{_NO_AMX}' pip install "
+                "--force-reinstall --no-cache-dir llama-cpp-python") if _has_amx() else ""
         return f"llama-cpp-python crashed ({sig}) decoding 4 tokens of {os.path.basename(gguf_path)}{hint}"
     last = (res.stderr.strip().splitlines() or ["no output"])[-1]
     return f"llama-cpp-python failed on {os.path.basename(gguf_path)} (exit {res.returncode}: {last})"
