@@ -48,6 +48,7 @@ from selfspec.engine.sequence import draft_tree, lookup_chain
 EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
+FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
 
 
 class Planner:
@@ -135,7 +136,8 @@ class Planner:
             self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
         if not (resting or unmeasured):
-            loss = self.ledger.plan_seconds / self.seconds(AR, len(rnd.rows), rnd.cache_len)[1]
+            loss = (self.ledger.plan_seconds + self.forecast_drag(len(rnd.rows), rnd.cache_len)) / self.seconds(
+                AR, len(rnd.rows), rnd.cache_len)[1]
             if not self.ledger.may_bet(loss):  # the forecast is a bet too: rest until the funds cover it
                 # (they grow by EPS an AR round), its rounds settled in one batch then
                 self.dormant = max(0, math.ceil((loss - self.ledger.funds) / EPS) - 1)
@@ -218,6 +220,17 @@ class Planner:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
         of this kind (the cost model times the kind's measured scale)."""
         return self._f(rows, width, cache) * self._scale(family)
+
+    def forecast_drag(self, rows: int, cache: int) -> float:
+        """Seconds an AR round that a forecast preceded takes beyond a bare one, outside the
+        forecast itself: its forward and the rest of its round, as measured (default model, Xeon
+        with AMX: forwards 0.1-0.2 ms slower after a forecast's Python, ~5% of an AR round, which
+        the ledger did not see while it priced such a round as AR's forward plus the forecast)."""
+        if FORECAST_AR not in self.scale or "ar" not in self.scale:
+            return 0.0
+        model = (self.scale[FORECAST_AR] - self.scale["ar"]) * self._f(rows, 1, cache)
+        rest = (self.overhead.get(FORECAST_AR, 0.0) - self.overhead.get("ar", 0.0)) * rows
+        return max(0.0, model + rest)
 
     def _scale(self, family: str) -> float:
         """Measured / predicted model time for a kind of round (AR's until that kind has run; before
@@ -316,9 +329,10 @@ class Planner:
         expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
             0.0 if seen.bare else self.ledger.plan_seconds)
         seconds = seen.seconds
-        if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning. Its
-            seconds = ar + seen.plan_seconds  # measured time also held the forward's noise, and one 2x stall
-            # (another process) put a 1k-token generation 1.1 AR rounds in debt: 100 rounds of rest
+        if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning and
+            # the forward's measured drag after it, smoothed. Its own measured time also held the forward's
+            # noise, and one 2x stall (another process) put a 1k-token generation 1.1 AR rounds in debt
+            seconds = ar + seen.plan_seconds + self.forecast_drag(R, seen.cache_len)
         gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seconds,
                                   ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected)
         if seen.marginals:
@@ -351,6 +365,8 @@ class Planner:
         both kinds show) and its overhead per row (a median of the last 9, so first-call costs
         do not linger)."""
         option, R, fam = seen.option, seen.rows, seen.option.family
+        if option is AR and not seen.bare:  # AR's forward, but after a forecast: its own scale (`forecast_drag`)
+            fam = FORECAST_AR
         predicted = self._f(R, seen.width, seen.cache_len)
         if option.draft_pass:
             predicted += self._f(R, self.block_length, seen.cache_len)
