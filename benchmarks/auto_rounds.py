@@ -1,7 +1,8 @@
 """Where `auto`'s time goes against AR's, by kind of round, in one process (mirrored A B B A order).
 
 Each prompt is generated with mode="ar" and plan "auto", alternating which goes first; every
-round's wall, model and planning time is read from the `rounds.Round` the stepper returns, and
+round's wall, model and planning time is read from the `rounds.Round` the stepper returns (with
+`--batch-size` B, all prompts in one decoder B rows at a time, and tokens a round per row), and
 auto's rounds are grouped by what the planner did: "bare" (AR without a forecast: resting or
 unfunded), "fc-ar" (forecast, then AR), "probe" (a mask group on the root), "marg-ar" (AR
 chosen from marginals) and one group per speculative layout kind. For each group: rounds, ms a
@@ -10,6 +11,7 @@ against AR mode's mean round on the same prompts. Last, both modes' whole-genera
 
     python benchmarks/auto_rounds.py --temperature 0 --repeats 4
     python benchmarks/auto_rounds.py --model models/pystdlib-nld-9m --prompts 8
+    python benchmarks/auto_rounds.py --prompts 16 --batch-size 8   # B rows at a time, as the batch bench
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8, help="the first N of the model's prompts.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=1, help="prompts decoded together, in order")
     a = ap.parse_args()
     model, tok = load(a.model, progress=False)
     prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
@@ -58,18 +61,19 @@ def main() -> None:
         rnd = real_step(self, *args, **kw)
         mode = "auto" if self.planner is not None else "ar"
         rounds.append((mode, kind(rnd) if mode == "auto" else "ar", rnd.seconds, rnd.model_seconds,
-                       rnd.plan_seconds, sum(len(r.committed) for r in rnd.rows)))
+                       rnd.plan_seconds, sum(len(r.committed) for r in rnd.rows) / len(rnd.rows)))
         return rnd
 
     step_mod.Stepper.step = step
     wall = collections.Counter()
     for rep in range(a.repeats):
-        for p in prompts:
-            ids = encode_prompt(tok, p["prompt"])
+        sets = [[p] for p in prompts] if a.batch_size == 1 else [prompts]  # B > 1: all of them, B rows at a time
+        for ps in sets:
+            ids = [encode_prompt(tok, p["prompt"]) for p in ps]
             for mode in ("ar", "auto") if rep % 2 == 0 else ("auto", "ar"):
                 cfg = DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
                 t0 = time.perf_counter()
-                for _ in Decoder(model, [ids], cfg, generators=[torch.Generator().manual_seed(0)]):
+                for _ in Decoder(model, ids, cfg, batch_size=a.batch_size, seeds=list(range(len(ids)))):
                     pass
                 wall[mode] += time.perf_counter() - t0
     ar = [r for r in rounds if r[0] == "ar"]
