@@ -12,6 +12,7 @@ against AR mode's mean round on the same prompts. Last, both modes' whole-genera
     python benchmarks/auto_rounds.py --temperature 0 --repeats 4
     python benchmarks/auto_rounds.py --model models/pystdlib-nld-9m --prompts 8
     python benchmarks/auto_rounds.py --prompts 16 --batch-size 8   # B rows at a time, as the batch bench
+    python benchmarks/auto_rounds.py --file /usr/lib/python3.11/argparse.py --tokens 1000 --max-new-tokens 96
 """
 
 from __future__ import annotations
@@ -51,9 +52,15 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8, help="the first N of the model's prompts.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1, help="prompts decoded together, in order")
+    ap.add_argument("--file", default=None, help="one prompt instead: this text file's first --tokens tokens")
+    ap.add_argument("--tokens", type=int, default=1000)
     a = ap.parse_args()
     model, tok = load(a.model, progress=False)
     prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
+    if a.file is not None:  # a long context (as benchmarks/long_context.py): eos off, so every run decodes alike
+        with open(a.file) as f:
+            context = tok.encode(f.read())[: a.tokens]
+        prompts = prompts[:1]
     rounds = []  # (mode, kind, seconds, model seconds, plan seconds, tokens) of every round
     real_step = step_mod.Stepper.step
 
@@ -69,11 +76,12 @@ def main() -> None:
     for rep in range(a.repeats):
         sets = [[p] for p in prompts] if a.batch_size == 1 else [prompts]  # B > 1: all of them, B rows at a time
         for ps in sets:
-            ids = [encode_prompt(tok, p["prompt"]) for p in ps]
+            ids = [encode_prompt(tok, p["prompt"]) for p in ps] if a.file is None else [context]
             for mode in ("ar", "auto") if rep % 2 == 0 else ("auto", "ar"):
                 cfg = DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
                 t0 = time.perf_counter()
-                for _ in Decoder(model, ids, cfg, batch_size=a.batch_size, seeds=list(range(len(ids)))):
+                eos = {"eos_token_id": []} if a.file is not None else {}
+                for _ in Decoder(model, ids, cfg, batch_size=a.batch_size, seeds=list(range(len(ids))), **eos):
                     pass
                 wall[mode] += time.perf_counter() - t0
     ar = [r for r in rounds if r[0] == "ar"]
