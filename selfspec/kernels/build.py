@@ -20,7 +20,12 @@ import tempfile
 import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
+# -mprefer-vector-width=512: gcc's tuning for recent Intel server CPUs vectorizes plain loops 256 bits
+# wide; at 512 the exact softmax's exponentials run twice as wide (a 3,000-token prefill 5.3-5.7 ->
+# 4.5-4.6 s on a 2-core Xeon with AMX). The bits do not move: the `omp simd` reductions are maxima
+# and exact integer sums, and without -ffast-math gcc reorders no other float sum.
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno",
+         "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _errors: dict[str, str] = {}
 _lock = threading.Lock()
