@@ -22,8 +22,6 @@ import collections
 import os
 import time
 
-import torch
-
 from selfspec.checkpoint.model import default_model_dir
 from selfspec.engine import step as step_mod
 from selfspec.engine.decoder import Decoder
@@ -56,11 +54,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1000)
     a = ap.parse_args()
     model, tok = load(a.model, progress=False)
-    prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
     if a.file is not None:  # a long context (as benchmarks/long_context.py): eos off, so every run decodes alike
         with open(a.file) as f:
-            context = tok.encode(f.read())[: a.tokens]
-        prompts = prompts[:1]
+            encoded = [tok.encode(f.read())[: a.tokens]]
+    else:
+        prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
+        encoded = [encode_prompt(tok, p["prompt"]) for p in prompts]
+    # one decoder per prompt, or (--batch-size B > 1) one for all of them, B rows at a time
+    sets = [[ids] for ids in encoded] if a.batch_size == 1 else [encoded]
+    eos = {"eos_token_id": []} if a.file is not None else {}
     rounds = []  # (mode, kind, seconds, model seconds, plan seconds, tokens) of every round
     real_step = step_mod.Stepper.step
 
@@ -74,13 +76,10 @@ def main() -> None:
     step_mod.Stepper.step = step
     wall = collections.Counter()
     for rep in range(a.repeats):
-        sets = [[p] for p in prompts] if a.batch_size == 1 else [prompts]  # B > 1: all of them, B rows at a time
-        for ps in sets:
-            ids = [encode_prompt(tok, p["prompt"]) for p in ps] if a.file is None else [context]
+        for ids in sets:
             for mode in ("ar", "auto") if rep % 2 == 0 else ("auto", "ar"):
                 cfg = DecodeConfig(mode=mode, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
                 t0 = time.perf_counter()
-                eos = {"eos_token_id": []} if a.file is not None else {}
                 for _ in Decoder(model, ids, cfg, batch_size=a.batch_size, seeds=list(range(len(ids))), **eos):
                     pass
                 wall[mode] += time.perf_counter() - t0

@@ -45,7 +45,8 @@ def compiler() -> str | None:
     return None
 
 
-def _cpu() -> str:
+def cpu() -> str:
+    """The CPU's "model name" and "flags" lines of /proc/cpuinfo ("" where there is none)."""
     model, flags = "", ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -113,7 +114,7 @@ def _build(name: str) -> ctypes.CDLL | None:
         _errors[name] = f"{cc} --version failed: {e}"
         return None
     # the headers it may include are part of what is built
-    key = hashlib.sha1(code + _sources(".h") + version.encode() + " ".join(FLAGS).encode() + _cpu().encode()
+    key = hashlib.sha1(code + _sources(".h") + version.encode() + " ".join(FLAGS).encode() + cpu().encode()
                        ).hexdigest()[:16]
     out = os.path.join(kernel_dir(), f"{name}-{key}.so")
     if not os.path.isfile(out):

@@ -242,13 +242,14 @@ def cmd_bench(a) -> int:
     default_peers = a.peers is None
     if default_peers:  # transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
         llama = list(LLAMA_PEERS if suite else LLAMA_PEERS[:1])
+        found = gguf or _default_gguf(a)
         if not llama_cpp_available():
             llama = []
             notes.append("llama.cpp rows skipped: llama-cpp-python is not installed (pip install llama-cpp-python)")
-        elif not _default_gguf(a) and not gguf:
+        elif not found:
             llama = []
             notes.append("llama.cpp rows skipped: no GGUF for this model (--gguf FILE)")
-        elif llama and not batch and (crash := llama_cpp_crash(gguf or _default_gguf(a))):
+        elif llama and not batch and (crash := llama_cpp_crash(found)):
             llama = []
             notes.append(f"llama.cpp rows skipped: {crash}")
             print(f"bench: llama.cpp rows skipped: {crash}", file=sys.stderr)

@@ -153,7 +153,7 @@ def llama_cpp_crash(gguf_path: str, *, threads: int | None = None, timeout: floa
     for the CPU it runs on dies with SIGSEGV in its AMX kernels on Intel CPUs with AMX-INT8)."""
     cmd = [sys.executable, "-c", _SMOKE, gguf_path, str(threads or torch.get_num_threads())]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"llama-cpp-python did not decode 4 tokens of {os.path.basename(gguf_path)} in {timeout:.0f} s"
     if res.returncode == 0:
@@ -171,11 +171,9 @@ def llama_cpp_crash(gguf_path: str, *, threads: int | None = None, timeout: floa
 
 
 def _has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_int8" in line for line in f)
-    except OSError:
-        return False
+    from selfspec.kernels.build import cpu
+
+    return " amx_int8" in cpu()
 
 
 def llama_cpp_available() -> bool:
