@@ -159,7 +159,8 @@ def test_one_stalled_ar_forward_moves_the_time_scale_as_a_round_pause_times_slow
     # charged whole, a 30x stall would price AR 3.9x dearer for the rounds to come, and drafts that
     # are never accepted would look like wins
     from selfspec.engine.layouts import AR
-    from selfspec.engine.planner import EMA, Planner, Seen
+    from selfspec.engine.planner import Planner, Seen
+    from selfspec.engine.round_costs import EMA
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
     predicted = CPU(1, 1, 64)

@@ -40,18 +40,17 @@ from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
-from selfspec.engine.ledger import EPS, PAUSE, START_MIN, Ledger
+from selfspec.engine.ledger import EPS, START_MIN, Ledger
 from selfspec.engine.request import scratch
+from selfspec.engine.round_costs import RoundCosts
 from selfspec.engine.rounds import Seen
 from selfspec.engine.sequence import draft_tree, lookup_chain
 
-EMA = 0.1  # weight of a new observation in the smoothed time scale and two-pass yields
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
-FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
 
 
-class Planner:
+class Planner(RoundCosts):
     """Chooses each round's `Option` (`plan`) and learns from the finished round (`observe`).
 
     `cost(rows, width, cache)` is a `cost.CostModel`; `cfg` the generation's `DecodeConfig` (how
@@ -60,20 +59,14 @@ class Planner:
     cfg.group)."""
 
     def __init__(self, cost, cfg, *, budgets: list[int] | None = None, group_sizes: list[int] | None = None):
-        self.cost, self.cfg = cost, cfg
+        # a round is never padded beyond what its cache rows hold
+        RoundCosts.__init__(self, cost, block_length=cfg.block_length, max_width=scratch(cfg))
+        self.cfg = cfg
         self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
         g = cfg.group
         self.group_sizes = sorted({x for x in (group_sizes or (min(4, g), min(8, g), g)) if x >= 2})
-        self.block_length = cfg.block_length
-        self.max_width = scratch(cfg)  # a round is never padded beyond what its cache rows hold
-        self._memo: dict[tuple, object] = {}  # f and padded widths, per rows, width and 32 cached tokens
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
-        self.overhead: dict[str, float] = {}  # seconds per row-round outside the model, by kind of round
-        self.draw = 0.0  # seconds per target token drawn (per verified node; sampled ones cost ~25x argmax's)
-        self._draws: list[float] = []  # the last 9 rounds' time per draw (`draw`: their median)
-        self._recent: dict[str, list[float]] = {}
-        self.scale: dict[str, float] = {}  # measured / predicted model time, by kind of round
         self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
         self.two_pass_yield: dict[int, float] = {}  # expected tokens per row of two-pass trees, smoothed
         self.last_yields: list[float] = [1.0]  # of the latest tree forecast, for rounds without one
@@ -195,75 +188,6 @@ class Planner:
         """The option for these rows (`RowRound`s with their `forecast`s) over `cache` cached tokens."""
         return Choice(self, rows, cache, draining).best()
 
-    def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
-        """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
-        the cheapest width from o's up to twice it (and `max_width`) among the measured ones (a
-        device may run a wider forward faster), times the kind's scale, plus its overhead and the
-        target's draws (one per verified node and root: at T = 1 ~0.5 ms each on a CPU, about a
-        tenth of an AR round, so a chain of 3 pays ~1.5 ms that argmax would not)."""
-        width, s = self._padded(rows, o.width, cache)
-        if o.draft_pass:
-            s += self._f(rows, self.block_length, cache)
-        fam = o.family
-        return width, s * self._scale(fam) + (self._overhead(fam) + self.draw * (o.nodes + 1)) * rows
-
-    def least_seconds(self, family: str, rows: int, nodes: int, cache: int) -> float:
-        """A lower bound of `seconds` for every chain of this kind of 1 .. `nodes` nodes: the
-        least padded model time among them (memoised), at least two draws a row."""
-        key = ("least", rows, nodes, cache >> 5)
-        f = self._memo.get(key)
-        if f is None:
-            f = self._memo[key] = min(self._padded(rows, k + 1, cache)[1] for k in range(1, max(1, nodes) + 1))
-        return f * self._scale(family) + (self._overhead(family) + 2 * self.draw) * rows
-
-    def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
-        """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
-        of this kind (the cost model times the kind's measured scale)."""
-        return self._f(rows, width, cache) * self._scale(family)
-
-    def forecast_drag(self, rows: int, cache: int) -> float:
-        """Seconds an AR round that a forecast preceded takes beyond a bare one, outside the
-        forecast itself: its forward and the rest of its round, as measured (default model, Xeon
-        with AMX: forwards 0.1-0.2 ms slower after a forecast's Python, ~5% of an AR round, which
-        the ledger did not see while it priced such a round as AR's forward plus the forecast)."""
-        if FORECAST_AR not in self.scale or "ar" not in self.scale:
-            return 0.0
-        model = (self.scale[FORECAST_AR] - self.scale["ar"]) * self._f(rows, 1, cache)
-        rest = (self.overhead.get(FORECAST_AR, 0.0) - self.overhead.get("ar", 0.0)) * rows
-        return max(0.0, model + rest)
-
-    def _scale(self, family: str) -> float:
-        """Measured / predicted model time for a kind of round (AR's until that kind has run; before
-        any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""
-        return _per_kind(self.scale, family, 1.0)
-
-    def _overhead(self, family: str) -> float:
-        """Seconds per row outside the model and the planner for a kind of round (as `_scale`)."""
-        return _per_kind(self.overhead, family, 0.0)
-
-    def _padded(self, rows: int, width: int, cache: int) -> tuple[int, float]:
-        """The cheapest width from `width` up to twice it (and `max_width`) and its f, memoised
-        like `_f` (the planner asks it for every option of every round)."""
-        key = ("pad", rows, width, cache >> 5)
-        v = self._memo.get(key)
-        if v is None:
-            best = (width, self._f(rows, width, cache))
-            for w in self.cost.widths:
-                if width < w <= min(2 * width, self.max_width) and self._f(rows, w, cache) < best[1]:
-                    best = (w, self._f(rows, w, cache))
-            v = self._memo[key] = best
-        return v
-
-    def _f(self, rows: int, width: int, cache: int) -> float:
-        """The cost model's f(rows, width, cache), memoised per 32 cached tokens (asked every round)."""
-        key = (rows, width, cache >> 5)
-        v = self._memo.get(key)
-        if v is None:
-            if len(self._memo) > 4096:
-                self._memo.clear()
-            v = self._memo[key] = self.cost(rows, width, cache)
-        return v
-
     # -- observe -----------------------------------------------------------------------------------------
     def observe(self, rnd) -> None:
         """After a round: the calibrators learn which drafted nodes the verifier accepted (trees by
@@ -358,49 +282,6 @@ class Planner:
                 e = sum(reached) / len(reached)
                 old = self.two_pass_yield.get(n)
                 self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
-
-    def _observe_time(self, seen: "Seen") -> None:
-        """The round's model time against the prediction (a scale per kind of round: a cost
-        model taken under other load can be off in its 1 -> 2 token step, which only rounds of
-        both kinds show) and its overhead per row (a median of the last 9, so first-call costs
-        do not linger)."""
-        option, R, fam = seen.option, seen.rows, seen.option.family
-        if option is AR and not seen.bare:  # AR's forward, but after a forecast: its own scale (`forecast_drag`)
-            fam = FORECAST_AR
-        predicted = self._f(R, seen.width, seen.cache_len)
-        if option.draft_pass:
-            predicted += self._f(R, self.block_length, seen.cache_len)
-        if seen.model_seconds > 0:
-            ratio = seen.model_seconds / predicted
-            old = self.scale.get(fam)
-            if old is not None:  # a stall (`ledger.PAUSE`) moves the scale as a round PAUSE x slower would
-                ratio = min(ratio, PAUSE * old)
-            self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
-        recent = self._recent.setdefault(fam, [])
-        # forecasts are the ledger's; the target's draws are priced per verified node (`draw`)
-        recent.append(max(0.0, seen.seconds - seen.model_seconds - seen.plan_seconds - seen.target_seconds) / R)
-        del recent[:-9]
-        self.overhead[fam] = sorted(recent)[len(recent) // 2]
-        if seen.target_rows:
-            self._draws.append(seen.target_seconds / seen.target_rows)
-            del self._draws[:-9]
-            self.draw = sorted(self._draws)[len(self._draws) // 2]
-        # a kind not run lately drifts back towards AR's overhead: one slow round (a busy machine,
-        # a first call) must not rule it out for the rest of the generation
-        base = self.overhead.get("ar")
-        if base is not None:
-            for f, v in self.overhead.items():
-                if f not in (fam, "ar") and v > base:
-                    self.overhead[f] = v - 0.05 * (v - base)
-
-
-def _per_kind(table: dict[str, float], family: str, default: float) -> float:
-    """table[family], else AR's, else the least measured, else `default` (read every round: no
-    eager fallback)."""
-    v = table.get(family)
-    if v is None:
-        v = table.get("ar")
-    return min(table.values(), default=default) if v is None else v
 
 
 def log2_budgets(limit: int) -> list[int]:
