@@ -253,12 +253,12 @@ void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_
     }
 }
 
-/* This thread's quantized activations: xq [M, K], then *d and *tail (c or sx) [M, K/32] each, in
- * one buffer grown as needed and kept (a forward makes ~120 matmul calls; each had malloc'd and
- * freed three buffers). NULL when memory runs out. */
+/* This thread's quantized activations: xq [M, K], then *d and one more [M, K/32] array, w4a8's c
+ * or w8a8's sx (*c and *sx both point at it), in one buffer grown as needed and kept (a forward
+ * makes ~120 matmul calls; each had malloc'd and freed three buffers). NULL when memory runs out. */
 static __thread uint8_t *act_buf = NULL;
 static __thread size_t act_cap = 0;
-static int8_t *act_scratch(int64_t M, int64_t K, float **d, void **tail) {
+static int8_t *act_scratch(int64_t M, int64_t K, float **d, float **c, int32_t **sx) {
     size_t head = ((size_t)(M * K) + 63) / 64 * 64, need = head + 2 * (size_t)(M * (K / BLOCK)) * 4;
     if (need > act_cap) {
         uint8_t *b = (uint8_t *)realloc(act_buf, need);
@@ -267,18 +267,18 @@ static int8_t *act_scratch(int64_t M, int64_t K, float **d, void **tail) {
         act_cap = need;
     }
     *d = (float *)(act_buf + head);
-    *tail = *d + M * (K / BLOCK);
+    *c = *d + M * (K / BLOCK);
+    *sx = (int32_t *)*c;
     return (int8_t *)act_buf;
 }
 
 /* One call per matmul: quantize x's rows, then multiply. */
 int w4a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, int64_t N, void *y,
                 int out_bf16, int threads) {
-    float *d;
-    void *tail;
-    int8_t *xq = act_scratch(M, K, &d, &tail);
+    float *d, *c;
+    int32_t *sx;
+    int8_t *xq = act_scratch(M, K, &d, &c, &sx);
     if (!xq) return 1;
-    float *c = (float *)tail;
     w4a8_quantize(x, x_bf16, M, K, xq, d, c, NULL, threads);
     w4a8_mm(xq, d, c, M, K, packed, N, y, out_bf16, threads);
     return 0;
@@ -369,11 +369,10 @@ static inline void tile_rows8(const uint8_t *w, int64_t nb, const int8_t *xq, co
 int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, const float *scales,
                 int64_t N, void *y, int out_bf16, int threads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
-    float *d;
-    void *tail;
-    int8_t *xq = act_scratch(M, K, &d, &tail);
+    float *d, *c;
+    int32_t *sx;
+    int8_t *xq = act_scratch(M, K, &d, &c, &sx);
     if (!xq) return 1;
-    int32_t *sx = (int32_t *)tail;
     w4a8_quantize(x, x_bf16, M, K, xq, d, NULL, sx, threads);
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
