@@ -177,6 +177,9 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
     return j;
 }
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include "attn16_keytiles.h"
+#endif
 
 /* scores of keys j .. j1 - 1 for G rounded query rows, into out [G, S]: the widest loop this CPU has,
  * then one key at a time. Keys: int16 rows kh [.., D] with shifts sh, or (kb == 1, the one-byte
@@ -184,6 +187,9 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
 static inline __attribute__((always_inline)) void scores_rows_of(const int16_t *qh, const int8_t *qsh, int64_t G,
                                                                  int64_t D, const void *kh, const void *sh, int64_t j,
                                                                  int64_t j1, int64_t S, double *out, const int kb) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (D == 64 && G >= KEYTILE_G) j = scores_keytiles(qh, qsh, G, kh, sh, j, j1, S, out, kb);
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (D == 64) j = scores_z64(qh, qsh, G, kh, sh, j, j1, S, out, kb);
 #endif
