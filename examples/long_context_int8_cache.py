@@ -1,5 +1,6 @@
-"""Answer from a long input with the one-byte KV cache (`kv_cache_dtype="int8"`): half the bytes per
-cached token of the default int16 cache, faster decoding at long contexts, a little quality.
+"""Answer from a long input with the one-byte KV cache (`kv_cache_dtype="int8"`, the default model's
+default in its default format, w4a8): half the bytes per cached token of the int16 cache, faster
+decoding at long contexts, a little quality.
 
     python examples/long_context_int8_cache.py                       # a ~3,000-token file from the long suite
     python examples/long_context_int8_cache.py --file notes.txt --kv-cache-dtype int16

@@ -34,14 +34,16 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
 
     `device_map` / `max_memory` go to accelerate (e.g. device_map="auto" to spread a 14B over
     several GPUs); a `linear_spec_lora/` adapter is attached for drafting unless `draft_lora=False`.
-    `kv_cache_dtype`: the exact formats' KV cache, "int16" (default, or $SELFSPEC_KV_CACHE_DTYPE) or
-    "int8" (half the bytes per cached token; `engine.batch_forward.set_kv_cache_dtype`).
+    `kv_cache_dtype`: the exact formats' KV cache, "auto" (the default, or $SELFSPEC_KV_CACHE_DTYPE:
+    the one-byte cache for w4a8 and int8 weights, whose quality it keeps within issue 37's bound, int16
+    for the others; `engine.batch_forward.kv_cache_for`), "int16" or "int8" (half the bytes per
+    cached token; `engine.batch_forward.set_kv_cache_dtype`).
     What exists when it returns is frozen out of the cyclic garbage collector (`gc.freeze()`; see
     the comment at the end): after `from_pretrained` call `gc.freeze()` yourself to get the same.
     """
     fmt = resolve_weights(weights, dtype, device, device_map)
     kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
-    from selfspec.engine.batch_forward import set_kv_cache_dtype
+    from selfspec.engine.batch_forward import kv_cache_for, set_kv_cache_dtype
     from selfspec.engine.formats import choose, set_weights
 
     quantized = fmt in ("auto",) + INT_FORMATS
@@ -54,7 +56,7 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
         set_weights(model, fmt)
     if named:
         _check_invariant(model, fmt)
-    set_kv_cache_dtype(model, kv)
+    set_kv_cache_dtype(model, kv_cache_for(fmt) if kv == "auto" else kv)
     # What exists now (torch's, transformers' and the model's ~370,000 objects) lives as long as the
     # model: out of the cyclic collector's sight, as the server keeps it. Otherwise a full collection
     # of them (100-200 ms on a 2-core CPU) lands now and then mid-generation: 20-30 tokens' time.
@@ -96,16 +98,17 @@ def resolve_weights(weights, dtype, device, device_map) -> str | None:
 
 
 def resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map) -> str:
-    """The KV cache to keep ("int16" / "int8"), or one ValueError before anything loads: the compact
-    caches belong to the exact formats, which run on a CPU in any format but fp32."""
+    """The KV cache to keep ("auto": the weight format's, `kv_cache_for`, once it is known; "int16" /
+    "int8"), or one ValueError before anything loads: the compact caches belong to the exact formats,
+    which run on a CPU in any format but fp32."""
     from selfspec.engine.batch_forward import KV_CACHE_DTYPES
 
-    kv = kv_cache_dtype or os.environ.get("SELFSPEC_KV_CACHE_DTYPE") or "int16"
-    if kv not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown kv_cache_dtype {kv!r}; expected one of {tuple(KV_CACHE_DTYPES)}")
+    kv = kv_cache_dtype or os.environ.get("SELFSPEC_KV_CACHE_DTYPE") or "auto"
+    if kv not in ("auto",) + tuple(KV_CACHE_DTYPES):
+        raise ValueError(f"unknown kv_cache_dtype {kv!r}; expected one of {('auto',) + tuple(KV_CACHE_DTYPES)}")
     on_gpu = (device or "").startswith("cuda") or device_map is not None
     floaty = fmt == "fp32" or (fmt is None and fmt_dtype_of(dtype) is not torch.bfloat16)
-    if kv != "int16" and (on_gpu or floaty):
+    if kv not in ("auto", "int16") and (on_gpu or floaty):
         raise ValueError(f"kv_cache_dtype={kv!r} is a compact cache of the exact weight formats on a CPU (w4a8, "
                          f"int4, int8, bf16, or auto); {'a GPU' if on_gpu else 'fp32'} keeps a float cache")
     return kv

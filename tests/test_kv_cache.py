@@ -1,4 +1,5 @@
-"""The exact formats' KV cache: int16 by default, int8 (the one-byte cache) when asked. The kernels
+"""The exact formats' KV cache: by default the one-byte cache (int8) for w4a8 and int8 weights, int16
+for the others; either when asked. The kernels
 and whole forwards over it are checked with the int16 cache's tests (test_attn16, test_layer_kernels,
 test_block, test_invariance); here, the option itself: what it costs in bytes, where it is refused,
 and that a cost model is measured for the cache it plans over."""
@@ -25,6 +26,27 @@ def test_the_one_byte_cache_holds_a_token_in_about_half_the_bytes():
     assert bf.cache_bytes(3, 10) == 3 * 10 * layers * kv * (2 * d + 5)  # K: an int32 scale a head, V: a shift
     set_kv_cache_dtype(m, "int16")
     assert BatchForward.of(m).cache_dtype == torch.int16
+
+
+@pytest.mark.parametrize("fmt, default", [("w4a8", "int8"), ("int8", "int8"), ("int4", "int16"), ("bf16", "int16"),
+                                          ("fp32", "int16")])
+def test_load_keeps_the_one_byte_cache_only_for_the_formats_whose_quality_it_keeps(tiny_dir, monkeypatch, fmt,
+                                                                                   default):
+    """kv_cache_dtype="auto" (the default): int8 where its quality cost is within issue 37's bound
+    (w4a8, int8 weights), int16 elsewhere (int4 lost 0.0093 of agreement); fp32 keeps its float cache.
+    An explicit choice, or $SELFSPEC_KV_CACHE_DTYPE, wins."""
+    import selfspec
+
+    monkeypatch.delenv("SELFSPEC_KV_CACHE_DTYPE", raising=False)
+    for kv in (None, "auto"):
+        m = selfspec.load(str(tiny_dir), weights=fmt, draft_lora=False, progress=False, kv_cache_dtype=kv)[0]
+        assert BatchForward.of(m).kv_cache_dtype == default
+    if fmt != "fp32":
+        m = selfspec.load(str(tiny_dir), weights=fmt, draft_lora=False, progress=False, kv_cache_dtype="int16")[0]
+        assert BatchForward.of(m).cache_dtype == torch.int16
+        monkeypatch.setenv("SELFSPEC_KV_CACHE_DTYPE", "int8")
+        assert BatchForward.of(selfspec.load(str(tiny_dir), weights=fmt, draft_lora=False,
+                                             progress=False)[0]).cache_dtype == torch.int8
 
 
 @pytest.mark.parametrize("bad, match", [("fp8", "unknown kv_cache_dtype 'fp8'"), ("int4", "unknown kv_cache_dtype")])

@@ -63,10 +63,10 @@ def add_weights_args(p: argparse.ArgumentParser) -> None:
                         "check here, measured once; $SELFSPEC_WEIGHTS sets the default)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 for a plain load (default: the "
                    "weight format's; bf16 on CUDA)")
-    p.add_argument("--kv-cache-dtype", default=None, choices=["int16", "int8"],
-                   help="the exact formats' KV cache: int16 (default; $SELFSPEC_KV_CACHE_DTYPE sets it) or int8 "
-                        "(half the bytes per cached token, faster decoding at long contexts, a little quality: "
-                        "docs/results.md)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "int16", "int8"],
+                   help="the exact formats' KV cache: auto (default; $SELFSPEC_KV_CACHE_DTYPE sets it: int8 for "
+                        "w4a8 and int8 weights, int16 for the others), int16, or int8 (half the bytes per cached "
+                        "token, faster decoding at long contexts, a little quality: docs/results.md)")
 
 
 def decode_kwargs(a) -> dict:
