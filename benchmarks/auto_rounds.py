@@ -13,6 +13,7 @@ against AR mode's mean round on the same prompts. Last, both modes' whole-genera
     python benchmarks/auto_rounds.py --model models/pystdlib-nld-9m --prompts 8
     python benchmarks/auto_rounds.py --prompts 16 --batch-size 8   # B rows at a time, as the batch bench
     python benchmarks/auto_rounds.py --file /usr/lib/python3.11/argparse.py --tokens 1000 --max-new-tokens 96
+    python benchmarks/auto_rounds.py --suite-prompt edit04 --max-new-tokens 96   # a long-suite request
 """
 
 from __future__ import annotations
@@ -52,9 +53,17 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="prompts decoded together, in order")
     ap.add_argument("--file", default=None, help="one prompt instead: this text file's first --tokens tokens")
     ap.add_argument("--tokens", type=int, default=1000)
+    ap.add_argument("--suite-prompt", default=None, help="one prompt instead: the long suite's request with this id")
     a = ap.parse_args()
     model, tok = load(a.model, progress=False)
-    if a.file is not None:  # a long context (as benchmarks/long_context.py): eos off, so every run decodes alike
+    if a.suite_prompt is not None:
+        from selfspec.tools.bench_prompts import read_suite
+
+        found = [p for p in read_suite("long") if p["id"] == a.suite_prompt]
+        if not found:
+            raise SystemExit(f"no long-suite prompt {a.suite_prompt!r}; ids: {[p['id'] for p in read_suite('long')]}")
+        encoded = [encode_prompt(tok, found[0]["prompt"])]
+    elif a.file is not None:  # a long context (as benchmarks/long_context.py): eos off, so every run decodes alike
         with open(a.file) as f:
             encoded = [tok.encode(f.read())[: a.tokens]]
     else:
