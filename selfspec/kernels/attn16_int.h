@@ -152,6 +152,8 @@ static inline __attribute__((always_inline)) int64_t scores_z64(const int16_t *q
     }
     for (; j + 4 <= j1; j += 4) {
         __m256d fk = key_x4(sh, j, kb);
+        for (int v = 0; v < 4 * kb; v++)  /* the keys 32 ahead: one line a key row of int8, two of int16 */
+            _mm_prefetch((const char *)kh + (j + 32) * D * kb + 64 * v, _MM_HINT_T0);
         __m512i x[4][2];
         for (int v = 0; v < 4; v++)  /* a one-byte cache's keys widened as they are loaded */
             for (int c = 0; c < 2; c++)

@@ -63,6 +63,8 @@ static inline __attribute__((always_inline)) int64_t scores_keytiles(const int16
     const int64_t D = 64;
     int32_t kt[32 * 16] __attribute__((aligned(64)));
     for (; j + 16 <= j1; j += 16) {
+        for (int l = 0; l < 16 * D * kb; l += 64)  /* the next block's keys, while this one's rows are summed */
+            _mm_prefetch((const char *)kh + (j + 16) * D * kb + l, _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {  /* dimensions 32 h .. 32 h + 31: pairs 16 h .. 16 h + 15 */
             __m512i r[16];
             for (int v = 0; v < 16; v++)  /* a one-byte cache's keys widened as they are loaded */

@@ -146,7 +146,12 @@ static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, co
         for (int c = 0; c < ND; c++) a[u][c][0] = a[u][c][1] = _mm512_setzero_si512();
     for (int64_t w0 = m0; w0 < m1; w0 += PV_FLUSH) {
         int64_t w1 = w0 + PV_FLUSH < m1 ? w0 + PV_FLUSH : m1;
-        for (int64_t m = w0; m < w1; m++) PV_PAIR(m, lr)
+        for (int64_t m = w0; m < w1; m++) {
+            for (int r = 0; r < 2; r++)  /* the pair 16 ahead, its two rows' 32 ND values (the second pass finds them in cache) */
+                for (int l = 0; l < 32 * ND * kb; l += 64)
+                    _mm_prefetch((const char *)vh + ((2 * (m + 16) + r) * D + d0) * kb + l, _MM_HINT_T0);
+            PV_PAIR(m, lr)
+        }
         PV_FLUSH_INTO(1)
     }
     int blocks = 0;
@@ -188,6 +193,8 @@ static inline __attribute__((always_inline)) void pv_words_tile(const int32_t *w
             for (int l = 0; l < 2; l++) a[u][l][0] = a[u][l][1] = _mm512_setzero_si512();
         for (int64_t m = w0; m < w1; m++) {
             int64_t ja = 2 * m, jb = 2 * m + 1 < S ? ja + 1 : ja;  /* a last odd key: weight 0 */
+            for (int r = 0; r < 2; r++)  /* the pair 16 ahead: its two rows' 32 values */
+                _mm_prefetch((const char *)vh + ((2 * (m + 16) + r) * D + d0) * kb, _MM_HINT_T0);
             __m512i va = load_v32(vh, vsh, kb, ja * D + d0, ja), vb = load_v32(vh, vsh, kb, jb * D + d0, jb);
             __m512i x0 = _mm512_unpacklo_epi16(va, vb), x1 = _mm512_unpackhi_epi16(va, vb);
             for (int u = 0; u < Q; u++) {
