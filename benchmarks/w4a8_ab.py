@@ -3,12 +3,18 @@ and the working tree's, on the default model's matmul shapes, by number of rows.
 
     python benchmarks/w4a8_ab.py                     # HEAD against the working tree, 1..64 rows
     python benchmarks/w4a8_ab.py --rev 2a4807c --rows 1 4 8 16 --repeats 9
+    python benchmarks/w4a8_ab.py --model --rows 1 2 4 8 16 --repeats 10   # the default model's whole forward
 
 The machine's speed drifts (up to 1.5x within minutes on the 2-core AVX2 machine), so the two
 builds alternate inside every repeat (A B, then B A) and the fastest repeat of each is kept. Per
 row count: one decoder layer's seven matmuls (q, k, v, o, gate, up, down; random weights, the
 default model's shapes) and the w8a8 output head (49,152 x 576), both builds checked to give the
 same bits. Prints one line per row count and a JSON record with the command.
+
+--model: instead, the default model's forward of a causal block of that many tokens after 64
+cached (its layers in the one-call block, `kernels.block`, whose matmul pointer is swapped between
+the builds; the output head is not run), the fastest of repeats x 5 forwards of each build. The
+weights then stream from memory as in decoding, which one layer's shapes alone do not show.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16, 64])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", action="store_true", help="the default model's whole forward (see above)")
     a = ap.parse_args()
     import torch
 
@@ -68,6 +75,8 @@ def main() -> None:
         new = f.read()
     with tempfile.TemporaryDirectory() as tmp:
         libs = {a.rev: build(old, tmp, "a"), "working tree": build(new, tmp, "b")}
+        if a.model:
+            return model_forward(libs, a)
         ws = [w4a8.pack(torch.randn(n, k) * 0.05) for n, k in SHAPES]
         head = w4a8.pack8(torch.randn(*HEAD) * 0.05)
         out = {"command": "python benchmarks/w4a8_ab.py " + " ".join(sys.argv[1:]), "threads": a.threads, "rows": []}
@@ -101,6 +110,56 @@ def main() -> None:
         print(json.dumps(out))
         if not all(r["same_bits"] for r in out["rows"]):
             sys.exit(1)
+
+
+def model_forward(libs: dict, a) -> None:
+    """The default model's layers at each width with each build's w4a8_linear in the one-call block."""
+    import torch
+
+    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.kernels import block
+    from selfspec.loading import load
+
+    torch.set_num_threads(a.threads)
+    model = load(weights="w4a8", progress=False)[0]
+    bf = BatchForward.of(model)
+    ids = list(range(5, 69))
+    cache = bf.new_cache(1, 64 + max(a.rows) + 8)
+    bf(torch.tensor([ids]), torch.arange(64)[None], cache, slice(0, 1), causal=True)
+    cache.set_length(0, 64)
+    if block._entry() is None:
+        sys.exit("w4a8_ab --model: the one-call block is not built here")
+    ours = block._state["kn"]
+    kns = {}
+    for name, lib in libs.items():
+        kn = block._Kernels(*[getattr(ours, f) for f, _ in block._Kernels._fields_])
+        kn.linear = ctypes.cast(lib.w4a8_linear, ctypes.c_void_p).value
+        kns[name] = kn
+    best, outs = {}, {}
+    try:
+        for rep in range(a.repeats):
+            for name in (list(kns) if rep % 2 == 0 else list(kns)[::-1]):
+                block._state["kn"] = kns[name]
+                for w in a.rows:
+                    toks, pos = torch.tensor([ids[-w:]]), torch.arange(64, 64 + w)[None]
+                    mask = torch.full((w, w), float("-inf")).triu(1)[None]
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        h = bf(toks, pos, cache, slice(0, 1), block=mask)
+                        best[name, w] = min(best.get((name, w), float("inf")), time.perf_counter() - t0)
+                    outs[name, w] = h.clone()
+    finally:
+        block._state["kn"] = ours
+    out = {"command": "python benchmarks/w4a8_ab.py " + " ".join(sys.argv[1:]), "threads": a.threads, "widths": []}
+    (ra, rb) = list(kns)
+    for w in a.rows:
+        same = torch.equal(outs[ra, w], outs[rb, w])
+        out["widths"].append({"width": w, "same_bits": same, **{n: round(best[n, w] * 1e3, 3) for n in kns}})
+        print(f"width {w:2d}: {ra} {best[ra, w] * 1e3:.3f} ms  {rb} {best[rb, w] * 1e3:.3f} ms  "
+              f"({best[ra, w] / best[rb, w]:.3f}x)" + ("" if same else "   DIFFERENT BITS"), flush=True)
+    print(json.dumps(out))
+    if not all(r["same_bits"] for r in out["widths"]):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

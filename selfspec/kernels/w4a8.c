@@ -127,6 +127,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES) {
+        for (int l = 0; l < TILE_BYTES; l += 64) _mm_prefetch((const char *)(w + PREFETCH + l), _MM_HINT_T0);
         __m512i ilo[MAX_ROWS], ihi[MAX_ROWS];  /* two chains per row: half the dependent latency */
         for (int r = 0; r < R; r++) { ilo[r] = _mm512_setzero_si512(); ihi[r] = _mm512_setzero_si512(); }
         for (int ch = 0; ch < 4; ch++) {
@@ -292,6 +293,7 @@ static inline __attribute__((always_inline)) void tile_rows8(
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES8) {
+        for (int l = 0; l < TILE_BYTES8; l += 64) _mm_prefetch((const char *)(w + PREFETCH8 + l), _MM_HINT_T0);
         __m512i i0[MAX_ROWS], i1[MAX_ROWS];
         for (int r = 0; r < R; r++) { i0[r] = _mm512_setzero_si512(); i1[r] = _mm512_setzero_si512(); }
         for (int ch = 0; ch < 8; ch += 2) {
