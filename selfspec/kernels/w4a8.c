@@ -41,9 +41,10 @@
 #else
 #define MAX_ROWS 8
 #endif
-/* bytes ahead of the block being multiplied that AVX2's loops ask the cache for: at one or two rows
+/* bytes ahead of the block being multiplied that the loops ask the cache for: at one or two rows
  * a forward streams its weights from memory, faster than the hardware prefetcher alone (f(1) of
- * the default model ~8% less on a 2-core EPYC); a prefetch past the end never faults */
+ * the default model ~8% less on a 2-core EPYC with AVX2, 1-10% on a 2-core Xeon with AVX-512); a
+ * prefetch past the end never faults */
 #define PREFETCH (4 * TILE_BYTES)
 #define PREFETCH8 (4 * TILE_BYTES8)
 /* keeps v in a register here: with 3 or more rows gcc otherwise reassociates a block's integer
