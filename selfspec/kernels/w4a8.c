@@ -47,6 +47,11 @@
  * prefetch past the end never faults */
 #define PREFETCH (4 * TILE_BYTES)
 #define PREFETCH8 (4 * TILE_BYTES8)
+/* AVX-512's loops finish a block sooner: 8 blocks ahead against 4, the default model's layers on
+ * the 2-core Xeon (`benchmarks/w4a8_ab.py --model`, five runs): 0.99-1.07x at 1 row, 1.02-1.06x at
+ * 8 (16 blocks: 0.97x at 1-4 rows) */
+#define PREFETCH_Z (8 * TILE_BYTES)
+#define PREFETCH8_Z (8 * TILE_BYTES8)
 /* keeps v in a register here: with 3 or more rows gcc otherwise reassociates a block's integer
  * sums into a tree of every product and spills them to the stack (1.3-1.5x slower at 4-64 rows);
  * with 1 or 2 the free schedule is faster */
@@ -128,7 +133,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES) {
-        for (int l = 0; l < TILE_BYTES; l += 64) _mm_prefetch((const char *)(w + PREFETCH + l), _MM_HINT_T0);
+        for (int l = 0; l < TILE_BYTES; l += 64) _mm_prefetch((const char *)(w + PREFETCH_Z + l), _MM_HINT_T0);
         __m512i ilo[MAX_ROWS], ihi[MAX_ROWS];  /* two chains per row: half the dependent latency */
         for (int r = 0; r < R; r++) { ilo[r] = _mm512_setzero_si512(); ihi[r] = _mm512_setzero_si512(); }
         for (int ch = 0; ch < 4; ch++) {
@@ -294,7 +299,7 @@ static inline __attribute__((always_inline)) void tile_rows8(
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES8) {
-        for (int l = 0; l < TILE_BYTES8; l += 64) _mm_prefetch((const char *)(w + PREFETCH8 + l), _MM_HINT_T0);
+        for (int l = 0; l < TILE_BYTES8; l += 64) _mm_prefetch((const char *)(w + PREFETCH8_Z + l), _MM_HINT_T0);
         __m512i i0[MAX_ROWS], i1[MAX_ROWS];
         for (int r = 0; r < R; r++) { i0[r] = _mm512_setzero_si512(); i1[r] = _mm512_setzero_si512(); }
         for (int ch = 0; ch < 8; ch += 2) {
