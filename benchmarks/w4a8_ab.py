@@ -13,8 +13,9 @@ same bits. Prints one line per row count and a JSON record with the command.
 
 --model: instead, the default model's forward of a causal block of that many tokens after 64
 cached (its layers in the one-call block, `kernels.block`, whose matmul pointer is swapped between
-the builds; the output head is not run), the fastest of repeats x 5 forwards of each build. The
-weights then stream from memory as in decoding, which one layer's shapes alone do not show.
+the builds; the output head is the working tree's in both), the fastest of repeats x 5 forwards of
+each build, logits compared (`attn_model_ab.widths`). The weights then stream from memory as in
+decoding, which one layer's shapes alone do not show.
 """
 
 from __future__ import annotations
@@ -113,53 +114,29 @@ def main() -> None:
 
 
 def model_forward(libs: dict, a) -> None:
-    """The default model's layers at each width with each build's w4a8_linear in the one-call block."""
+    """The default model's forwards at each width with each build's w4a8_linear in the one-call block
+    (`attn_model_ab.widths`: the same timing and the logits compared; the head is the working tree's)."""
     import torch
 
-    from selfspec.engine.batch_forward import BatchForward
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from attn_model_ab import widths
+
     from selfspec.kernels import block
     from selfspec.loading import load
 
     torch.set_num_threads(a.threads)
     model = load(weights="w4a8", progress=False)[0]
-    bf = BatchForward.of(model)
-    ids = list(range(5, 69))
-    cache = bf.new_cache(1, 64 + max(a.rows) + 8)
-    bf(torch.tensor([ids]), torch.arange(64)[None], cache, slice(0, 1), causal=True)
-    cache.set_length(0, 64)
     if block._entry() is None:
         sys.exit("w4a8_ab --model: the one-call block is not built here")
+    kernels = {}
+    for name, lib in zip(("old", "new"), libs.values()):
+        kernels[name] = block._Kernels.from_buffer_copy(block._state["kn"])
+        kernels[name].linear = ctypes.cast(lib.w4a8_linear, ctypes.c_void_p).value
     ours = block._state["kn"]
-    kns = {}
-    for name, lib in libs.items():
-        kn = block._Kernels(*[getattr(ours, f) for f, _ in block._Kernels._fields_])
-        kn.linear = ctypes.cast(lib.w4a8_linear, ctypes.c_void_p).value
-        kns[name] = kn
-    best, outs = {}, {}
     try:
-        for rep in range(a.repeats):
-            for name in (list(kns) if rep % 2 == 0 else list(kns)[::-1]):
-                block._state["kn"] = kns[name]
-                for w in a.rows:
-                    toks, pos = torch.tensor([ids[-w:]]), torch.arange(64, 64 + w)[None]
-                    mask = torch.full((w, w), float("-inf")).triu(1)[None]
-                    for _ in range(5):
-                        t0 = time.perf_counter()
-                        h = bf(toks, pos, cache, slice(0, 1), block=mask)
-                        best[name, w] = min(best.get((name, w), float("inf")), time.perf_counter() - t0)
-                    outs[name, w] = h.clone()
+        widths(model, list(range(5, 69)), a.rows, kernels, a.repeats, "default", a.rev)
     finally:
         block._state["kn"] = ours
-    out = {"command": "python benchmarks/w4a8_ab.py " + " ".join(sys.argv[1:]), "threads": a.threads, "widths": []}
-    (ra, rb) = list(kns)
-    for w in a.rows:
-        same = torch.equal(outs[ra, w], outs[rb, w])
-        out["widths"].append({"width": w, "same_bits": same, **{n: round(best[n, w] * 1e3, 3) for n in kns}})
-        print(f"width {w:2d}: {ra} {best[ra, w] * 1e3:.3f} ms  {rb} {best[rb, w] * 1e3:.3f} ms  "
-              f"({best[ra, w] / best[rb, w]:.3f}x)" + ("" if same else "   DIFFERENT BITS"), flush=True)
-    print(json.dumps(out))
-    if not all(r["same_bits"] for r in out["widths"]):
-        sys.exit(1)
 
 
 if __name__ == "__main__":
