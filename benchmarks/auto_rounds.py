@@ -83,6 +83,23 @@ def main() -> None:
         return rnd
 
     step_mod.Stepper.step = step
+    prefills = []  # (mode, call, seconds, prompts, query tokens) of every prefill forward call
+
+    def timed(name):
+        real = getattr(step_mod.Stepper, name)
+
+        def call(self, seqs, slot, *args, **kw):
+            before = sum(self.cache.lengths[slot : slot + len(seqs)]) if name != "prefill" else 0
+            t0 = time.perf_counter()
+            out = real(self, seqs, slot, *args, **kw)
+            tokens = sum(self.cache.lengths[slot : slot + len(seqs)]) - before
+            prefills.append(("auto" if self.planner is not None else "ar", name, time.perf_counter() - t0, out[0]
+                             if isinstance(out, tuple) else len(seqs), tokens))
+            return out
+        return call
+
+    for name in ("prefill", "prefill_rest", "prefill_chunk"):
+        setattr(step_mod.Stepper, name, timed(name))
     wall = collections.Counter()
     for rep in range(a.repeats):
         for ids in sets:
@@ -105,6 +122,13 @@ def main() -> None:
         n, s, m, pl, tokens = len(rs), *(sum(r[i] for r in rs) for i in (2, 3, 4, 5))
         print(f"| {k} | {n} | {s / n * 1e3:.3f} | {m / n * 1e3:.3f} | {pl / n * 1e6:.0f} "
               f"| {(s - m - pl) / n * 1e6:.0f} | {tokens / n:.2f} | {(s - tokens * ar_round) / ar_round:+.1f} |")
+    print("| prefill calls | mode | n | prompts done | tokens | s in all | ms a prompt |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted({(p[0], p[1]) for p in prefills}):
+        ps = [p for p in prefills if (p[0], p[1]) == key]
+        done, sec = sum(p[3] for p in ps), sum(p[2] for p in ps)
+        print(f"| {key[1]} | {key[0]} | {len(ps)} | {done} | {sum(p[4] for p in ps)} | {sec:.3f} "
+              f"| {sec / max(done, 1) * 1e3:.1f} |")
     print(f"whole generations: AR {wall['ar']:.3f} s, auto {wall['auto']:.3f} s: "
           f"auto / AR {wall['ar'] / wall['auto']:.3f}x")
 

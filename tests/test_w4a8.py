@@ -129,3 +129,30 @@ def test_every_vector_path_gives_the_torch_fallbacks_bits(tmp_path, march, isa, 
             extra = [w.scale.data_ptr()] if name == "w8a8_linear" else []
             assert fn(x.data_ptr(), 1, m, 576, w.packed.data_ptr(), *extra, 64, y.data_ptr(), 0, 2) == 0
             assert torch.equal(y, w(x, dtype=torch.float32, fallback=True)), (name, m)
+
+
+needs_amx = pytest.mark.skipif(not w4a8.amx(), reason="no AMX tiles on this CPU (or the OS refuses them)")
+
+
+@pytest.fixture
+def amx_restored():
+    yield
+    w4a8.amx(True)
+
+
+@needs_kernel
+@needs_amx
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_amx_tiles_give_the_vector_loops_bits_at_every_row_count(n, k, amx_restored):
+    """Past AMX_MIN4 (w4a8) or AMX_MIN8 (w8a8) rows the kernel multiplies 16 rows at a time with
+    tiles and leaves a last group of fewer than 4 to the vector loops: every row count around those
+    edges gives the vector loops' bits, and the torch fallback's."""
+    x = _x(100, k)
+    for w in _packs(n, k):
+        for m in (7, 8, 9, 16, 17, 19, 20, 31, 32, 33, 35, 36, 48, 63, 64, 65, 100):
+            w4a8.amx(True)
+            tiles = w(x[:m], dtype=torch.float32)
+            w4a8.amx(False)
+            vector = w(x[:m], dtype=torch.float32)
+            assert torch.equal(tiles, vector), (type(w).__name__, m)
+            assert torch.equal(tiles, w(x[:m], dtype=torch.float32, fallback=True)), (type(w).__name__, m)

@@ -36,6 +36,7 @@
 #define TILE 16
 #define BLOCK 32
 #define TILE_BYTES 320
+#define TILE_BYTES8 512  /* w8a8's, below */
 #if defined(__AVX2__) && defined(__F16C__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
 #define MAX_ROWS 4  /* rows per pass over a tile: AVX2's 16 registers hold 4 rows' sums (the tile stays in L1) */
 #else
@@ -233,11 +234,65 @@ static inline void tile_rows(const uint8_t *w, int64_t nb, const int8_t *xq, con
 }
 #endif
 
+#include "w4a8_amx.h"
+
+/* rows r0.. of a tile's outputs: acc [R][16] into y's columns t*16.. (bf16 when out_bf16) */
+static inline void put_rows(const float *acc, int R, int64_t r0, int64_t t, int64_t N, void *y, int out_bf16) {
+    int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
+    for (int r = 0; r < R; r++) {
+        if (out_bf16) {
+            uint16_t *yr = (uint16_t *)y + (r0 + r) * N + t * TILE;
+            for (int j = 0; j < cols; j++) yr[j] = float_to_bf16(acc[r * TILE + j]);
+        } else {
+            memcpy((float *)y + (r0 + r) * N + t * TILE, acc + r * TILE, cols * sizeof(float));
+        }
+    }
+}
+
 /* y [M, N] = the packed weight [N, K] times the quantized rows; bf16 out when out_bf16, else fp32.
- * The packed weight has ceil(N / 16) tiles; rows past N in the last one are padding, not written. */
+ * The packed weight has ceil(N / 16) tiles; rows past N in the last one are padding, not written.
+ * From AMX_MIN4 rows on a CPU with AMX, 16 rows at a time go through tiles (`w4a8_amx.h`, the
+ * same bits). */
 void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_t K, const uint8_t *packed,
              int64_t N, void *y, int out_bf16, int threads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;  /* the last tile may be zero-padded */
+#ifdef W4A8_AMX
+    if (amx_use(M, AMX_MIN4, INT64_MAX)) {
+        #pragma omp parallel num_threads(threads)
+        {
+            int shape = 0;
+            uint8_t *ub = amx_unpacked(nb);
+            #pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const uint8_t *w = packed + t * nb * TILE_BYTES;
+                float acc[AMX_ROWS * TILE];
+                if (ub) amx_unpack4(w, nb, ub);
+                for (int64_t r0 = 0; r0 < M; r0 += AMX_ROWS) {
+                    int R = (int)(M - r0 < AMX_ROWS ? M - r0 : AMX_ROWS);
+                    if (R >= AMX_GROUP_MIN && ub) {
+                        const int8_t *xr = xq + r0 * K;
+                        const float *dr = d + r0 * nb, *cr = c + r0 * nb;
+                        if (R != shape) { amx_configure(R); shape = R; }
+#define AMX_EXTRA , ub
+                        AMX_SWITCH(R, amx_rows4, cr);
+#undef AMX_EXTRA
+                        put_rows(acc, R, r0, t, N, y, out_bf16);
+                        continue;
+                    }
+                    for (int64_t r1 = r0; r1 < r0 + R; r1 += MAX_ROWS) {  /* a few rows left, or no buffer */
+                        int R1 = (int)(r0 + R - r1 < MAX_ROWS ? r0 + R - r1 : MAX_ROWS);
+                        const int8_t *xr = xq + r1 * K;
+                        const float *dr = d + r1 * nb, *cr = c + r1 * nb;
+                        ROWS_SWITCH(R1, tile_rows, cr);
+                        put_rows(acc, R1, r1, t, N, y, out_bf16);
+                    }
+                }
+            }
+            if (shape) _tile_release();
+        }
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *w = packed + t * nb * TILE_BYTES;
@@ -247,15 +302,7 @@ void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_
             const int8_t *xr = xq + r0 * K;
             const float *dr = d + r0 * nb, *cr = c + r0 * nb;
             ROWS_SWITCH(R, tile_rows, cr);
-            int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
-            for (int r = 0; r < R; r++) {
-                if (out_bf16) {
-                    uint16_t *yr = (uint16_t *)y + (r0 + r) * N + t * TILE;
-                    for (int j = 0; j < cols; j++) yr[j] = float_to_bf16(acc[r * TILE + j]);
-                } else {
-                    memcpy((float *)y + (r0 + r) * N + t * TILE, acc + r * TILE, cols * sizeof(float));
-                }
-            }
+            put_rows(acc, R, r0, t, N, y, out_bf16);
         }
     }
 }
@@ -291,7 +338,6 @@ int w4a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     return 0;
 }
 
-#define TILE_BYTES8 512
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static inline __attribute__((always_inline)) void tile_rows8(
         const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const int32_t *sx, int64_t K, int R,
@@ -374,6 +420,19 @@ static inline void tile_rows8(const uint8_t *w, int64_t nb, const int8_t *xq, co
 }
 #endif
 
+/* rows r0.. of a tile's outputs: acc [R][16] times the outputs' scales into y's columns t*16.. */
+static inline void put_rows8(const float *acc, int R, int64_t r0, int64_t t, int64_t N, const float *scales, void *y,
+                             int out_bf16) {
+    int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
+    for (int r = 0; r < R; r++) {
+        for (int j = 0; j < cols; j++) {
+            float v = acc[r * TILE + j] * scales[t * TILE + j];
+            if (out_bf16) ((uint16_t *)y)[(r0 + r) * N + t * TILE + j] = float_to_bf16(v);
+            else ((float *)y)[(r0 + r) * N + t * TILE + j] = v;
+        }
+    }
+}
+
 int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *packed, const float *scales,
                 int64_t N, void *y, int out_bf16, int threads) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;
@@ -382,24 +441,54 @@ int w8a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
     int8_t *xq = act_scratch(M, K, &d, &c, &sx);
     if (!xq) return 1;
     w4a8_quantize(x, x_bf16, M, K, xq, d, NULL, sx, threads);
+#ifdef W4A8_AMX
+    if (amx_use(M, AMX_MIN8, AMX_MAX8)) {
+        #pragma omp parallel num_threads(threads)
+        {
+            int shape = 0;
+            #pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++) {
+                const uint8_t *w = packed + t * nb * TILE_BYTES8;
+                float acc[AMX_ROWS * TILE];
+                for (int64_t r0 = 0; r0 < M; r0 += AMX_ROWS) {
+                    int R = (int)(M - r0 < AMX_ROWS ? M - r0 : AMX_ROWS);
+                    if (R >= AMX_GROUP_MIN) {
+                        const int8_t *xr = xq + r0 * K;
+                        const float *dr = d + r0 * nb;
+                        const int32_t *sr = sx + r0 * nb;
+                        if (R != shape) { amx_configure(R); shape = R; }
+#define AMX_EXTRA , NULL
+                        AMX_SWITCH(R, amx_rows8, sr);
+#undef AMX_EXTRA
+                        put_rows8(acc, R, r0, t, N, scales, y, out_bf16);
+                        continue;
+                    }
+                    for (int64_t r1 = r0; r1 < r0 + R; r1 += MAX_ROWS) {  /* a few rows left */
+                        int R1 = (int)(r0 + R - r1 < MAX_ROWS ? r0 + R - r1 : MAX_ROWS);
+                        const int8_t *xr = xq + r1 * K;
+                        const float *dr = d + r1 * nb;
+                        const int32_t *sr = sx + r1 * nb;
+                        ROWS_SWITCH(R1, tile_rows8, sr);
+                        put_rows8(acc, R1, r1, t, N, scales, y, out_bf16);
+                    }
+                }
+            }
+            if (shape) _tile_release();
+        }
+        return 0;
+    }
+#endif
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         const uint8_t *w = packed + t * nb * TILE_BYTES8;
         float acc[MAX_ROWS * TILE];
-        int cols = (int)(N - t * TILE < TILE ? N - t * TILE : TILE);
         for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
             int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
             const int8_t *xr = xq + r0 * K;
             const float *dr = d + r0 * nb;
             const int32_t *sr = sx + r0 * nb;
             ROWS_SWITCH(R, tile_rows8, sr);
-            for (int r = 0; r < R; r++) {
-                for (int j = 0; j < cols; j++) {
-                    float v = acc[r * TILE + j] * scales[t * TILE + j];
-                    if (out_bf16) ((uint16_t *)y)[(r0 + r) * N + t * TILE + j] = float_to_bf16(v);
-                    else ((float *)y)[(r0 + r) * N + t * TILE + j] = v;
-                }
-            }
+            put_rows8(acc, R, r0, t, N, scales, y, out_bf16);
         }
     }
     return 0;

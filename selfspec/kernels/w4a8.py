@@ -168,6 +168,16 @@ def isa() -> str:
     return lib.w4a8_isa().decode()
 
 
+def amx(want: bool | None = None) -> bool:
+    """Whether the kernel multiplies many rows (AMX_MIN4 for w4a8, AMX_MIN8 for w8a8) with AMX tiles
+    (`w4a8_amx.h`, the same bits as its vector loops): `want` False keeps to the vector loops, True uses tiles where the CPU
+    has them and the OS permits them, None asks. False where the build has no tile path."""
+    lib = build.load("w4a8")
+    if lib is None or not hasattr(lib, "w4a8_amx"):
+        return False
+    return bool(lib.w4a8_amx(-1 if want is None else int(want)))
+
+
 _entry: dict = {}  # name -> the C entry point or None, once looked up (asked ~120 times a forward)
 
 
