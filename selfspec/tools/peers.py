@@ -109,8 +109,11 @@ class LlamaCppPeer:
                              "llama-cpp-python; it compiles from source, ~20 min on 2 cores)") from None
         self.prompt_lookup = prompt_lookup
         self.first_token_seconds: float | None = None  # of the last run
+        # logits_all with a draft model: llama-cpp-python (0.3.36) then keeps every position's logits
+        # anyway, but sizes their buffer by logits_all as given (n_batch = 512 rows, not n_ctx), so a
+        # prompt past 512 tokens failed ("could not broadcast input array from shape ...")
         self.llm = Llama(model_path=gguf_path, n_ctx=4096, n_threads=threads or torch.get_num_threads(),
-                         verbose=False, draft_model=draft)
+                         verbose=False, draft_model=draft, logits_all=draft is not None)
 
     def label(self) -> str:
         return LLAMA_PEERS[bool(self.prompt_lookup)]
