@@ -131,42 +131,49 @@ class DraftLoRA:
                   rows: torch.Tensor, cols: tuple[int, ...]) -> None:
         """out[rows] += the delta of the modules `names` of one group (`GROUPS`), in place: x [M, K]
         their input, out [M, N] their fused output (module j's `cols[j]` columns side by side), rows
-        the flat draft rows (int64). A whole group in one call (`kernels.layer.lora`: the layer loop
-        and the one-call block give the drafts the same bits); part of one (q without k and v) as
-        `add_deltas` adds it, module by module."""
-        fused = self._fused(layer, names, x.device) if self.enabled else None
-        if fused is None:
+        the flat draft rows (int64). Module by module (`kernels.layer.lora` on its columns: the layer
+        loop and the one-call block give the drafts the same bits); a group stacked as one rank-48
+        product would multiply a block-diagonal B whose other modules' rows are zeros: two thirds of
+        q|k|v's B, half of gate|up's, read and multiplied for nothing."""
+        if not self.enabled:
             return
-        a, b, widths = fused
-        if 0 not in widths:
-            kl.lora(x, a, b, out, rows)
-            return
-        delta = (x[rows].float() @ a) @ b
-        col = start = 0
-        for n_out, n in zip(cols, widths):
-            if n:
-                out[rows, col : col + n] += delta[:, start : start + n]
-                start += n
+        col = 0
+        for ab, n_out in zip(self._modules(layer, names, x.device), cols):
+            if ab is not None:
+                kl.lora(x, ab[0], ab[1], out[:, col : col + n_out], rows)
             col += n_out
 
     def block_args(self, n_layers: int, R: int, q: int, cols: slice):
         """What the one-call block (`kernels.block.run`) takes to add the deltas on query columns
-        `cols` of R rows of q tokens: every layer's groups (`kernels.block.lora_of`) and the flat
-        draft rows; None where a group is partly covered (the round keeps the layer loop)."""
+        `cols` of R rows of q tokens: every layer's modules (`kernels.block.lora_of`, in `GROUPS`
+        order) and the flat draft rows; None where a group is partly covered (the round keeps the
+        layer loop)."""
         memo = self.__dict__.get("_block_ptrs")
         if memo is None:
-            groups = [self._fused(i, names, torch.device("cpu")) for i in range(n_layers) for names in GROUPS]
-            whole = all(g is None or 0 not in g[2] for g in groups)
-            memo = self.__dict__["_block_ptrs"] = (
-                kb.lora_of([None if g is None else g[:2] for g in groups]) if whole else None,)
+            mods = [self._modules(i, names, torch.device("cpu")) for i in range(n_layers) for names in GROUPS]
+            whole = all(all(ab is None for ab in g) or all(ab is not None for ab in g) for g in mods)
+            memo = self.__dict__["_block_ptrs"] = (kb.lora_of([ab for g in mods for ab in g]) if whole else None,)
         return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
 
+    def _modules(self, layer: int, names: tuple[str, ...], device: torch.device) -> list:
+        """Per module of `names`: (A^T [K, r], scale * B^T [r, N]) fp32 contiguous on `device`, or
+        None without LoRA; kept per layer, modules and device."""
+        memo = self.__dict__.setdefault("_module_ab", {})
+        key = (layer, names, device)
+        if key not in memo:
+            memo[key] = [None if name not in self.ab or self.ab[name][layer] is None else
+                         (self.ab[name][layer][0].to(device, torch.float32).T.contiguous(),
+                          (self.ab[name][layer][1].to(device, torch.float32) * self.scale).T.contiguous())
+                         for name in names]
+        return memo[key]
+
     def prepare(self, devices: list) -> None:
-        """Every layer's fused tables (`_fused`) on its device (`devices[i]`) now, not in the first
-        round that drafts."""
+        """Every layer's tables (`_fused`, `_modules`) on its device (`devices[i]`) now, not in the
+        first round that drafts."""
         for i, device in enumerate(devices):
             for names in GROUPS:
                 self._fused(i, names, device)
+                self._modules(i, names, device)
 
     def _fused(self, layer: int, names: tuple[str, ...], device: torch.device):
         """(A stacked and scale * B block-diagonal, both fp32 and transposed for x @ A^T @ B^T; each

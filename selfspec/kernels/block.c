@@ -46,17 +46,33 @@ typedef struct {
     lora_t lora;
 } kernels_t;
 
-/* the draft LoRA of layer i's group g (0 q|k|v, 1 o, 2 gate|up, 3 down) on out [M, N], if any */
-#define LORA(g, xin, K, out, N) \
-    (nl && lab[8 * i + 2 * (g)] ? kn->lora(xin, K, K, lab[8 * i + 2 * (g)], lr[4 * i + (g)], lab[8 * i + 2 * (g) + 1], \
-                                          N, out, N, lrows, nl, threads) : 0)
+/* the draft LoRA of layer i's group g (0 q|k|v, 1 o, 2 gate|up, 3 down) on out [M, N], module by
+ * module on its columns (7 a layer: lab[14 i + 2 m], lr[7 i + m]), if any */
+#define LORA(g, xin, K, out, N) (nl ? lora_group(kn, g, i, xin, K, out, N, lab, lr, lrows, nl, nq, KV, D, F, H, threads) : 0)
+
+static int lora_group(const kernels_t *kn, int g, int64_t i, const uint16_t *xin, int64_t K, uint16_t *out,
+                      int64_t N, const float *const *lab, const int64_t *lr, const int64_t *lrows, int64_t nl,
+                      int64_t nq, int64_t KV, int64_t D, int64_t F, int64_t H, int threads) {
+    static const int first[5] = {0, 3, 4, 6, 7};
+    const int64_t width[7] = {nq * D, KV * D, KV * D, H, F, F, H};
+    int64_t col = 0;
+    for (int m = first[g]; m < first[g + 1]; m++) {
+        const float *at = lab[14 * i + 2 * m];
+        if (at && kn->lora(xin, K, K, at, lr[7 * i + m], lab[14 * i + 2 * m + 1], width[m], out + col, N, lrows, nl,
+                           threads))
+            return 1;
+        col += width[m];
+    }
+    return 0;
+}
 
 /* shape: R rows of w tokens (M = R w), hidden H, nq query and KV key / value heads of D, MLP width
  * F. Per layer i: weights[4 i ..] = packed qkv, wo, gate_up, down; norms[2 i], norms[2 i + 1] =
  * ln1 (ln1 of layer 0 for the first rms), the norm after the attention (ln2); next[i] = the norm
  * the layer's last add_rms applies; kv[4 i ..] = K, V, K shifts, V shifts of cache row `row`
- * (already offset); grid[3 i ..] = scale, shift, vscale of the layer's attention; lab[8 i + 2 g ..]
- * = A^T, scale B^T (fp32) of LoRA group g of layer i (NULL: none), lr[4 i + g] its rank, lrows
+ * (already offset); grid[3 i ..] = scale, shift, vscale of the layer's attention; lab[14 i + 2 m ..]
+ * = A^T, scale B^T (fp32) of LoRA module m of layer i (q k v o gate up down; NULL: none), lr[7 i + m]
+ * its rank, lrows
  * [nl] the draft rows (flat; nl = 0: no LoRA); kb: bytes a cached value takes (2: int16, 1: int8,
  * the one-byte cache). h [M, H] fp32,
  * the residual stream, updated in place; out [M, H] fp32: the final norm's output. Returns 0, or

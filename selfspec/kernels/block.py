@@ -96,8 +96,9 @@ def available() -> bool:
 
 
 def lora_of(tables) -> tuple:
-    """The pointer arrays of a draft LoRA's groups (`checkpoint.lora.DraftLoRA.block_args`: [(A^T,
-    scale B^T) or None] x 4 per layer): (A^T / B^T pointers [8 L], ranks [4 L], the tensors)."""
+    """The pointer arrays of a draft LoRA's modules (`checkpoint.lora.DraftLoRA.block_args`: [(A^T,
+    scale B^T) or None] x 7 per layer, q k v o gate up down): (A^T / B^T pointers [14 L], ranks
+    [7 L], the tensors)."""
     ptrs, ranks, keep = [], [], []
     for ab in tables:
         ptrs += [0, 0] if ab is None else [ab[0].data_ptr(), ab[1].data_ptr()]
