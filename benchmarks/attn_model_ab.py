@@ -31,16 +31,34 @@ from selfspec.streaming import encode_prompt
 from selfspec.tools.bench_prompts import read_suite
 
 
+def kernel_files(rev: str | None, prefixes: tuple[str, ...], out_dir: str) -> None:
+    """The kernel sources (`selfspec/kernels/<prefix>*.c / .h`) of git revision `rev` (None: the
+    working tree) written into `out_dir`: a kernel built there includes its own revision's headers."""
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
+                          cwd=build.HERE).stdout.strip()
+    if rev is None:
+        names = [n for n in os.listdir(build.HERE) if n.startswith(prefixes) and n.endswith((".c", ".h"))]
+    else:
+        listed = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:selfspec/kernels"], capture_output=True,
+                                text=True, cwd=root)
+        if listed.returncode:
+            raise SystemExit(f"git ls-tree {rev}:selfspec/kernels failed: {listed.stderr.strip()}")
+        names = [n for n in listed.stdout.split() if n.startswith(prefixes) and n.endswith((".c", ".h"))]
+    for n in names:
+        if rev is None:
+            with open(os.path.join(build.HERE, n), "rb") as f:
+                data = f.read()
+        else:
+            data = subprocess.run(["git", "show", f"{rev}:selfspec/kernels/{n}"], capture_output=True, cwd=root,
+                                  check=True).stdout
+        with open(os.path.join(out_dir, n), "wb") as f:
+            f.write(data)
+
+
 def old_direct(rev: str) -> ctypes.CDLL:
     """attn16.c at `rev`, with the headers of that revision, built to a temporary library."""
     d = tempfile.mkdtemp(prefix="attn_ab_")
-    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip()
-    names = [n for n in os.listdir(build.HERE) if n.startswith(("attn16", "bf16")) and n.endswith((".c", ".h"))]
-    for n in names:
-        src = subprocess.run(["git", "show", f"{rev}:selfspec/kernels/{n}"], capture_output=True, cwd=root)
-        if src.returncode == 0:
-            with open(os.path.join(d, n), "wb") as f:
-                f.write(src.stdout)
+    kernel_files(rev, ("attn16", "bf16"), d)
     out = os.path.join(d, "attn16_old.so")
     err = build.compile_c(build.compiler(), os.path.join(d, "attn16.c"), out, build.FLAGS)
     if err:

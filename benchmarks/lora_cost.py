@@ -73,7 +73,6 @@ def main(argv=None) -> int:
 def rev_ab(a) -> int:
     import ctypes
     import os
-    import subprocess
     import tempfile
 
     import torch
@@ -83,21 +82,16 @@ def rev_ab(a) -> int:
     from selfspec.kernels import block
     from selfspec.kernels import build as kb
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        src = subprocess.run(["git", "show", f"{a.rev}:selfspec/kernels/layer.c"], cwd=root, capture_output=True,
-                             check=True).stdout
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"lora_cost: git show {a.rev}:selfspec/kernels/layer.c failed: {e.stderr.decode().strip()}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from attn_model_ab import kernel_files
+
     model, _ = selfspec.load(weights=a.weights, progress=False)
     lora = getattr(model, "draft_lora", None)
     if lora is None or block._entry() is None:
         raise SystemExit("error: needs the draft LoRA and the one-call block (a C compiler)")
     with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "layer_rev.c"), "wb") as f:
-            f.write(src)
-        err = kb.compile_c(kb.compiler(), os.path.join(tmp, "layer_rev.c"), os.path.join(tmp, "rev.so"),
-                           kb.FLAGS + [f"-I{os.path.dirname(kb.__file__)}"])
+        kernel_files(a.rev, ("layer", "bf16"), tmp)  # layer.c with its own revision's headers
+        err = kb.compile_c(kb.compiler(), os.path.join(tmp, "layer.c"), os.path.join(tmp, "rev.so"), kb.FLAGS)
         if err:
             raise SystemExit(f"lora_cost: {a.rev}: {err}")
         lib = ctypes.CDLL(os.path.join(tmp, "rev.so"))

@@ -24,7 +24,6 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,18 +33,21 @@ SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 57
 HEAD = (49152, 576)
 
 
-def build(source: bytes, out_dir: str, tag: str) -> ctypes.CDLL:
+def build(rev: str | None, out_dir: str, tag: str) -> ctypes.CDLL:
+    """w4a8.c and its headers at git revision `rev` (None: the working tree), built in out_dir/tag."""
+    from attn_model_ab import kernel_files
+
     from selfspec.kernels import build as kb
     from selfspec.kernels import w4a8
 
     cc = kb.compiler()
     if cc is None:
         sys.exit("w4a8_ab: no C compiler")
-    src = os.path.join(out_dir, f"w4a8_{tag}.c")
-    with open(src, "wb") as f:
-        f.write(source)
-    lib = os.path.join(out_dir, f"w4a8_{tag}.so")
-    err = kb.compile_c(cc, src, lib, kb.FLAGS + [f"-I{os.path.dirname(kb.__file__)}"])
+    d = os.path.join(out_dir, tag)
+    os.makedirs(d)
+    kernel_files(rev, ("w4a8", "w8a8", "bf16"), d)
+    lib = os.path.join(d, "w4a8.so")
+    err = kb.compile_c(cc, os.path.join(d, "w4a8.c"), lib, kb.FLAGS)
     if err:
         sys.exit(f"w4a8_ab: {tag}: {err}")
     dll = ctypes.CDLL(lib)
@@ -67,15 +69,9 @@ def main() -> None:
     from selfspec.kernels import w4a8
 
     torch.manual_seed(0)
-    try:
-        old = subprocess.run(["git", "show", f"{a.rev}:selfspec/kernels/w4a8.c"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
-    except subprocess.CalledProcessError as e:
-        sys.exit(f"w4a8_ab: git show {a.rev}:selfspec/kernels/w4a8.c failed: {e.stderr.decode().strip()}")
-    with open(os.path.join(ROOT, "selfspec", "kernels", "w4a8.c"), "rb") as f:
-        new = f.read()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {a.rev: build(old, tmp, "a"), "working tree": build(new, tmp, "b")}
+        libs = {a.rev: build(a.rev, tmp, "a"), "working tree": build(None, tmp, "b")}
         if a.model:
             return model_forward(libs, a)
         ws = [w4a8.pack(torch.randn(n, k) * 0.05) for n, k in SHAPES]
@@ -118,7 +114,6 @@ def model_forward(libs: dict, a) -> None:
     (`attn_model_ab.widths`: the same timing and the logits compared; the head is the working tree's)."""
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from attn_model_ab import widths
 
     from selfspec.kernels import block
