@@ -189,7 +189,8 @@ def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output()
 def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(monkeypatch, mode, made, fmt):
     """22 ms on the default model: paid in a round, a generation's first probe cost 4x its
     prediction. w4a8 runs the one-call block (its pointer tables), the other formats the layer
-    loop (the fused A / B per layer and group)."""
+    loop (A / B per layer and group: per module in the exact formats, stacked in fp32), and only
+    the tables its path reads are made."""
     from selfspec.engine.decoder import Decoder
 
     layout = {"presto": dict(schedule="one-pass", budget=8, group_nodes=3, block_length=5),
@@ -201,7 +202,8 @@ def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(mon
     monkeypatch.setattr(kb, "lora_of", lambda *a: tables.append(1) or real(*a))
 
     def made_now():
-        return len(tables) if fmt == "w4a8" else len(m.draft_lora.__dict__.get("_fused_ab", {}))
+        made = m.draft_lora.__dict__  # the layer loop's tables: per module (exact formats) or stacked (fp32)
+        return len(tables) if fmt == "w4a8" else len(made.get("_module_ab", {})) + len(made.get("_fused_ab", {}))
 
     dec = Decoder(m, [[5, 9, 11, 7]], DecodeConfig(mode=mode, max_new_tokens=6, **layout))
     before = made_now()

@@ -167,13 +167,14 @@ class DraftLoRA:
                          for name in names]
         return memo[key]
 
-    def prepare(self, devices: list) -> None:
-        """Every layer's tables (`_fused`, `_modules`) on its device (`devices[i]`) now, not in the
-        first round that drafts."""
+    def prepare(self, devices: list, *, exact: bool) -> None:
+        """Every layer's tables on its device (`devices[i]`) now, not in the first round that
+        drafts: the exact formats' per module (`_modules`, `add_fused`), the others' stacked per
+        group (`_fused`, `add_deltas`)."""
+        make = self._modules if exact else self._fused
         for i, device in enumerate(devices):
             for names in GROUPS:
-                self._fused(i, names, device)
-                self._modules(i, names, device)
+                make(i, names, device)
 
     def _fused(self, layer: int, names: tuple[str, ...], device: torch.device):
         """(A stacked and scale * B block-diagonal, both fp32 and transposed for x @ A^T @ B^T; each

@@ -250,7 +250,7 @@ class FastForward:
         if self.one_call():
             lora.block_args(len(self.layers), 1, 1, slice(0, None))
         else:
-            lora.prepare(self.devices)
+            lora.prepare(self.devices, exact=self.exact)
 
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend, lora=None, lora_rows=None):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
