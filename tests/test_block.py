@@ -163,9 +163,11 @@ def test_a_lora_on_part_of_a_fused_projection_takes_the_loop(calls):
 
 
 def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output():
-    """The layer loop's fused call on part of a group (q and v, not k) adds what `add_deltas`
-    adds to each module's own columns, and leaves k's columns and the other rows alone."""
+    """The layer loop's fused call on part of a group (q and v, not k) adds to each module's own
+    columns what that module's tables add there alone (the torch twin), and leaves k's columns
+    and the other rows alone."""
     from selfspec.checkpoint.lora import draft_rows
+    from selfspec.kernels import w4a8
 
     m = _model()
     lora = _lora(m, ("q_proj", "v_proj"), 3)
@@ -176,8 +178,10 @@ def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output()
     out = torch.randn(R * q, sum(cols), generator=g).to(torch.bfloat16)
     fused, per_module = out.clone(), out.clone()
     lora.add_fused(0, names, x, fused, draft_rows(R, q, slice(2, None)), cols)
-    lora.add_deltas(0, names, x.view(R, q, -1), tuple(v.view(R, q, -1) for v in per_module.split(cols, -1)),
-                    slice(2, None))
+    rows = draft_rows(R, q, slice(2, None))
+    for name, part in zip(names, per_module.split(cols, -1)):
+        if name != "k_proj":
+            w4a8.lora(x, *lora._modules(0, (name,), torch.device("cpu"))[0], part, rows, fallback=True)
     assert torch.equal(fused, per_module)
     k = slice(cols[0], cols[0] + cols[1])
     assert torch.equal(fused[:, k], out[:, k]) and torch.equal(fused.view(R, q, -1)[:, :2], out.view(R, q, -1)[:, :2])

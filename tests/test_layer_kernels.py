@@ -210,44 +210,6 @@ def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone(past
 
 
 @needs_kernel
-@pytest.mark.parametrize("k, r, n", [(576, 48, 960), (1536, 16, 576), (100, 3, 70), (64, 64, 130)])
-def test_the_draft_loras_delta_gives_the_twins_bits_on_its_rows_only(k, r, n):
-    g = torch.Generator().manual_seed(k + r)
-    x = (torch.randn(9, k, generator=g) * 2).to(torch.bfloat16)
-    at, bt = torch.randn(k, r, generator=g) * 0.1, torch.randn(r, n, generator=g) * 0.1
-    out = torch.randn(9, n, generator=g).to(torch.bfloat16)
-    rows = torch.tensor([0, 3, 4, 8])
-    c, twin = out.clone(), out.clone()
-    kl.lora(x, at, bt, c, rows)
-    kl.lora(x, at, bt, twin, rows, fallback=True)
-    assert torch.equal(c, twin)
-    assert torch.equal(c[[1, 2, 5, 6, 7]], out[[1, 2, 5, 6, 7]])
-    want = out[rows].float() + (x[rows].float() @ at) @ bt  # the same sums in another order
-    assert torch.allclose(c[rows].float(), want, atol=0.05, rtol=0.01)
-
-
-@needs_kernel
-@pytest.mark.parametrize("r", [16, 32, 48, 64])
-@pytest.mark.parametrize("n_rows", [1, 2, 3, 7, 8, 9, 17, 20])
-def test_the_draft_loras_delta_gives_the_twins_bits_at_every_row_count(r, n_rows):
-    """The AVX-512 path takes ranks of 16-64 several rows at a time (and two rows a column
-    chunk): every row count, a last chunk of fewer than 64 columns, rows out of order."""
-    g = torch.Generator().manual_seed(r + n_rows)
-    k, n = 576, 1000
-    x = (torch.randn(24, k, generator=g) * 2).to(torch.bfloat16)
-    at, bt = torch.randn(k, r, generator=g) * 0.1, torch.randn(r, n, generator=g) * 0.1
-    out = torch.randn(24, n, generator=g).to(torch.bfloat16)
-    rows = torch.randperm(24, generator=g)[:n_rows]
-    c, twin = out.clone(), out.clone()
-    kl.lora(x, at, bt, c, rows)
-    kl.lora(x, at, bt, twin, rows, fallback=True)
-    assert torch.equal(c, twin)
-    others = torch.ones(24, dtype=torch.bool)
-    others[rows] = False
-    assert torch.equal(c[others], out[others])
-
-
-@needs_kernel
 def test_gumbel_candidates_hold_each_rows_winner_and_decline_flat_rows():
     """Every row's Gumbel-max winner is among its candidates (index order, at most 1/16 of the
     vocabulary); a row whose distribution is too flat for that, or holds a NaN, declines (None)."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from selfspec.kernels import block as kb
-from selfspec.kernels import layer as kl
+from selfspec.kernels import w4a8
 
 LORA_DIR = "linear_spec_lora"
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -131,7 +131,7 @@ class DraftLoRA:
                   rows: torch.Tensor, cols: tuple[int, ...]) -> None:
         """out[rows] += the delta of the modules `names` of one group (`GROUPS`), in place: x [M, K]
         their input, out [M, N] their fused output (module j's `cols[j]` columns side by side), rows
-        the flat draft rows (int64). Module by module (`kernels.layer.lora` on its columns: the layer
+        the flat draft rows (int64). Module by module (`kernels.w4a8.lora` on its columns: the layer
         loop and the one-call block give the drafts the same bits); a group stacked as one rank-48
         product would multiply a block-diagonal B whose other modules' rows are zeros: two thirds of
         q|k|v's B, half of gate|up's, read and multiplied for nothing."""
@@ -140,7 +140,7 @@ class DraftLoRA:
         col = 0
         for ab, n_out in zip(self._modules(layer, names, x.device), cols):
             if ab is not None:
-                kl.lora(x, ab[0], ab[1], out[:, col : col + n_out], rows)
+                w4a8.lora(x, ab[0], ab[1], out[:, col : col + n_out], rows)
             col += n_out
 
     def block_args(self, n_layers: int, R: int, q: int, cols: slice):
@@ -156,14 +156,14 @@ class DraftLoRA:
         return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
 
     def _modules(self, layer: int, names: tuple[str, ...], device: torch.device) -> list:
-        """Per module of `names`: (A^T [K, r], scale * B^T [r, N]) fp32 contiguous on `device`, or
-        None without LoRA; kept per layer, modules and device."""
+        """Per module of `names`: its int8 tables (`kernels.w4a8.pack_lora` of A and scale * B, from
+        the stored fp32), or None without LoRA; kept per layer, modules and device (the exact
+        formats run on a CPU)."""
         memo = self.__dict__.setdefault("_module_ab", {})
         key = (layer, names, device)
         if key not in memo:
             memo[key] = [None if name not in self.ab or self.ab[name][layer] is None else
-                         (self.ab[name][layer][0].to(device, torch.float32).T.contiguous(),
-                          (self.ab[name][layer][1].to(device, torch.float32) * self.scale).T.contiguous())
+                         w4a8.pack_lora(self.ab[name][layer][0].float(), self.ab[name][layer][1].float() * self.scale)
                          for name in names]
         return memo[key]
 

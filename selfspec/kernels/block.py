@@ -22,7 +22,7 @@ _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
 
 class _Kernels(ctypes.Structure):
-    _fields_ = [(n, _P) for n in ("linear", "direct", "rms", "add_rms", "rope", "silu_mul", "lora")]
+    _fields_ = [(n, _P) for n in ("direct", "rms", "add_rms", "rope", "silu_mul", "linear")]
 
 
 _ARGS = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _I, _P, _I, _I, _P, _P, _D, _D,
@@ -37,8 +37,8 @@ def _entry():
         if all(lib is not None for lib in libs):
             blk, wl, al, ll = libs
             ptr = lambda f: ctypes.cast(f, _P).value  # noqa: E731
-            kn = _Kernels(ptr(wl.w4a8_linear), ptr(al.attn16_direct), ptr(ll.layer_rms), ptr(ll.layer_add_rms),
-                          ptr(ll.layer_rope), ptr(ll.layer_silu_mul), ptr(ll.layer_lora))
+            kn = _Kernels(ptr(al.attn16_direct), ptr(ll.layer_rms), ptr(ll.layer_add_rms), ptr(ll.layer_rope),
+                          ptr(ll.layer_silu_mul), ptr(wl.w4a8_linear_lora))
             fn = blk.block_layers
             fn.argtypes, fn.restype = _ARGS, ctypes.c_int
             _state["kn"] = kn
@@ -96,14 +96,15 @@ def available() -> bool:
 
 
 def lora_of(tables) -> tuple:
-    """The pointer arrays of a draft LoRA's modules (`checkpoint.lora.DraftLoRA.block_args`: [(A^T,
-    scale B^T) or None] x 7 per layer, q k v o gate up down): (A^T / B^T pointers [14 L], ranks
-    [7 L], the tensors)."""
+    """The pointer arrays of a draft LoRA's modules (`checkpoint.lora.DraftLoRA.block_args`: [(A, B)
+    int8 tables (`w4a8.pack_lora`) or None] x 7 per layer, q k v o gate up down): (pointers to A,
+    its scales, B, its scales [28 L], ranks [7 L], the tensors)."""
     ptrs, ranks, keep = [], [], []
     for ab in tables:
-        ptrs += [0, 0] if ab is None else [ab[0].data_ptr(), ab[1].data_ptr()]
-        ranks.append(0 if ab is None else ab[0].shape[1])
-        keep += [] if ab is None else list(ab)
+        ts = [] if ab is None else [ab[0].packed, ab[0].scale, ab[1].packed, ab[1].scale]
+        ptrs += [t.data_ptr() for t in ts] or [0] * 4
+        ranks.append(0 if ab is None else ab[0].shape[0])
+        keep += ts
     return (_P * len(ptrs))(*ptrs), (_I * len(ranks))(*ranks), keep
 
 

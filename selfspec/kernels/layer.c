@@ -14,7 +14,7 @@
  *   silu_mul: s = bf16(g / (1 + e^-g))  (fp32, e^ a fixed Horner polynomial: exp_silu),
  *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
  * Every row is computed alone, so a row's result is the same bits in any batch or width. The
- * draft LoRA's delta (draft rows only) is in layer_lora.h, the argmax and Gumbel candidates below. */
+ * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the argmax and Gumbel candidates are below. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,7 +163,6 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
     }
 }
 
-#include "layer_lora.h"
 
 /* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
  * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with

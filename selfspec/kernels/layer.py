@@ -26,7 +26,6 @@ _SIGS = {
     "layer_add_rms": [_P, _P, _I64, _I64, _P, _D, _P, _INT, _INT],
     "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
-    "layer_lora": [_P, _I64, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _INT],
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
     "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
@@ -41,7 +40,7 @@ def _fn(name: str):
         lib = build.load("layer")
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
-            fn.argtypes, fn.restype = _SIGS[name], {"layer_lora": _INT, "layer_gumbel_candidates": _I64}.get(name)
+            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64}.get(name)
         _fns[name] = fn
     return fn
 
@@ -165,32 +164,6 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, *, fallback: bool = False) -> tor
 
 
 # -- the draft LoRA's delta -------------------------------------------------------------------------------
-def lora(x: torch.Tensor, at: torch.Tensor, bt: torch.Tensor, out: torch.Tensor, rows: torch.Tensor, *,
-         fallback: bool = False) -> None:
-    """out[rows] = bf16(out[rows] + (x[rows] @ at) @ bt), in place: x bf16 [M, K], at fp32 [K, r],
-    bt fp32 [r, N], out bf16 [M, N], rows int64 [n]; each sum in fp32 in index order (`layer.c`;
-    the fallback loops over K and r in Python: slow, but the same bits).
-
-    Example: x = [[1, 2]], at = [[1], [1]], bt = [[0.5, -1]], out = [[1, 1]], rows = [0] ->
-    u = 1 + 2 = 3, out = [[2.5, -2]]."""
-    fn = _c(fallback, "layer_lora", x, at, bt, out, rows)
-    if (fn is None or x.dim() != 2 or x.dtype is not torch.bfloat16 or out.dtype is not torch.bfloat16
-            or at.dtype is not torch.float32 or bt.dtype is not torch.float32 or rows.dtype is not torch.int64):
-        xr = x[rows].float()
-        u = xr[:, :1] * at[0]
-        for k in range(1, at.shape[0]):  # fp32 in k order, as C's loop (torch's sums keep no order)
-            u = u + xr[:, k : k + 1] * at[k]
-        d = u[:, :1] * bt[0]
-        for j in range(1, bt.shape[0]):
-            d = d + u[:, j : j + 1] * bt[j]
-        out[rows] = (out[rows].float() + d).to(torch.bfloat16)
-        return
-    K, r, N = at.shape[0], at.shape[1], bt.shape[1]
-    if fn(x.data_ptr(), x.stride(0), K, at.data_ptr(), r, bt.data_ptr(), N, out.data_ptr(), out.stride(0),
-          rows.data_ptr(), rows.shape[0], torch.get_num_threads()):
-        raise MemoryError("layer_lora: out of memory")
-
-
 def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = False) -> torch.Tensor:
     """logits [M, V] -> int64 [M]: each row's first largest entry, `banned` counted as -inf (the
     greedy target's token; `drafting.sampling.select` at temperature 0 gives the same). bf16 rows in

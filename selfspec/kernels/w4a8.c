@@ -95,33 +95,37 @@ const char *w4a8_isa(void) {
 #endif
 }
 
+/* row r of w4a8_quantize (below) */
+static inline void quantize_row(const void *x, int x_bf16, int64_t r, int64_t K, int8_t *xq, float *d, float *c,
+                                int32_t *sx) {
+    int64_t nb = K / BLOCK;
+    float xb[BLOCK];
+    for (int64_t b = 0; b < nb; b++) {
+        if (x_bf16) {
+            const uint16_t *src = (const uint16_t *)x + r * K + b * BLOCK;
+            for (int i = 0; i < BLOCK; i++) xb[i] = bf16_to_float(src[i]);
+        } else {
+            memcpy(xb, (const float *)x + r * K + b * BLOCK, sizeof xb);
+        }
+        int8_t *qb = xq + r * K + b * BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < BLOCK; i++) { float a = fabsf(xb[i]); amax = a > amax ? a : amax; }
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < BLOCK; i++) { int v = (int)rintf(xb[i] * inv); qb[i] = (int8_t)v; sum += v; }
+        d[r * nb + b] = amax / 127.0f;
+        if (c) c[r * nb + b] = d[r * nb + b] * (float)sum;
+        if (sx) sx[r * nb + b] = sum;
+    }
+}
+
 /* x [M, K] fp32 or bf16 -> xq [M, K] int8, d [M, K/32], and where not NULL c [M, K/32] (w4a8's
  * d * sum(xq)) and sx [M, K/32] (w8a8's sum(xq)). Rows are independent: a prefill piece's rows are
  * shared out over the threads (serial, they were ~3% of a 3,000-token prefill with one core idle). */
 void w4a8_quantize(const void *x, int x_bf16, int64_t M, int64_t K, int8_t *xq, float *d, float *c, int32_t *sx,
                    int threads) {
-    int64_t nb = K / BLOCK;
     #pragma omp parallel for schedule(static) num_threads(threads) if (M >= 8)
-    for (int64_t r = 0; r < M; r++) {
-        float xb[BLOCK];
-        for (int64_t b = 0; b < nb; b++) {
-            if (x_bf16) {
-                const uint16_t *src = (const uint16_t *)x + r * K + b * BLOCK;
-                for (int i = 0; i < BLOCK; i++) xb[i] = bf16_to_float(src[i]);
-            } else {
-                memcpy(xb, (const float *)x + r * K + b * BLOCK, sizeof xb);
-            }
-            int8_t *qb = xq + r * K + b * BLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) { float a = fabsf(xb[i]); amax = a > amax ? a : amax; }
-            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (int i = 0; i < BLOCK; i++) { int v = (int)rintf(xb[i] * inv); qb[i] = (int8_t)v; sum += v; }
-            d[r * nb + b] = amax / 127.0f;
-            if (c) c[r * nb + b] = d[r * nb + b] * (float)sum;
-            if (sx) sx[r * nb + b] = sum;
-        }
-    }
+    for (int64_t r = 0; r < M; r++) quantize_row(x, x_bf16, r, K, xq, d, c, sx);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -243,6 +247,12 @@ static inline void put_rows(const float *acc, int R, int64_t r0, int64_t t, int6
     for (int r = 0; r < R; r++) {
         if (out_bf16) {
             uint16_t *yr = (uint16_t *)y + (r0 + r) * N + t * TILE;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+            if (cols == TILE) {
+                _mm256_storeu_si256((__m256i *)yr, ps_to_bf16_z(_mm512_loadu_ps(acc + r * TILE)));
+                continue;
+            }
+#endif
             for (int j = 0; j < cols; j++) yr[j] = float_to_bf16(acc[r * TILE + j]);
         } else {
             memcpy((float *)y + (r0 + r) * N + t * TILE, acc + r * TILE, cols * sizeof(float));
@@ -250,12 +260,18 @@ static inline void put_rows(const float *acc, int R, int64_t r0, int64_t t, int6
     }
 }
 
+/* the draft LoRA's steps inside the matmul's thread team (lora8.h) */
+typedef struct lora_plan lora_plan_t;
+static void lora_u_items(const lora_plan_t *p);
+static void lora_tile(const lora_plan_t *p, int64_t t, uint16_t *out, int64_t N);
+static void lora_rest(const lora_plan_t *p, uint16_t *out, int64_t N);
+
 /* y [M, N] = the packed weight [N, K] times the quantized rows; bf16 out when out_bf16, else fp32.
  * The packed weight has ceil(N / 16) tiles; rows past N in the last one are padding, not written.
  * From AMX_MIN4 rows on a CPU with AMX, 16 rows at a time go through tiles (`w4a8_amx.h`, the
- * same bits). */
-void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_t K, const uint8_t *packed,
-             int64_t N, void *y, int out_bf16, int threads) {
+ * same bits). With a LoRA plan (y bf16), its u first, then each tile's delta after the tile. */
+static void mm_impl(const int8_t *xq, const float *d, const float *c, int64_t M, int64_t K, const uint8_t *packed,
+                    int64_t N, void *y, int out_bf16, int threads, const lora_plan_t *lp) {
     int64_t nb = K / BLOCK, tiles = (N + TILE - 1) / TILE;  /* the last tile may be zero-padded */
 #ifdef W4A8_AMX
     if (amx_use(M, AMX_MIN4, INT64_MAX)) {
@@ -263,7 +279,8 @@ void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_
         {
             int shape = 0;
             uint8_t *ub = amx_unpacked(nb);
-            #pragma omp for schedule(static)
+            if (lp) lora_u_items(lp);
+            #pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < tiles; t++) {
                 const uint8_t *w = packed + t * nb * TILE_BYTES;
                 float acc[AMX_ROWS * TILE];
@@ -288,33 +305,46 @@ void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_
                         put_rows(acc, R1, r1, t, N, y, out_bf16);
                     }
                 }
+                if (lp) lora_tile(lp, t, (uint16_t *)y, N);
             }
             if (shape) _tile_release();
+            if (lp) lora_rest(lp, (uint16_t *)y, N);
         }
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < tiles; t++) {
-        const uint8_t *w = packed + t * nb * TILE_BYTES;
-        float acc[MAX_ROWS * TILE];
-        for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
-            const int8_t *xr = xq + r0 * K;
-            const float *dr = d + r0 * nb, *cr = c + r0 * nb;
-            ROWS_SWITCH(R, tile_rows, cr);
-            put_rows(acc, R, r0, t, N, y, out_bf16);
+    #pragma omp parallel num_threads(threads)
+    {
+        if (lp) lora_u_items(lp);
+        #pragma omp for schedule(static) nowait
+        for (int64_t t = 0; t < tiles; t++) {
+            const uint8_t *w = packed + t * nb * TILE_BYTES;
+            float acc[MAX_ROWS * TILE];
+            for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
+                int R = (int)(M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS);
+                const int8_t *xr = xq + r0 * K;
+                const float *dr = d + r0 * nb, *cr = c + r0 * nb;
+                ROWS_SWITCH(R, tile_rows, cr);
+                put_rows(acc, R, r0, t, N, y, out_bf16);
+            }
+            if (lp) lora_tile(lp, t, (uint16_t *)y, N);
         }
+        if (lp) lora_rest(lp, (uint16_t *)y, N);
     }
 }
 
-/* This thread's quantized activations: xq [M, K], then *d and one more [M, K/32] array, w4a8's c
- * or w8a8's sx (*c and *sx both point at it), in one buffer grown as needed and kept (a forward
- * makes ~120 matmul calls; each had malloc'd and freed three buffers). NULL when memory runs out. */
+void w4a8_mm(const int8_t *xq, const float *d, const float *c, int64_t M, int64_t K, const uint8_t *packed,
+             int64_t N, void *y, int out_bf16, int threads) {
+    mm_impl(xq, d, c, M, K, packed, N, y, out_bf16, threads, NULL);
+}
+
+/* This thread's quantized activations: xq [M, K], then *d, *c (w4a8's) and *sx (w8a8's, and the
+ * draft LoRA's beside w4a8's c) [M, K/32], in one buffer grown as needed and kept (a forward makes
+ * ~120 matmul calls; each had malloc'd and freed three buffers). NULL when memory runs out. */
 static __thread uint8_t *act_buf = NULL;
 static __thread size_t act_cap = 0;
 static int8_t *act_scratch(int64_t M, int64_t K, float **d, float **c, int32_t **sx) {
-    size_t head = ((size_t)(M * K) + 63) / 64 * 64, need = head + 2 * (size_t)(M * (K / BLOCK)) * 4;
+    size_t head = ((size_t)(M * K) + 63) / 64 * 64, need = head + 3 * (size_t)(M * (K / BLOCK)) * 4;
     if (need > act_cap) {
         uint8_t *b = (uint8_t *)realloc(act_buf, need);
         if (!b) return NULL;
@@ -323,7 +353,7 @@ static int8_t *act_scratch(int64_t M, int64_t K, float **d, float **c, int32_t *
     }
     *d = (float *)(act_buf + head);
     *c = *d + M * (K / BLOCK);
-    *sx = (int32_t *)*c;
+    *sx = (int32_t *)(*c + M * (K / BLOCK));
     return (int8_t *)act_buf;
 }
 
@@ -340,3 +370,4 @@ int w4a8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *
 }
 
 #include "w8a8.h"
+#include "lora8.h"

@@ -239,3 +239,45 @@ class W8A8Weight:
 
     def dequantize(self) -> torch.Tensor:
         return _unpack8(self.packed, self.shape).float() * self.scale[:, None]
+
+
+def pack_lora(a: torch.Tensor, b: torch.Tensor) -> tuple[W8A8Weight, W8A8Weight]:
+    """A draft LoRA module's A [r, K] and scaled B [N, r] -> its int8 tables for `lora`: each
+    `pack8`ed with its inputs zero-padded to a multiple of 32 (`lora8.h`)."""
+    pad = lambda w: torch.nn.functional.pad(w.detach().float(), (0, -w.shape[1] % BLOCK))  # noqa: E731
+    return pack8(pad(a)), pack8(pad(b))
+
+
+def lora(x: torch.Tensor, a8: W8A8Weight, b8: W8A8Weight, out: torch.Tensor, rows: torch.Tensor, *,
+         fallback: bool = False) -> None:
+    """out[rows] = bf16(out[rows] + b8(a8(x[rows]))), in place, each step a w8a8 product in fp32
+    (`lora8.h`): x bf16 [M, K], out bf16 [M, N] (a column slice of a wider output is fine), rows
+    int64 [n], the tables from `pack_lora`. The fallback computes the same bits in torch.
+
+    Example: x = [[1, 2]], A = [[1, 1]], B = [[0.5], [-1]] (r = 1), out = [[1, 1]], rows = [0] ->
+    u = 3, out = [[2.5, -2]] (every value here is exact on the int8 grids)."""
+    r, kp = a8.shape
+    n_out, rp = b8.shape
+    fn = None if fallback else _entry.get("w8a8_lora", False)
+    if fn is False:
+        lib = build.load("w4a8")
+        fn = _entry["w8a8_lora"] = None if lib is None else lib.w8a8_lora
+        if fn is not None:
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+            fn.restype = ctypes.c_int
+    if x.shape[-1] > kp or out.shape[-1] != n_out or -x.shape[-1] % BLOCK != kp - x.shape[-1]:
+        raise ValueError(f"lora: x [..., {x.shape[-1]}] / out [..., {out.shape[-1]}] do not fit tables "
+                         f"[{r}, {kp}] / [{n_out}, {rp}]")
+    if (fn is None or x.dim() != 2 or out.dim() != 2 or x.dtype is not torch.bfloat16
+            or out.dtype is not torch.bfloat16 or x.stride(-1) != 1 or out.stride(-1) != 1
+            or rows.dtype is not torch.int64 or not rows.is_contiguous()):
+        xr = torch.nn.functional.pad(x[rows].float(), (0, kp - x.shape[-1]))
+        u = torch.nn.functional.pad(reference8(xr, a8.packed, a8.scale, a8.shape), (0, rp - r))
+        out[rows] = (out[rows].float() + reference8(u, b8.packed, b8.scale, b8.shape)).to(out.dtype)
+        return
+    if fn(x.data_ptr(), x.stride(0), x.shape[1], a8.packed.data_ptr(), a8.scale.data_ptr(), r,
+          b8.packed.data_ptr(), b8.scale.data_ptr(), n_out, out.data_ptr(), out.stride(0), rows.data_ptr(),
+          rows.shape[0], torch.get_num_threads()):
+        raise MemoryError("w8a8_lora: out of memory")
