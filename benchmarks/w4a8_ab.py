@@ -45,7 +45,7 @@ def build(rev: str | None, out_dir: str, tag: str) -> ctypes.CDLL:
         sys.exit("w4a8_ab: no C compiler")
     d = os.path.join(out_dir, tag)
     os.makedirs(d)
-    kernel_files(rev, ("w4a8", "w8a8", "bf16"), d)
+    kernel_files(rev, ("w4a8", "w8a8", "lora8", "bf16"), d)
     lib = os.path.join(d, "w4a8.so")
     err = kb.compile_c(cc, os.path.join(d, "w4a8.c"), lib, kb.FLAGS)
     if err:
@@ -110,8 +110,10 @@ def main() -> None:
 
 
 def model_forward(libs: dict, a) -> None:
-    """The default model's forwards at each width with each build's w4a8_linear in the one-call block
-    (`attn_model_ab.widths`: the same timing and the logits compared; the head is the working tree's)."""
+    """The default model's forwards at each width with each build's w4a8_linear_lora (the one-call
+    block's matmul since cd82e5b; an older revision has none: `lora_cost.py --rev` builds a whole
+    block) in the one-call block (`attn_model_ab.widths`: the same timing and the logits compared;
+    the head is the working tree's)."""
     import torch
 
     from attn_model_ab import widths
@@ -125,8 +127,11 @@ def model_forward(libs: dict, a) -> None:
         sys.exit("w4a8_ab --model: the one-call block is not built here")
     kernels = {}
     for name, lib in zip(("old", "new"), libs.values()):
+        if not hasattr(lib, "w4a8_linear_lora"):
+            sys.exit(f"w4a8_ab --model: {a.rev}'s w4a8.c predates w4a8_linear_lora (cd82e5b); "
+                     "`benchmarks/lora_cost.py --rev` A/Bs a whole block")
         kernels[name] = block._Kernels.from_buffer_copy(block._state["kn"])
-        kernels[name].linear = ctypes.cast(lib.w4a8_linear, ctypes.c_void_p).value
+        kernels[name].linear = ctypes.cast(lib.w4a8_linear_lora, ctypes.c_void_p).value
     ours = block._state["kn"]
     try:
         widths(model, list(range(5, 69)), a.rows, kernels, a.repeats, "default", a.rev)
