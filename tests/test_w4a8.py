@@ -41,6 +41,19 @@ def test_the_c_kernel_and_the_torch_fallback_give_the_same_bits(n, k, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_activations_half_way_between_two_steps_round_to_even_as_the_twin_does(dtype):
+    """Blocks whose largest magnitude is 127 (the step is 1) holding k + 0.5, -0.5 and -0: each
+    rounds to the even neighbour, in the vector loop and the twin; a weight of ones sums them."""
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, -0.0, 126.5, -126.5, 127.0, 4.0] * 3)[:32]
+    x = torch.stack([halves, -halves, halves * 0.5 + 0.25, torch.zeros(32)]).to(dtype).repeat(1, 4)
+    w = w4a8.pack8(torch.ones(16, 128))
+    assert torch.equal(w(x, dtype=torch.float32), w(x, fallback=True, dtype=torch.float32))
+    xq, _, _ = w4a8.quantize_rows(x[:1])
+    assert xq[0, 0, :6].tolist() == [0, 2, 2, 0, -2, -2]
+
+
+@needs_kernel
 @pytest.mark.parametrize("n,k", SHAPES[:2])
 def test_a_row_gets_the_same_bits_alone_and_among_up_to_64_rows(n, k):
     x = _x(64, k)

@@ -226,6 +226,7 @@ int w8a8_lora(const uint16_t *x, int64_t ldx, int64_t K, const uint8_t *pa, cons
     float *dx = xf + n * kp;
     int32_t *sx = (int32_t *)(dx + n * nb);
     int8_t *xq = (int8_t *)(sx + n * nb);
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * kp >= 16384)
     for (int64_t i = 0; i < n; i++) {
         for (int64_t k = 0; k < K; k++) xf[i * kp + k] = bf16_to_float(x[rows[i] * ldx + k]);
         for (int64_t k = K; k < kp; k++) xf[i * kp + k] = 0.0f;

@@ -99,6 +99,35 @@ const char *w4a8_isa(void) {
 static inline void quantize_row(const void *x, int x_bf16, int64_t r, int64_t K, int8_t *xq, float *d, float *c,
                                 int32_t *sx) {
     int64_t nb = K / BLOCK;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    /* the loop below 16 lanes at a time: max is exact in any order (a NaN is skipped either way:
+     * max_ps keeps its second operand), and cvtps2dq rounds to nearest even as rintf does */
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 x0, x1;
+        if (x_bf16) {
+            const uint16_t *src = (const uint16_t *)x + r * K + b * BLOCK;
+            x0 = bf16_to_ps_z(src), x1 = bf16_to_ps_z(src + 16);
+        } else {
+            const float *src = (const float *)x + r * K + b * BLOCK;
+            x0 = _mm512_loadu_ps(src), x1 = _mm512_loadu_ps(src + 16);
+        }
+        __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), absmask));
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), absmask));
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(a1, _mm512_max_ps(a0, _mm512_setzero_ps())));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+        int8_t *qb = xq + r * K + b * BLOCK;
+        _mm_storeu_si128((__m128i *)qb, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(q1));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        d[r * nb + b] = amax / 127.0f;
+        if (c) c[r * nb + b] = d[r * nb + b] * (float)sum;
+        if (sx) sx[r * nb + b] = sum;
+    }
+    return;
+#endif
     float xb[BLOCK];
     for (int64_t b = 0; b < nb; b++) {
         if (x_bf16) {
