@@ -154,12 +154,15 @@ def test_a_round_with_a_draft_lora_takes_the_one_call_with_the_loops_bits(calls,
     assert not torch.equal(plain[:, 2:], fast[:, 2:])  # the draft rows: the delta is there
 
 
-def test_a_lora_on_part_of_a_fused_projection_takes_the_loop(calls):
+@pytest.mark.parametrize("targets", [("q_proj", "down_proj"), ("k_proj", "up_proj")])
+def test_a_lora_on_part_of_a_fused_projection_takes_the_one_call_with_the_loops_bits(calls, targets):
     m = _model()
-    lora = _lora(m, ("q_proj", "down_proj"), 4)  # q without k and v: the fused q|k|v output is partly covered
+    lora = _lora(m, targets, 4)  # q (or k) without the rest of q|k|v: the fused output is partly covered
     fast = _lora_round(m, lora, True)
-    assert calls[0] == 1  # the prefill only
+    assert calls[0] == 2  # the prefill and the round
     assert torch.equal(fast, _lora_round(m, lora, False))
+    lora.enabled = False
+    assert not torch.equal(_lora_round(m, lora, True), fast)
 
 
 def test_a_partly_covered_group_gets_the_per_module_deltas_in_the_fused_output():

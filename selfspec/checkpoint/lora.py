@@ -146,14 +146,13 @@ class DraftLoRA:
     def block_args(self, n_layers: int, R: int, q: int, cols: slice):
         """What the one-call block (`kernels.block.run`) takes to add the deltas on query columns
         `cols` of R rows of q tokens: every layer's modules (`kernels.block.lora_of`, in `GROUPS`
-        order) and the flat draft rows; None where a group is partly covered (the round keeps the
-        layer loop)."""
+        order; a module without LoRA, part of a group too, gets a null entry) and the flat draft
+        rows."""
         memo = self.__dict__.get("_block_ptrs")
         if memo is None:
             mods = [self._modules(i, names, torch.device("cpu")) for i in range(n_layers) for names in GROUPS]
-            whole = all(all(ab is None for ab in g) or all(ab is not None for ab in g) for g in mods)
-            memo = self.__dict__["_block_ptrs"] = (kb.lora_of([ab for g in mods for ab in g]) if whole else None,)
-        return None if memo[0] is None else (memo[0], draft_rows(R, q, cols))
+            memo = self.__dict__["_block_ptrs"] = kb.lora_of([ab for g in mods for ab in g])
+        return memo, draft_rows(R, q, cols)
 
     def _modules(self, layer: int, names: tuple[str, ...], device: torch.device) -> list:
         """Per module of `names`: its int8 tables (`kernels.w4a8.pack_lora` of A and scale * B, from

@@ -255,7 +255,7 @@ class FastForward:
     def _one_call(self, h: torch.Tensor, positions: torch.Tensor, attend, lora=None, lora_rows=None):
         """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
         cache and a round the one-call attention takes (`attend.block`: its cache rows and mask),
-        with a draft LoRA whose groups are whole (`DraftLoRA.block_args`); the same kernels in the
+        with a draft LoRA too (`DraftLoRA.block_args`); the same kernels in the
         same order as `_exact_layers`, so the same bits -> the final states [R, q, H]. None
         elsewhere (nothing written)."""
         if getattr(attend, "block", None) is None or not self.one_call():
@@ -263,8 +263,6 @@ class FastForward:
         lora_args = None
         if lora is not None and lora.enabled:
             lora_args = lora.block_args(len(self.layers), int(h.shape[0]), int(h.shape[1]), lora_rows)
-            if lora_args is None:
-                return None
         (R, q, H), (cache, row, starts, mask) = h.shape, attend.block(self.devices[0])
         if not (h.is_cpu and getattr(cache, "block16", False)):
             return None
