@@ -12,6 +12,7 @@ against AR mode's mean round on the same prompts. Last, both modes' whole-genera
     python benchmarks/auto_rounds.py --temperature 0 --repeats 4
     python benchmarks/auto_rounds.py --model models/pystdlib-nld-9m --prompts 8
     python benchmarks/auto_rounds.py --prompts 16 --batch-size 8   # B rows at a time, as the batch bench
+    python benchmarks/auto_rounds.py --prompts-file benchmarks/tune_prompts.jsonl --prompts 16 --rest-max 128  # tune
     python benchmarks/auto_rounds.py --file /usr/lib/python3.11/argparse.py --tokens 1000 --max-new-tokens 96
     python benchmarks/auto_rounds.py --suite-prompt edit04 --max-new-tokens 96   # a long-suite request
 """
@@ -49,12 +50,20 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8, help="the first N of the model's prompts.jsonl")
+    ap.add_argument("--rest-max", type=int, default=None,
+                    help="the planner's longest rest (engine.planner.REST_MAX) for this run, to tune it")
+    ap.add_argument("--prompts-file", default=None,
+                    help="another JSONL instead (benchmarks/tune_prompts.jsonl: a set to tune on, not held out)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1, help="prompts decoded together, in order")
     ap.add_argument("--file", default=None, help="one prompt instead: this text file's first --tokens tokens")
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--suite-prompt", default=None, help="one prompt instead: the long suite's request with this id")
     a = ap.parse_args()
+    if a.rest_max is not None:
+        from selfspec.engine import planner
+
+        planner.REST_MAX = a.rest_max
     model, tok = load(a.model, progress=False)
     if a.suite_prompt is not None:
         from selfspec.tools.bench_prompts import read_suite
@@ -67,7 +76,7 @@ def main() -> None:
         with open(a.file) as f:
             encoded = [tok.encode(f.read())[: a.tokens]]
     else:
-        prompts = read_prompts(os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
+        prompts = read_prompts(a.prompts_file or os.path.join(a.model or default_model_dir(), "prompts.jsonl"))[: a.prompts]
         encoded = [encode_prompt(tok, p["prompt"]) for p in prompts]
     # one decoder per prompt, or (--batch-size B > 1) one for all of them, B rows at a time
     sets = [[ids] for ids in encoded] if a.batch_size == 1 else [encoded]

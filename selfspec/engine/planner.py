@@ -48,6 +48,7 @@ from selfspec.engine.sequence import draft_tree, lookup_chain
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
+REST_MAX = 32  # the longest rest (AR rounds with nothing forecast) after a run of 8 AR choices
 
 
 class Planner(RoundCosts):
@@ -181,7 +182,7 @@ class Planner(RoundCosts):
             return
         self.ar_streak += 1
         if self.ar_streak >= 8:
-            self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, 32), 0
+            self.dormant, self.rest, self.ar_streak = self.rest, min(2 * self.rest, REST_MAX), 0
 
     # -- choose ------------------------------------------------------------------------------------------
     def choose(self, rows, cache: int, draining: bool = False) -> Option:
