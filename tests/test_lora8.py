@@ -97,11 +97,11 @@ def test_the_matmul_that_carries_the_lora_gives_the_layer_loops_bits(widths, m, 
 
 
 @needs_kernel
-@pytest.mark.parametrize("march,isa,needs", BUILDS, ids=[b[1] for b in BUILDS])
+@pytest.mark.parametrize("march,isa,needs", BUILDS, ids=[b[0] for b in BUILDS])
 def test_every_vector_path_of_the_lora_gives_the_twins_bits(tmp_path, march, isa, needs):
     if not needs <= _cpu_flags():
         pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
-    out = str(tmp_path / f"w4a8_{isa}.so")
+    out = str(tmp_path / f"w4a8_{march}.so")
     flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
     assert build.compile_c(build.compiler(), os.path.join(build.HERE, "w4a8.c"), out, flags) is None
     fn = ctypes.CDLL(out).w8a8_lora
