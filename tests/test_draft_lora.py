@@ -10,6 +10,8 @@ import torch
 
 from conftest import OneRow, tiny_model
 from selfspec.checkpoint.lora import TARGETS, DraftLoRA, load_draft_lora
+from selfspec.checkpoint.quant import FORMATS
+from selfspec.engine.formats import set_weights
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.options import DecodeConfig
 from selfspec.training.draft_lora import (Block, DraftParams, Frozen, Hyper, block_batch, block_logits, clean_pass,
@@ -206,9 +208,12 @@ def test_verification_logits_are_unchanged_by_an_adapter_on_every_target():
         lora.remove()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("schedule", ["two-pass", "one-pass"])
-def test_greedy_with_a_full_adapter_still_equals_ar(schedule):
-    model = _model()
+def test_greedy_with_a_full_adapter_still_equals_ar(schedule, fmt):
+    """In every weight format: the exact ones add the LoRA on int8 tables (the one-call block in
+    w4a8, the layer loop in the others), fp32 in torch."""
+    model = set_weights(_model(), fmt)
     model.draft_lora = _full_lora(model, seed=3)
     try:
         prompt = [8, 9, 10, 11, 12]

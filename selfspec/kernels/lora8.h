@@ -216,20 +216,24 @@ int w4a8_linear_lora(const uint16_t *x, int64_t M, int64_t K, const uint8_t *pac
 }
 
 /* One module on x bf16 [.., K] (rows ldx apart; the layer loop's): its draft rows quantized here
- * (K zero-padded to a multiple of 32), then the delta added into out (rows ldo apart). */
+ * into this thread's activation scratch (straight from bf16; K not a multiple of 32 goes through
+ * an fp32 copy with the zeros), then the delta added into out (rows ldo apart). */
 int w8a8_lora(const uint16_t *x, int64_t ldx, int64_t K, const uint8_t *pa, const float *sa, int64_t r,
               const uint8_t *pb, const float *sb, int64_t N, uint16_t *out, int64_t ldo, const int64_t *rows,
               int64_t n, int threads) {
     int64_t kp = (K + BLOCK - 1) / BLOCK * BLOCK, nb = kp / BLOCK;
-    float *xf = (float *)malloc((size_t)(n * kp) * (sizeof(float) + 1) + (size_t)(n * nb) * 8 + 64);
-    if (!xf) return 1;
-    float *dx = xf + n * kp;
-    int32_t *sx = (int32_t *)(dx + n * nb);
-    int8_t *xq = (int8_t *)(sx + n * nb);
+    float *dx, *c;
+    int32_t *sx;
+    int8_t *xq = act_scratch(n, kp, &dx, &c, &sx);
+    float *xf = kp == K ? NULL : (float *)malloc((size_t)(n * kp) * sizeof(float));
+    if (!xq || (kp != K && !xf)) { free(xf); return 1; }
     #pragma omp parallel for schedule(static) num_threads(threads) if (n * kp >= 16384)
     for (int64_t i = 0; i < n; i++) {
-        for (int64_t k = 0; k < K; k++) xf[i * kp + k] = bf16_to_float(x[rows[i] * ldx + k]);
-        for (int64_t k = K; k < kp; k++) xf[i * kp + k] = 0.0f;
+        if (!xf) {
+            quantize_row(x + rows[i] * ldx, 1, 0, kp, xq + i * kp, dx + i * nb, NULL, sx + i * nb);
+            continue;
+        }
+        for (int64_t k = 0; k < kp; k++) xf[i * kp + k] = k < K ? bf16_to_float(x[rows[i] * ldx + k]) : 0.0f;
         quantize_row(xf, 0, i, kp, xq, dx, NULL, sx);
     }
     const void *t[4] = {pa, sa, pb, sb};
