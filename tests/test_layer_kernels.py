@@ -197,6 +197,45 @@ def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, fi
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8])
+@pytest.mark.parametrize("R,w,bits", [(1, 1, 12), (4, 1, 12), (1, 4, 12), (3, 2, 16)])
+def test_one_call_attention_gives_the_same_bits_on_one_thread_and_shared_out(R, w, bits, dtype):
+    """Each step of the one call (scores, weights, weighted sums) runs on one thread below
+    `PAR_MIN` multiply-adds and shared out over the team above it (`attn16_set_par_min`): forced to
+    each side, four rows of one token, one row of four, rows of different lengths, with and
+    without the integer weighted sums (bits 16: V shifts that differ), the same bits."""
+    from selfspec.engine.attention import grid_for
+
+    S = 81
+    starts = [S - w - r for r in range(R)]
+    mask = torch.zeros(R, 1, w, S, dtype=torch.float64)
+    for r, st in enumerate(starts):
+        for t in range(w):
+            mask[r, 0, t, st + t + 1:] = float("-inf")
+    mask = mask[0, 0] if R == 1 else mask
+    grid = grid_for(64, 2.0 ** 4, 2.0 ** 4, 2.0 ** 3, 4096)
+    args = (grid.scale, grid.shift, 2.0 ** grid.v)
+    setp = attn16._fn("attn16_set_par_min")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    outs = []
+    try:
+        for par_min in (2 ** 62, 0):  # every step alone, then every step shared out
+            before = setp(par_min)
+            try:
+                for seed in (par_min % 7 + 1, 6):  # other inputs first: no step passes on the last call's scratch
+                    cache, x = _layer_inputs(R, S, seed=seed, bits=bits, dtype=dtype)
+                    x = torch.cat([x] * w, 1) + torch.arange(w, dtype=torch.float64).view(1, w, 1, 1)
+                    out = cache.write_attend(0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
+                outs.append(out)
+            finally:
+                setp(before)
+    finally:
+        torch.set_num_threads(old)
+    assert outs[0] is not None and torch.equal(outs[0], outs[1])
+
+
+@needs_kernel
 @pytest.mark.parametrize("past", ["queries", "scores"])
 def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone(past, monkeypatch):
     w = attn16.direct_max() // 3 + 1 if past == "queries" else 4  # queries per row: 3 w per key head

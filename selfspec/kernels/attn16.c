@@ -28,7 +28,20 @@
 
 #define QCHUNK 4
 static int int_pv_on = 1;  /* attn16_set_int_pv */
-#define PAR_MIN 262144  /* multiply-adds below which a step runs on one thread: a team costs ~10 us to wake */
+/* multiply-adds below which a step runs on one thread. Inside a forward the team is awake (its
+ * threads spin between the matmuls), so a step's region costs ~1.5 us, not a sleeping team's ~10
+ * (the old 262144): a one-token round of one row over ~80 keys (~46 K) stays on one thread, four
+ * rows of it (~190 K) share out, a forward 1.03-1.09x, one row of 4-16 tokens 1.015-1.03x */
+static int64_t par_min = 131072;
+#define PAR_MIN par_min
+
+/* Sets PAR_MIN, returns the previous value: for tests (every step's bits are the same on one
+ * thread or shared out) and A/B timing in one process. */
+int64_t attn16_set_par_min(int64_t v) {
+    int64_t old = par_min;
+    par_min = v;
+    return old;
+}
 
 #include "attn16_tiles.h"
 #include "attn16_words.h"

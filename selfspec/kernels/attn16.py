@@ -76,9 +76,12 @@ def _fn(name: str):
         fn.argtypes = {"attn16_store": _STORE, "attn16_store_k8": _STORE[:-1], "attn16_decompress": _DECOMPRESS,
                        "attn16_weights": _WEIGHTS,
                        "attn16_exp_round": _EXP, "attn16_out": _OUT, "attn16_direct": _DIRECT,
-                       "attn16_pv_wide": [], "attn16_set_int_pv": [ctypes.c_int]}.get(name, _ARGS)
+                       "attn16_pv_wide": [], "attn16_set_int_pv": [ctypes.c_int],
+                       "attn16_set_par_min": [ctypes.c_int64]}.get(name, _ARGS)
         fn.restype = ctypes.c_int if name in ("attn16_direct", "attn16_scores", "attn16_pv", "attn16_pv_wide",
                                               "attn16_set_int_pv") else None
+        if name == "attn16_set_par_min":
+            fn.restype = ctypes.c_int64
     return fn
 
 
