@@ -29,6 +29,7 @@ _SIGS = {
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
     "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
+    "layer_set_par_min": [_I64],
 }
 _fns: dict = {}
 CANDIDATES_MAX = 16  # a row where over 1/16 of the tokens may win takes the full draw (`gumbel_candidates`)
@@ -40,7 +41,7 @@ def _fn(name: str):
         lib = build.load("layer")
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
-            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64}.get(name)
+            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64, "layer_set_par_min": _I64}.get(name)
         _fns[name] = fn
     return fn
 
