@@ -5,6 +5,7 @@ block between generations (mirrored A B B A order), on the long suite's real pro
     python benchmarks/attn_model_ab.py --rev HEAD~1 --limit 2 --repeats 2
     python benchmarks/attn_model_ab.py --rev HEAD~1 --mode lookup --length 3k
     python benchmarks/attn_model_ab.py --rev HEAD~1 --length 3k --limit 1 --widths 1 2 4 8 16
+    python benchmarks/attn_model_ab.py --rev HEAD~1 --file /usr/lib/python3.11/argparse.py --tokens 64 300 --widths 1 4 16
 
 Builds whose numbers are the same (a faster kernel for the same exact sums) must give the same
 tokens and logits; the script checks it unless --changed-numerics (a build that changes a rounding
@@ -109,6 +110,9 @@ def main() -> None:
                     help="the builds' numbers differ on purpose (report, do not require, equal outputs)")
     ap.add_argument("--widths", type=int, nargs="*", default=None,
                     help="time one forward of each width after the prompt instead of generating")
+    ap.add_argument("--file", default=None,
+                    help="prompts from this text file instead (its first --tokens tokens; short contexts)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[64])
     a = ap.parse_args()
     torch.set_num_threads(2)
     model, tok = load(progress=False)
@@ -121,10 +125,16 @@ def main() -> None:
     kernels = {"old": old, "new": new}
     cfg = DecodeConfig(mode=a.mode, max_new_tokens=a.max_new_tokens)
     rows = []
-    for p in read_suite("long", a.limit):
+    if a.file is not None:
+        with open(a.file) as f:
+            text_ids = tok.encode(f.read())
+        prompts = [{"id": f"file{n}", "ids": text_ids[:n]} for n in a.tokens]
+    else:
+        prompts = read_suite("long", a.limit)
+    for p in prompts:
         if a.length and p.get("length") != a.length:
             continue
-        ids = encode_prompt(tok, p["prompt"])
+        ids = p["ids"] if "ids" in p else encode_prompt(tok, p["prompt"])
         if a.widths:
             widths(model, ids, a.widths, kernels, a.repeats, p.get("id", "?"), a.rev, a.changed_numerics)
             continue

@@ -32,6 +32,7 @@ static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly 
 /* q [D] float64 grid integers -> qi [D] = rint(q 2^-s); returns s */
 static inline int q_round(const double *q, int64_t D, int qb, int16_t *qi) {
     double top = 0.0;
+    #pragma omp simd reduction(max:top)  /* a maximum: the same in any order */
     for (int64_t d = 0; d < D; d++) top = fabs(q[d]) > top ? fabs(q[d]) : top;
     int e = 0;
     frexp(top, &e);

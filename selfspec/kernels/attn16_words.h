@@ -298,19 +298,26 @@ static void pv_words(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t R
                      double *out, double *part, int threads, int kb) {
     int64_t np = (S + 1) / 2;
     const int16_t *v = (const int16_t *)vc;
-    if (np <= PV_CHUNK && kb == 2) {  /* a short context: tasks of 3 or 6 queries and 32 dimensions over every pair, no partials */
+    if (np <= PV_CHUNK) {  /* a short context: tasks of 3 or 6 queries and 32 dimensions over every pair, no partials */
         int64_t tq = G <= 3 ? 3 : 6, ng = (G + tq - 1) / tq, nd = D / 32;
         #pragma omp parallel for schedule(static) collapse(3) num_threads(threads) if (R * KV * G * S * D >= PAR_MIN)
         for (int64_t rh = 0; rh < R * KV; rh++)
             for (int64_t qg = 0; qg < ng; qg++)
                 for (int64_t db = 0; db < nd; db++) {
                     int64_t i0 = tq * qg, n = G - i0 < tq ? G - i0 : tq, row = rh * G + i0;
-                    const int16_t *vh = v + (rh / KV) * vrs + (rh % KV) * vhs;
-                    double f = pow2(vs[(rh / KV) * srs + (rh % KV) * shs]), sums[6][2][32];
-                    if (tq == 3)
-                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, vh, NULL, 2, sums);
+                    int64_t at = (rh / KV) * vrs + (rh % KV) * vhs, sat = (rh / KV) * srs + (rh % KV) * shs;
+                    /* a one-byte cache's values carry their shifts as they are loaded: factor 1 */
+                    double f = kb == 1 ? 1.0 : pow2(vs[sat]), sums[6][2][32];
+                    if (kb == 1 && tq == 3)
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np,
+                                      (const int8_t *)vc + at, vs + sat, 1, sums);
+                    else if (kb == 1)
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np,
+                                      (const int8_t *)vc + at, vs + sat, 1, sums);
+                    else if (tq == 3)
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 3, S, D, 32 * db, 0, np, v + at, NULL, 2, sums);
                     else
-                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, vh, NULL, 2, sums);
+                        pv_words_tile(wh + row * ws, wl + row * ws, ws, n, 6, S, D, 32 * db, 0, np, v + at, NULL, 2, sums);
                     for (int64_t u = 0; u < n; u++)  /* one part of 32 dimensions: the sums are the result */
                         pv_sum_parts(sums[u][0], 1, 0, 32, f, out + (row + u) * D + 32 * db);
                 }
