@@ -280,6 +280,29 @@ def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(
     assert by[("auto", 1)]["tokens_per_second"] == 12 / 5
 
 
+def test_the_batch_bench_repeats_its_mirrored_block_and_sums_every_run(monkeypatch):
+    """--repeats N: A B B A, N times over, per batch size; a row's time and tokens are all its runs'."""
+    from types import SimpleNamespace
+
+    from selfspec.tools import bench_batch
+
+    calls, clock = [], iter(range(1, 100))
+
+    def fake_run(model, prompts_ids, mode, B, t, *rest):
+        calls.append((B, mode))
+        return [[1, 2, 3]] * len(prompts_ids), float(next(clock)), {}
+
+    monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
+    model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
+    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
+    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [4], ["ar", "auto"], max_new_tokens=3,
+                                       temperatures=[0.0], peers=(), progress=False, repeats=3)
+    assert calls == [(4, m) for m in ["ar", "auto", "auto", "ar"] * 3]
+    by = {r["mode"]: r for r in rows}
+    assert by["ar"]["seconds"] == 1 + 4 + 5 + 8 + 9 + 12 and by["ar"]["runs"] == 6
+    assert by["auto"]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
+
+
 def test_repeats_run_every_row_again_in_mirrored_order_and_sum_the_runs(tiny_dir, prompts, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--modes", "ar", "auto", "--peers",

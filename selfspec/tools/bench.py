@@ -382,7 +382,8 @@ def add_bench_parser(sub, add_common_args) -> None:
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
     b.add_argument("--repeats", type=int, default=1,
                    help="run every row this many times per prompt, in mirrored order (A B C C B A), times summed: "
-                        "single runs of 64 tokens vary by +-20%% on a 2-core machine (default 1)")
+                        "single runs of 64 tokens vary by +-20%% on a 2-core machine (default 1); with "
+                        "--batch-sizes, the mirrored block of each batch size (A B B A) this many times")
     b.add_argument("--batch-sizes", nargs="+", type=int, default=None,
                    help="batched decoding instead: each mode (default ar auto) and transformers' batched generate "
                         "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "

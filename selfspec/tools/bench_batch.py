@@ -46,9 +46,10 @@ def hf_batched(lm, prompts: list[list[int]], B: int, *, max_new_tokens: int, tem
 
 def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_sizes: list[int], modes: list[str],
                     *, max_new_tokens: int, temperatures: list[float], peers: tuple[str, ...] = ("hf",), seed: int = 0,
-                    progress: bool = True, profile=None, base: dict | None = None) -> list[dict]:
+                    progress: bool = True, profile=None, base: dict | None = None, repeats: int = 1) -> list[dict]:
     """One row per (mode or peer, B, temperature): tokens/s, rows equal to batch-1 AR (T = 0),
-    tau and plan_hist summed over the rows (of a mode's first run: each runs twice, see below)."""
+    tau and plan_hist summed over the rows (of a mode's first run: each runs 2 x `repeats` times,
+    see below)."""
     from tqdm import tqdm
 
     from selfspec.engine.decoder import Decoder
@@ -61,7 +62,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     lm = causal_lm(model) if "hf" in peers else None
     runs = list(modes) + (["hf"] if "hf" in peers else [])
-    n_runs = 2 * len(temperatures) * len(batch_sizes) * len(runs)
+    n_runs = 2 * repeats * len(temperatures) * len(batch_sizes) * len(runs)
     bar = tqdm(total=n_runs, desc="bench (batches)", file=sys.stderr, disable=not progress)
     rows, ar_ref = [], {}
     warm = DecodeConfig(mode="ar", max_new_tokens=4)
@@ -69,10 +70,11 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
         pass
     for t in temperatures:
         for B in batch_sizes:
-            # every mode twice, in order and then in reverse (A B C C B A): a machine whose speed
-            # drifts during the block moves every mode alike instead of favouring the first
+            # every mode twice, in order and then in reverse (A B C C B A), `repeats` times: a
+            # machine whose speed drifts during the block moves every mode alike instead of
+            # favouring the first, and more repeats average its bursts out
             timed: dict[str, list] = {}
-            for mode in runs + runs[::-1]:
+            for mode in (runs + runs[::-1]) * repeats:
                 outs, dt, extra = _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profile, lm,
                                              eos, pad, mask_id)
                 first = timed.setdefault(mode, [outs, 0.0, 0, extra])
@@ -84,7 +86,8 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
                 if mode == "ar" and B == 1:
                     ar_ref[t] = outs
                 label = "hf-generate (left padding)" if mode == "hf" else mode
-                rows.append(_row(label, mode, B, t, outs, dt, ar_ref.get(t) if t == 0 else None, tokens=n, **extra))
+                rows.append(_row(label, mode, B, t, outs, dt, ar_ref.get(t) if t == 0 else None, tokens=n,
+                                 runs=2 * repeats, **extra))
     bar.close()
     for r in rows:
         ar = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == r["batch_size"]
@@ -121,10 +124,10 @@ def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profi
     return dec.outputs, dt, {"tau": sum(acc) / len(acc) if acc else None, "plan_hist": dict(hist)}
 
 
-def _row(label, mode, B, t, outs, seconds, ref, *, tokens: int, **extra) -> dict:
-    """`seconds` and `tokens` over both runs of the mode; `outs` (and `extra`) from its first."""
+def _row(label, mode, B, t, outs, seconds, ref, *, tokens: int, runs: int = 2, **extra) -> dict:
+    """`seconds` and `tokens` over every run of the mode; `outs` (and `extra`) from its first."""
     return {"label": f"{label} B={B}", "mode": mode, "batch_size": B, "temperature": t,
-            "new_tokens": sum(len(o) for o in outs), "runs": 2,
+            "new_tokens": sum(len(o) for o in outs), "runs": runs,
             "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds,
             "rows_equal_ar": None if ref is None else sum(o == r for o, r in zip(outs, ref)),
             "rows": len(outs), **extra, "token_ids": outs}
@@ -171,7 +174,7 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
     t0 = time.time()
     rows = run_batch_bench(model, encoded, [p["id"] for p in prompts], a.batch_sizes, a.modes,
                            max_new_tokens=a.max_new_tokens, temperatures=temps, peers=tuple(a.peers), seed=a.seed,
-                           profile=a.profile, base=base)
+                           profile=a.profile, base=base, repeats=a.repeats)
     table = batch_table(rows)
     floor = batch_floor_lines(rows)
     print(table + "\n\n" + "\n".join(floor))
