@@ -3,8 +3,10 @@
     python benchmarks/sample_cost.py
 
 One process, the mean of 400 calls each: the whole draw at T = 1 for a fresh output position
-(`drafting.sampling.select` with the position's keyed noise and the C candidates), its noise rows
-(the position's uniforms and their largest noise), the ban's copy, the Gumbel-max over the
+(`drafting.sampling.select` with the position's keyed noise and the C candidates), as the runtime
+makes it (the position's largest uniform and the candidates' uniforms made where read) and with
+the position's whole row of uniforms made first (as before the twenty-second session), its noise
+rows (the position's uniforms and their largest noise), the ban's copy, the Gumbel-max over the
 candidates, the candidates alone, and the greedy argmax for comparison.
 """
 import time
@@ -13,7 +15,7 @@ import torch
 
 from selfspec.drafting.sampling import PositionNoise, gumbel_argmax, process_logits, select
 from selfspec.engine.batch_forward import BatchForward
-from selfspec.kernels.layer import gumbel_candidates, uniforms
+from selfspec.kernels.layer import gumbel_candidates, uniforms, uniforms_at, uniforms_max
 from selfspec.loading import load
 
 
@@ -35,13 +37,17 @@ def main() -> None:
     V, banned = logits.shape[-1], model.config.vocab_size - 1
     pos = [0]
 
-    def draw():
+    def draw(seeded: bool):
         pos[0] += 1
-        noise = PositionNoise(5, V, fast=uniforms).rows([pos[0]])
+        extra = dict(fast_max=uniforms_max, fast_at=uniforms_at) if seeded else {}
+        noise = PositionNoise(5, V, fast=uniforms, **extra).rows([pos[0]])
         return select(logits, temperature=1.0, banned=banned, candidates=gumbel_candidates, noise=noise)
 
-    timed("select at T = 1, a fresh position", draw)
-    timed("  its noise rows (uniforms and their largest noise)", lambda: PositionNoise(5, V, fast=uniforms).rows([7]))
+    timed("select at T = 1, a fresh position", lambda: draw(True))
+    timed("  with the position's whole row of uniforms", lambda: draw(False))
+    timed("  its noise rows (its largest uniform, no row)",
+          lambda: PositionNoise(5, V, fast=uniforms, fast_max=uniforms_max).rows([7]))
+    timed("  its noise rows (its whole row and their largest)", lambda: PositionNoise(5, V, fast=uniforms).rows([7]))
     timed("  the ban's copy (process_logits)", lambda: process_logits(logits, temperature=1.0, banned=banned))
     x = process_logits(logits, temperature=1.0, banned=banned)
     rows = PositionNoise(5, V, fast=uniforms).rows([7])

@@ -321,3 +321,39 @@ def test_a_positions_uniforms_in_c_are_the_torch_twins_bits_and_inside_the_unit_
     assert float(((counts - expected) ** 2 / expected).sum()) < 110  # chi-square, 63 degrees of freedom, p ~ 0.0002
     pairs = torch.histc((u[:-1] * 8).floor() * 8 + (u[1:] * 8).floor(), bins=64, min=0, max=64)  # neighbours independent
     assert float(((pairs - (u.numel() - 1) / 64) ** 2 / ((u.numel() - 1) / 64)).sum()) < 110
+
+
+@needs_kernel
+def test_a_positions_largest_uniform_and_its_uniforms_at_some_tokens_are_its_whole_rows():
+    """uniforms_max and uniforms_at (C) make the numbers the whole row holds, none of it stored;
+    `splitmix_at` is their torch twin (int64 seeds carry a uint64's bits)."""
+    from selfspec.drafting.sampling import _i64, mix, splitmix_at, splitmix_uniforms
+
+    seeds = [0, 2**63 - 1, 2**63, 2**64 - 1, mix(5, 3, 1)]
+    V = 49153
+    idx = torch.tensor([0, 1, 4242, V - 2, V - 1])
+    for seed in seeds:
+        row = splitmix_uniforms(seed, V)
+        assert kl.uniforms_max(seed, V) == float(row.max())
+        s = torch.full((5,), _i64(seed), dtype=torch.int64)
+        assert torch.equal(kl.uniforms_at(s, idx), row[idx]) and torch.equal(splitmix_at(s, idx), row[idx])
+
+
+@needs_kernel
+def test_gumbel_candidates_from_seeds_are_those_from_the_whole_rows_and_a_flat_row_declines_alone():
+    """Uniforms made where read (seeds) give the pairs the whole rows give; with flat=True a row
+    too flat for candidates is flagged and has none, every other row keeps its own pairs."""
+    from selfspec.drafting.sampling import PositionNoise
+
+    g, V = torch.Generator().manual_seed(4), 4096
+    x = torch.randn(4, V, generator=g) * 8.0
+    x[2] = torch.randn(V, generator=g) * 0.01  # flat: nearly every token may win
+    noise = PositionNoise(9, V).rows([3, 4, 4, 5])
+    whole, seeded = (kl.gumbel_candidates(x[[0, 1, 3]], noise.u, noise.rows[[0, 1, 3]], noise.top),
+                     kl.gumbel_candidates(x[[0, 1, 3]], None, noise.rows[[0, 1, 3]], noise.top, noise.seeds))
+    assert whole is not None and all(torch.equal(a, b) for a, b in zip(whole, seeded))
+    assert kl.gumbel_candidates(x, None, noise.rows, noise.top, noise.seeds) is None  # one flat row: all decline
+    r, c, flat = kl.gumbel_candidates(x, None, noise.rows, noise.top, noise.seeds, flat=True)
+    assert flat.tolist() == [False, False, True, False] and 2 not in r.tolist()
+    keep = r != 2
+    assert torch.equal(torch.where(r[keep] == 3, 2, r[keep]), whole[0]) and torch.equal(c[keep], whole[1])

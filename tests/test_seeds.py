@@ -135,25 +135,49 @@ def test_the_draw_from_a_rows_candidates_is_the_draw_over_every_token():
         assert torch.equal(select(logits, noise=noise.rows(positions), **kw), want)
 
 
+def test_rows_of_several_sequences_drawn_together_get_the_tokens_each_gets_alone():
+    """`NoiseRows.joined`: the reproducible rows of several sequences (each its own key and
+    positions, seeds in place of whole rows) in one Gumbel-max draw, a flat row among them, give
+    every row the token of its own draw over the whole vocabulary."""
+    from selfspec.drafting.sampling import NoiseRows
+    from selfspec.kernels import layer as kl
+
+    g, V = torch.Generator().manual_seed(8), 4096
+    fast = dict(fast=kl.uniforms, fast_max=kl.uniforms_max, fast_at=kl.uniforms_at) if kl.available() else {}
+    for trial in range(40):
+        seqs = [PositionNoise(100 * trial + k, V, **fast) for k in range(3)]
+        positions = [[5, 6], [2], [9, 9, 10]]
+        logits = torch.randn(6, V, generator=g) * (0.05 if trial % 4 == 0 else 6.0)  # some batches all flat
+        logits[trial % 6] *= 0.01  # one flat row in every batch
+        joined = NoiseRows.joined([n.rows(p) for n, p in zip(seqs, positions)])
+        got = select(logits, temperature=1.0, banned=3, noise=joined, candidates=kl.gumbel_candidates)
+        alone = torch.cat([select(logits[a:b], temperature=1.0, banned=3, noise=n.at(p))
+                           for n, p, (a, b) in zip(seqs, positions, [(0, 2), (2, 3), (3, 6)])])
+        assert torch.equal(got, alone), trial
+
+
 @pytest.mark.parametrize("mode", ["ar", "presto one-pass", "lookup"])
 def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, monkeypatch):
-    from selfspec.engine import step
+    from selfspec.engine import targets
     from selfspec.kernels import layer as kl
 
     big = tiny_model(seed=2, vocab_size=2048)  # room for candidates (at most 1/16 of the vocabulary)
     prompts, seeds = [[5, 9, 40, 7], [100, 3, 9]], [4, 5]
-    real, taken = step.gumbel_candidates, []
+    real, taken = targets.gumbel_candidates, []
 
-    def counted(*a):
-        out = real(*a)
-        taken.append(out is not None)
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        if out is not None and len(out) == 3:  # several rows: each flat one declines alone
+            taken.extend((~out[2]).tolist())
+        else:
+            taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(step, "gumbel_candidates", counted)
+    monkeypatch.setattr(targets, "gumbel_candidates", counted)
     want = _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16)  # T = 0.2: peaked enough for candidates
     if kl.available():  # both ways were taken: rows with candidates and rows too flat for them
         assert any(taken) and not all(taken)
-    monkeypatch.setattr(step, "gumbel_candidates", lambda *a: None)
+    monkeypatch.setattr(targets, "gumbel_candidates", lambda *a, **kw: None)
     assert _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16) == want
 
 

@@ -18,7 +18,6 @@ Two sources of randomness:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
@@ -91,22 +90,59 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
     return u.log().neg_().log_().neg_()
 
 
-@dataclass(frozen=True)
 class NoiseRows:
-    """The uniforms behind n rows' Gumbel noise: `u` [p, V] float64 (one row per distinct output
-    position), `rows` [n] (each row's position in u) and `top` [p] (each position's largest noise:
-    `gumbel` of its largest uniform)."""
+    """The uniforms behind n rows' Gumbel noise: `rows` [n] (each row's position among p distinct
+    ones), `top` [p] (each position's largest noise: `gumbel` of its largest uniform) and the
+    positions' `seeds` [p] (int64 bit patterns of `splitmix_uniforms`' seeds). A position's
+    uniforms are made whole (`u` [p, V] float64; `make_row(seed)` makes one) only when read that
+    way; a draw from candidates reads a few (`at`: `seeded` makes them, e.g.
+    `kernels.layer.uniforms_at`, else torch ops)."""
 
-    u: torch.Tensor
-    rows: torch.Tensor
-    top: torch.Tensor
+    def __init__(self, seeds: torch.Tensor, rows: torch.Tensor, top: torch.Tensor, make_row, seeded=None,
+                 whole: torch.Tensor | None = None):
+        self.seeds, self.rows, self.top = seeds, rows, top
+        self.make_row, self.seeded, self.whole = make_row, seeded, whole
+
+    @property
+    def u(self) -> torch.Tensor:
+        if self.whole is None:
+            self.whole = torch.stack([self.make_row(s) for s in self.seeds.tolist()])
+        return self.whole
+
+    def at(self, pos: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """The uniforms of (position index pos[k], token tok[k]) pairs, float64 [k]."""
+        if self.whole is not None:
+            return self.whole[pos, tok]
+        got = None if self.seeded is None else self.seeded(self.seeds[pos], tok)
+        return splitmix_at(self.seeds[pos], tok) if got is None else got
+
+    def only(self, i: int) -> "NoiseRows":
+        """Row i's noise alone: its position, one row."""
+        p = int(self.rows[i])
+        return NoiseRows(self.seeds[p : p + 1], torch.zeros(1, dtype=torch.long), self.top[p : p + 1], self.make_row,
+                         self.seeded, None if self.whole is None else self.whole[p : p + 1])
+
+    @staticmethod
+    def joined(parts: list["NoiseRows"]) -> "NoiseRows":
+        """Several sequences' rows as one (their rows in order, each part's positions its own)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets, n = [], 0
+        for p in parts:
+            offsets.append(n)
+            n += p.seeds.shape[0]
+        wholes = [p.whole for p in parts]
+        return NoiseRows(torch.cat([p.seeds for p in parts]), torch.cat([p.rows + o for p, o in zip(parts, offsets)]),
+                         torch.cat([p.top for p in parts]), parts[0].make_row, parts[0].seeded,
+                         torch.cat(wholes) if all(w is not None for w in wholes) else None)
 
 
 def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.Tensor:
     """(x.double() + gumbel(noise.u[noise.rows])).argmax(-1) for float32 logits x [n, V]: the same
     tokens (the first of equal maxima), with the noise made only where it can win when
-    `candidates(x, u, rows, top)` names those tokens ((row, token) pairs in index order, a superset
-    of each row's winner; `kernels.layer.gumbel_candidates`), else over every token.
+    `candidates(x, u, rows, top, seeds)` names those tokens ((row, token) pairs in index order, a
+    superset of each row's winner; u None: the seeds' uniforms, `kernels.layer.gumbel_candidates`),
+    else over every token.
 
     Why a few suffice: row i's top logit x_j with its noise is a value the winner reaches, lb =
     x_j + g_j, and a token k reaches lb only if x_k >= lb - top, since no noise of the row exceeds
@@ -117,17 +153,28 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.T
     Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1, candidates x >= 3.1
     (tokens 1 and 2), values 5.1 and 6.0 -> token 2."""
     n, V = x.shape
-    u, rows, top = (t.to(x.device) for t in (noise.u, noise.rows, noise.top))
-    pairs = None if candidates is None else candidates(x, u, rows, top)
+    rows, top = noise.rows.to(x.device), noise.top.to(x.device)
+    pairs, flat = None, None
+    if candidates is not None:
+        whole = None if noise.whole is None else noise.whole.to(x.device)
+        pairs = (candidates(x, whole, rows, top, noise.seeds) if n == 1 else
+                 candidates(x, whole, rows, top, noise.seeds, flat=True))
     if pairs is None:
-        return (x.double() + gumbel(u[rows])).argmax(-1)
-    r, c = pairs
-    v = x[r, c].double() + gumbel(u[rows[r], c])
+        return (x.double() + gumbel(noise.u.to(x.device)[rows])).argmax(-1)
+    if len(pairs) == 3:  # rows too flat for candidates (they have none) draw over every token, alone
+        r, c, flat = pairs
+    else:
+        r, c = pairs
+    v = x[r, c].double() + gumbel(noise.at(noise.rows[r.cpu()], c.cpu()).to(x.device))
     if n == 1:  # candidates in index order: argmax's first maximum is the first token's
         return c[v.argmax()].reshape(1)
     best = torch.full((n,), NEG, dtype=torch.float64, device=x.device).scatter_reduce(0, r, v, "amax")
     first = torch.where(v == best[r], c, torch.full_like(c, V))
-    return torch.full((n,), V, dtype=torch.long, device=x.device).scatter_reduce(0, r, first, "amin")
+    out = torch.full((n,), V, dtype=torch.long, device=x.device).scatter_reduce(0, r, first, "amin")
+    if flat is not None and bool(flat.any()):
+        for i in flat.nonzero().flatten().tolist():
+            out[i] = gumbel_argmax(x[i : i + 1], noise.only(i))[0]
+    return out
 
 
 MASK64 = (1 << 64) - 1
@@ -156,6 +203,16 @@ def splitmix_uniforms(seed: int, V: int) -> torch.Tensor:
     return (_srl(z, 11).double() + 0.5) * 2.0**-53
 
 
+def splitmix_at(seeds: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """splitmix_uniforms(seeds[k], V)[idx[k]] for each k (any V past idx[k]), in torch ops: int64
+    seeds (their bits as uint64) and indices -> float64 [k]."""
+    z = (idx.to(torch.int64) + 1) * _i64(0x9E3779B97F4A7C15) + seeds.to(torch.int64)
+    z = (z ^ _srl(z, 30)) * _i64(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _i64(0x94D049BB133111EB)
+    z = z ^ _srl(z, 31)
+    return (_srl(z, 11).double() + 0.5) * 2.0**-53
+
+
 def mix(*words: int) -> int:
     """A 63-bit key from integers (splitmix64 finalizer over their running combination)."""
     h = 0x9E3779B97F4A7C15
@@ -168,28 +225,41 @@ def mix(*words: int) -> int:
 
 class PositionNoise:
     """Gumbel noise per output position, from a key: g_t = -log(-log(u)) with u uniform in (0, 1),
-    `splitmix_uniforms` of the seed mix(key, t, purpose) (`fast` makes them in C). Position t's noise depends on nothing
-    but (key, t): draw order, layouts, batches and threads cannot move it. Positions are cached
-    until `forget_before` drops them.
+    `splitmix_uniforms` of the seed mix(key, t, purpose). Position t's noise depends on nothing but
+    (key, t): draw order, layouts, batches and threads cannot move it. Positions are cached until
+    `forget_before` drops them. `fast`, `fast_max` and `fast_at` make the same uniforms in C (a
+    position's row, its largest, those at some indices: `kernels.layer.uniforms`, `uniforms_max`,
+    `uniforms_at`; None, or returning None: torch's), so that a draw from candidates never makes a
+    position's whole row.
 
     Example: PositionNoise(5, 8).at([3, 3, 4]) gives rows 0 and 1 equal (one position) and row 2
     another; PositionNoise(5, 8).at([4]) equals that row 2 in a fresh object."""
 
     TARGET = 1  # purpose of the noise the target draws use (more purposes may come)
 
-    def __init__(self, key: int, vocab: int, fast=None):
+    def __init__(self, key: int, vocab: int, fast=None, fast_max=None, fast_at=None):
         self.key, self.vocab = int(key), int(vocab)
-        self.fast = fast  # (seed, V) -> the same uniforms as `splitmix_uniforms`, or None (`kernels.layer.uniforms`)
-        self._u: dict[int, tuple] = {}  # position -> (its uniforms [V] float64, its largest noise [1])
+        self.fast, self.fast_max, self.fast_at = fast, fast_max, fast_at
+        self._u: dict[int, torch.Tensor] = {}  # position -> its uniforms [V] float64, made when read whole
+        self._top: dict[int, tuple] = {}  # position -> (its seed's int64 bits, its largest noise [1])
         self._g: dict[int, torch.Tensor] = {}  # position -> its noise [V], made when a whole row is read
 
-    def _uniforms(self, t: int) -> tuple:
-        got = self._u.get(t)
-        if got is None:
+    def _row(self, t: int) -> torch.Tensor:
+        u = self._u.get(t)
+        if u is None:
             seed = mix(self.key, t, self.TARGET)
             u = None if self.fast is None else self.fast(seed, self.vocab)
-            u = splitmix_uniforms(seed, self.vocab) if u is None else u
-            got = self._u[t] = (u, gumbel(u.max().reshape(1)))
+            u = self._u[t] = splitmix_uniforms(seed, self.vocab) if u is None else u
+        return u
+
+    def _largest(self, t: int) -> tuple:
+        got = self._top.get(t)
+        if got is None:
+            seed = mix(self.key, t, self.TARGET)
+            m = None if self.fast_max is None or t in self._u else self.fast_max(seed, self.vocab)
+            # a maximum is exact in any order: the C pass's is the row's u.max()
+            m = self._row(t).max().reshape(1) if m is None else torch.tensor([m], dtype=torch.float64)
+            got = self._top[t] = (_i64(seed), gumbel(m))
         return got
 
     def at(self, positions: list[int]) -> torch.Tensor:
@@ -198,7 +268,7 @@ class PositionNoise:
         for t in positions:
             g = self._g.get(t)
             if g is None:
-                g = self._g[t] = gumbel(self._uniforms(t)[0])
+                g = self._g[t] = gumbel(self._row(t))
             rows.append(g)
         return torch.stack(rows)
 
@@ -206,11 +276,18 @@ class PositionNoise:
         """The uniforms of these positions' noise, for `gumbel_argmax` (the same draws as `at`'s)."""
         distinct = list(dict.fromkeys(positions))
         index = {t: i for i, t in enumerate(distinct)}
-        got = [self._uniforms(t) for t in distinct]
-        u = got[0][0][None] if len(got) == 1 else torch.stack([g[0] for g in got])
-        return NoiseRows(u, torch.tensor([index[t] for t in positions]), torch.cat([g[1] for g in got]))
+        got = [self._largest(t) for t in distinct]
+        whole = torch.stack([self._u[t] for t in distinct]) if all(t in self._u for t in distinct) else None
+        return NoiseRows(torch.tensor([g[0] for g in got], dtype=torch.int64),
+                         torch.tensor([index[t] for t in positions]), torch.cat([g[1] for g in got]),
+                         self._seed_row, self.fast_at, whole)
+
+    def _seed_row(self, seed: int) -> torch.Tensor:
+        """The uniforms [V] of a seed (its int64 bits)."""
+        u = None if self.fast is None else self.fast(seed, self.vocab)
+        return splitmix_uniforms(seed, self.vocab) if u is None else u
 
     def forget_before(self, position: int) -> None:
-        for cache in (self._u, self._g):
+        for cache in (self._u, self._top, self._g):
             for t in [t for t in cache if t < position]:
                 del cache[t]

@@ -11,7 +11,8 @@ states, one `RowRound` per row) and returns it after every row's observers have 
 3. lay out + forward: the rows' trees padded to the widest (N), their mask groups (one-pass:
    `tree.group_owners`) after, padding columns that see only themselves
    (`masks.rows_layout`), one forward; the draft LoRA runs on the group columns; the head on
-   each row's tree nodes; each row's targets (`sampling.select` with its own generator);
+   each row's tree nodes; the rows' targets (`targets.targets_of`: one argmax or draw for
+   rows alike, each row's token the one it gets alone);
 4. verify + commit: per row `verify.walk`; the next marginals from the endpoint's group (or
    its nearest owner's, shifted by the depth gap; slot 0 of a group is the bonus position); the
    accepted path gathered into the row's cache slots (`cache.BatchKVCache.commit`); the tokens
@@ -28,8 +29,6 @@ import time
 
 import torch
 
-from selfspec.drafting.sampling import select
-from selfspec.kernels.layer import argmax, gumbel_candidates
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
@@ -38,6 +37,7 @@ from selfspec.engine.chunks import ChunkRun, prefill_groups, shared_prefixes, to
 from selfspec.engine.masks import rows_layout
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
+from selfspec.engine.targets import targets_of
 
 
 # A prompt longer than this is prefilled in forwards of this many tokens: the exact attention's
@@ -81,11 +81,11 @@ class Stepper:
 
     def targets(self, seq: Sequence, logits: torch.Tensor, positions: list[int]) -> torch.Tensor:
         """The target's token after each row of `logits`, which stand for these output positions."""
-        p = seq.params
-        if p.temperature == 0:  # select's token; bf16 rows in one C pass (a 49,152-wide row ~18 us, torch ~80-120)
-            return argmax(logits, self.mask_id).cpu()
-        return select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=self.mask_id,
-                      candidates=gumbel_candidates, **seq.randomness(positions)).cpu()
+        return self.targets_of([(seq, logits, positions)])[0]
+
+    def targets_of(self, parts: list[tuple]) -> list[torch.Tensor]:
+        """`targets` of several sequences' (seq, logits, positions) at once (`engine.targets`)."""
+        return targets_of(parts, self.mask_id)
 
     def marginals(self, logits: torch.Tensor) -> Marginals:
         """Marginals with the entropy only where it is read (learned rho, the recorder)."""
@@ -227,8 +227,8 @@ class Stepper:
         k, L = len(seqs), max(len(s.prompt) for s in seqs)
         rows = slice(slot, slot + k)
         logits = self.timed(seqs, lambda: self.bf.logits(last))
-        for i, s in enumerate(seqs):
-            s.root = int(self.targets(s, logits[i : i + 1], [0])[0])
+        for s, t in zip(seqs, self.targets_of([(s, logits[i : i + 1], [0]) for i, s in enumerate(seqs)])):
+            s.root = int(t[0])
         if self.prefill_group and (self.planner is None or self.planner.marginals_at_prefill(
                 k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.cfg.group
@@ -368,9 +368,11 @@ class Stepper:
         for r in rnd.rows:
             r.logits = logits[start : start + len(r.tree)]
             start += len(r.tree)
-            r.targets = self.targets(r.seq, r.logits, (r.tree.depths + r.emitted_before).tolist())
             r.seq.stats.forwards += 1
             r.seq.stats.query_tokens += q
+        got = self.targets_of([(r.seq, r.logits, (r.tree.depths + r.emitted_before).tolist()) for r in rnd.rows])
+        for r, t in zip(rnd.rows, got):
+            r.targets = t
         rnd.target_seconds, rnd.target_rows = self.clock() - t0, start
         return ridden
 

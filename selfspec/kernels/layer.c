@@ -225,7 +225,7 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
 }
 
 /* gumbel_candidates: for each row r of float32 logits x [M, V] (tempered and filtered; -inf for
- * what may not be drawn), with its position's uniforms u + rows[r] * V and `top[rows[r]]` (the
+ * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded) and `top[rows[r]]` (the
  * largest noise of that position), the tokens that may win argmax(x + gumbel(u)): lb = x[j] +
  * g(u[j]) at the row's first largest x[j] (here with libm's log, lowered by a margin: a bound,
  * not the value) and every k with x[k] >= lb - top, less a margin. Writes (row, token) pairs to
@@ -234,21 +234,34 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
  * caller takes it). The exact values of the candidates are the caller's, in torch
  * (`drafting.sampling.gumbel_argmax`). */
 #define CAND_BLOCK 64
-int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const int64_t *rows,
-                                const double *top, int64_t per_row, int64_t *cr, int64_t *cc) {
+static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' element i */
+    uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 0.5) * 0x1p-53;
+}
+
+/* u NULL: position p's uniforms are those layer_uniforms makes from seeds[p], each made where read */
+/* flat not NULL: a row that would decline gets flat[r] = 1 and no pairs, the others theirs (else 0) */
+int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const uint64_t *seeds,
+                                const int64_t *rows, const double *top, int64_t per_row, int64_t *cr, int64_t *cc,
+                                int8_t *flat) {
     int64_t n = 0;
     for (int64_t r = 0; r < M; r++) {
         const float *row = x + r * V;
-        const double *ur = u + rows[r] * V;
         float best = -INFINITY;
         int nan = 0;
+        int64_t n0 = n;
+        if (flat) flat[r] = 0;
         #pragma omp simd reduction(max:best) reduction(|:nan)
         for (int64_t k = 0; k < V; k++) {  /* the largest value, then its first index: two passes that vectorise */
             float v = row[k];
             nan |= v != v;
             best = v > best ? v : best;
         }
-        if (nan) return -1;
+        if (nan && !flat) return -1;
+        if (nan) { flat[r] = 1; continue; }
         int64_t j = 0;
         for (int64_t b0 = 0; b0 < V; b0 += CAND_BLOCK) {
             int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
@@ -259,7 +272,8 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
             for (j = b0; row[j] != best; j++) {}
             break;
         }
-        double lb = (double)best - log(-log(ur[j]));
+        double uj = u ? u[rows[r] * V + j] : uniform_at(seeds[rows[r]], j);
+        double lb = (double)best - log(-log(uj));
         lb -= 1e-9 * (1.0 + fabs(lb));
         double t = top[rows[r]];
         double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
@@ -273,11 +287,17 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
             if (!hit) continue;
             for (int64_t k = b0; k < b1; k++) {
                 if ((double)row[k] >= thr) {
-                    if (n == end) return -1;
+                    if (n == end) {  /* one candidate too many: the row declines */
+                        if (!flat) return -1;
+                        flat[r] = 1;
+                        n = n0;
+                        goto next_row;
+                    }
                     cr[n] = r; cc[n] = k; n++;
                 }
             }
         }
+    next_row:;
     }
     return n;
 }
@@ -287,11 +307,22 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
  * torch ops, the bits the tests compare). Every element alone, so the loop vectorises. */
 void layer_uniforms(uint64_t seed, int64_t V, double *u) {
     #pragma omp simd
+    for (int64_t i = 0; i < V; i++) u[i] = uniform_at(seed, i);
+}
+
+/* the largest of a position's V uniforms, none of them stored (a draw from candidates reads only
+ * this and the few at its candidates, not the position's whole row: 393 KB at V = 49,152) */
+double layer_uniforms_max(uint64_t seed, int64_t V) {
+    double top = 0.0;
+    #pragma omp simd reduction(max:top)  /* a maximum: the same in any order */
     for (int64_t i = 0; i < V; i++) {
-        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        u[i] = ((double)(z >> 11) + 0.5) * 0x1p-53;
+        double v = uniform_at(seed, i);
+        top = v > top ? v : top;
     }
+    return top;
+}
+
+/* out[k] = uniform idx[k] of the position seeded seeds[k] */
+void layer_uniforms_at(const uint64_t *seeds, const int64_t *idx, int64_t n, double *out) {
+    for (int64_t k = 0; k < n; k++) out[k] = uniform_at(seeds[k], idx[k]);
 }

@@ -1,0 +1,65 @@
+"""Sampled rows' targets one row at a time (with each position's whole row of uniforms) against
+the runtime's way (`engine.targets`: rows alike in one draw, uniforms made where read), whole
+batched AR generations alternating in one process (A B B A ...).
+
+    python benchmarks/sample_batch_ab.py --batch-size 8 --repeats 6
+    python benchmarks/sample_batch_ab.py --batch-size 1 --temperature 0.7
+
+The default model's first 16 prompts, 64 new tokens, seeds 0..15 (reproducible sampling): prints
+both ways' seconds, their ratio and whether they gave the same tokens (they must).
+"""
+
+import argparse
+import os
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=16)
+    a = ap.parse_args()
+    from selfspec.checkpoint.model import default_model_dir
+    from selfspec.engine import sequence as seq_mod
+    from selfspec.engine import step as step_mod
+    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.options import DecodeConfig
+    from selfspec.kernels import layer
+    from selfspec.loading import load
+    from selfspec.streaming import encode_prompt
+    from selfspec.tools.bench_prompts import read_prompts
+
+    model, tok = load(progress=False)
+    prompts = read_prompts(os.path.join(default_model_dir(), "prompts.jsonl"))[: a.prompts]
+    enc = [encode_prompt(tok, p["prompt"]) for p in prompts]
+    real = step_mod.Stepper.targets_of
+
+    def per_row(self, parts):
+        return [real(self, [p])[0] for p in parts]
+
+    ways = {"one row at a time, whole rows": (per_row, lambda s, V: None, lambda s, i: None),
+            "rows alike together, uniforms where read": (real, layer.uniforms_max, layer.uniforms_at)}
+    seconds, outs = dict.fromkeys(ways, 0.0), {}
+    names = list(ways)
+    try:
+        for rep in range(a.repeats):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                step_mod.Stepper.targets_of, seq_mod.uniforms_max, seq_mod.uniforms_at = ways[name]
+                cfg = DecodeConfig(mode="ar", max_new_tokens=64, temperature=a.temperature)
+                t0 = time.perf_counter()
+                d = Decoder(model, enc, cfg, batch_size=a.batch_size, seeds=list(range(len(enc))))
+                for _ in d:
+                    pass
+                seconds[name] += time.perf_counter() - t0
+                outs.setdefault(name, d.outputs)
+    finally:
+        step_mod.Stepper.targets_of, seq_mod.uniforms_max, seq_mod.uniforms_at = ways[names[1]]
+    old, new = (seconds[n] for n in names)
+    print(f"AR, B = {a.batch_size}, T = {a.temperature:g}: {names[0]} {old:.3f} s, {names[1]} {new:.3f} s "
+          f"({old / new:.3f}x); same tokens: {outs[names[0]] == outs[names[1]]}")
+
+
+if __name__ == "__main__":
+    main()
