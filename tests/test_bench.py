@@ -256,8 +256,11 @@ def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar
     assert floor[0] in (tmp_path / "o" / "table.md").read_text()
 
 
-def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(monkeypatch):
-    """A B C C B A per batch size: a machine that drifts during the block moves every mode alike."""
+def _fake_batch_runs(monkeypatch, batch_sizes, **kw):
+    """run_batch_bench over a fake run that returns 3 tokens a prompt and the next integer as its
+    seconds: (the (B, mode) calls in order, the rows by (mode, B))."""
+    from types import SimpleNamespace
+
     from selfspec.tools import bench_batch
 
     calls, clock = [], iter(range(1, 100))
@@ -266,41 +269,29 @@ def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(
         calls.append((B, mode))
         return [[1, 2, 3]] * len(prompts_ids), float(next(clock)), {}
 
-    from types import SimpleNamespace
-
     monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
     model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
     monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
-    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [1, 4], ["ar", "auto"], max_new_tokens=3,
-                                       temperatures=[0.0], peers=(), progress=False)
+    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], batch_sizes, ["ar", "auto"], max_new_tokens=3,
+                                       temperatures=[0.0], peers=(), progress=False, **kw)
+    return calls, {(r["mode"], r["batch_size"]): r for r in rows}
+
+
+def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(monkeypatch):
+    """A B C C B A per batch size: a machine that drifts during the block moves every mode alike."""
+    calls, by = _fake_batch_runs(monkeypatch, [1, 4])
     order = ["ar", "auto", "auto", "ar"]
     assert calls == [(1, m) for m in order] + [(4, m) for m in order]
-    by = {(r["mode"], r["batch_size"]): r for r in rows}
     assert by[("ar", 1)]["seconds"] == 1 + 4 and by[("auto", 1)]["seconds"] == 2 + 3
     assert by[("auto", 1)]["tokens_per_second"] == 12 / 5
 
 
 def test_the_batch_bench_repeats_its_mirrored_block_and_sums_every_run(monkeypatch):
     """--repeats N: A B B A, N times over, per batch size; a row's time and tokens are all its runs'."""
-    from types import SimpleNamespace
-
-    from selfspec.tools import bench_batch
-
-    calls, clock = [], iter(range(1, 100))
-
-    def fake_run(model, prompts_ids, mode, B, t, *rest):
-        calls.append((B, mode))
-        return [[1, 2, 3]] * len(prompts_ids), float(next(clock)), {}
-
-    monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
-    model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
-    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
-    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [4], ["ar", "auto"], max_new_tokens=3,
-                                       temperatures=[0.0], peers=(), progress=False, repeats=3)
+    calls, by = _fake_batch_runs(monkeypatch, [4], repeats=3)
     assert calls == [(4, m) for m in ["ar", "auto", "auto", "ar"] * 3]
-    by = {r["mode"]: r for r in rows}
-    assert by["ar"]["seconds"] == 1 + 4 + 5 + 8 + 9 + 12 and by["ar"]["runs"] == 6
-    assert by["auto"]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
+    assert by[("ar", 4)]["seconds"] == 1 + 4 + 5 + 8 + 9 + 12 and by[("ar", 4)]["runs"] == 6
+    assert by[("auto", 4)]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
 
 
 def test_repeats_run_every_row_again_in_mirrored_order_and_sum_the_runs(tiny_dir, prompts, tmp_path, capsys):
