@@ -34,7 +34,7 @@ _SIGS = {
     "layer_set_par_min": [_I64],
 }
 _fns: dict = {}
-CANDIDATES_MAX = 16  # a row where over 1/16 of the tokens may win takes the full draw (`gumbel_candidates`)
+CANDIDATES_MAX = 4  # a row where over 1/4 of the tokens may win takes the full draw (`gumbel_candidates`)
 
 
 def _fn(name: str):
