@@ -63,7 +63,8 @@ def main() -> None:
                 seconds[name] += time.perf_counter() - t0
                 outs.setdefault(name, d.outputs)
     finally:
-        step_mod.Stepper.targets_of, seq_mod.uniforms_max, seq_mod.uniforms_at = real, layer.uniforms_max, layer.uniforms_at
+        step_mod.Stepper.targets_of = real
+        seq_mod.uniforms_max, seq_mod.uniforms_at = layer.uniforms_max, layer.uniforms_at
         layer.CANDIDATES_MAX = default_max
     old, new = (seconds[n] for n in names)
     print(f"AR, B = {a.batch_size}, T = {a.temperature:g}: {names[0]} {old:.3f} s, {names[1]} {new:.3f} s "
