@@ -247,9 +247,7 @@ class PositionNoise:
     def _row(self, t: int) -> torch.Tensor:
         u = self._u.get(t)
         if u is None:
-            seed = mix(self.key, t, self.TARGET)
-            u = None if self.fast is None else self.fast(seed, self.vocab)
-            u = self._u[t] = splitmix_uniforms(seed, self.vocab) if u is None else u
+            u = self._u[t] = self._seed_row(mix(self.key, t, self.TARGET))
         return u
 
     def _largest(self, t: int) -> tuple:

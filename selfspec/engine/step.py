@@ -79,12 +79,9 @@ class Stepper:
             s.stats.forward_seconds += dt
         return out
 
-    def targets(self, seq: Sequence, logits: torch.Tensor, positions: list[int]) -> torch.Tensor:
-        """The target's token after each row of `logits`, which stand for these output positions."""
-        return self.targets_of([(seq, logits, positions)])[0]
-
     def targets_of(self, parts: list[tuple]) -> list[torch.Tensor]:
-        """`targets` of several sequences' (seq, logits, positions) at once (`engine.targets`)."""
+        """The target's token after each row of each (seq, logits, the output positions they stand
+        for), all at once (`engine.targets`)."""
         return targets_of(parts, self.mask_id)
 
     def marginals(self, logits: torch.Tensor) -> Marginals:

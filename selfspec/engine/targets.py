@@ -31,7 +31,7 @@ def targets_of(parts: list[tuple], mask_id: int) -> list[torch.Tensor]:
         groups.setdefault(key, []).append(i)
     out: list = [None] * len(parts)
     for key, idx in groups.items():
-        logits = parts[idx[0]][1] if len(idx) == 1 else torch.cat([parts[i][1] for i in idx])
+        logits = _stacked([parts[i][1] for i in idx])
         if key[0] == "greedy":
             got = argmax(logits, mask_id).cpu()
         else:
@@ -46,3 +46,16 @@ def targets_of(parts: list[tuple], mask_id: int) -> list[torch.Tensor]:
             n = parts[i][1].shape[0]
             out[i], at = got[at : at + n], at + n
     return out
+
+
+def _stacked(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Row blocks [n_i, V] as one [sum n_i, V]: a view where they lie end to end in one tensor (a
+    round's rows, sliced in order from its logits), else a copy."""
+    first = blocks[0]
+    if len(blocks) == 1:
+        return first
+    size = first.element_size()
+    if all(b.is_contiguous() and b.shape[1:] == first.shape[1:] for b in blocks) and all(
+            b.data_ptr() == a.data_ptr() + a.numel() * size for a, b in zip(blocks, blocks[1:])):
+        return first.as_strided((sum(b.shape[0] for b in blocks), *first.shape[1:]), first.stride())
+    return torch.cat(blocks)

@@ -208,7 +208,7 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
     M, V = x.shape
     per_row = V // CANDIDATES_MAX
     cr, cc = torch.empty(M * per_row, dtype=torch.long), torch.empty(M * per_row, dtype=torch.long)
-    declined = torch.zeros(M, dtype=torch.int8) if flat else None
+    declined = torch.empty(M, dtype=torch.int8) if flat else None  # the kernel writes every row's flag
     n = fn(x.data_ptr(), M, V, None if u is None else u.data_ptr(), None if u is not None else seeds.data_ptr(),
            rows.data_ptr(), top.data_ptr(), per_row, cr.data_ptr(), cc.data_ptr(),
            None if declined is None else declined.data_ptr())
