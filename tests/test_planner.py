@@ -342,24 +342,47 @@ def test_a_round_pads_to_a_wider_width_the_device_runs_cheaper():
     assert opt == Option("lookup", 3, pad_to=5) and opt.width == 5 and opt.label == "lookup/N=3"
 
 
-def _observe(pl, option, seconds, rows=4, width=None, marginals=False, committed=1, plan=0.0):
+def _observe(pl, option, seconds, rows=4, width=None, marginals=False, committed=1, plan=0.0, bare=False):
     row = SimpleNamespace(nodes=0, committed=[7] * committed, room=64, marg=object() if marginals else None)
     rnd = SimpleNamespace(option=option, rows=[row] * rows, width=width or option.width, cache_len=0,
-                          model_seconds=seconds, seconds=seconds + plan, plan_seconds=plan, bare=False,
+                          model_seconds=seconds, seconds=seconds + plan, plan_seconds=plan, bare=bare,
                           draining=False, join_tokens=0, target_seconds=0.0, target_rows=0)
     pl.observe(rnd)
 
 
 def test_a_cost_model_that_underprices_wide_rounds_is_corrected_by_what_they_took():
     """The cost model says a width-2 round costs what AR costs; measured lookup rounds take twice
-    AR's time: after a few, a yield of 1.3 tokens per row no longer buys them."""
+    AR's time (the reference: bare AR rounds): after a few, a yield of 1.3 tokens per row no
+    longer buys them."""
     pl = _planner(CostModel.flat(0.1))
     rows = _rows(*[_chain(0.3, 1)] * 4)
     assert pl.choose(rows, cache=0) == Option("lookup", 1)
     for _ in range(5):
-        _observe(pl, AR, 0.1)
+        _observe(pl, AR, 0.1, bare=True)
         _observe(pl, Option("lookup", 1), 0.2)
     assert pl.choose(rows, cache=0) == AR
+
+
+def test_a_kind_is_priced_against_ar_rounds_of_its_own_time_not_against_the_machine_s_drift():
+    """The machine's speed drifts: lookups measured at half speed (before any AR round, as in a
+    warm-up; then beside AR rounds as slow as they) are priced like AR once it runs at full speed
+    again, not at the speed they happened to run at."""
+    rows = _rows(*[_chain(0.3, 1)] * 4)
+    warm = _planner(CostModel.flat(0.1))
+    for _ in range(5):
+        _observe(warm, Option("lookup", 1), 0.2)  # no AR round yet: nothing to compare them with
+    for _ in range(40):
+        _observe(warm, AR, 0.1, bare=True)
+    warm.settle()
+    assert warm.choose(rows, cache=0) == Option("lookup", 1)
+    drift = _planner(CostModel.flat(0.1))
+    for _ in range(40):
+        _observe(drift, AR, 0.2, bare=True)
+        _observe(drift, Option("lookup", 1), 0.2)
+    for _ in range(40):
+        _observe(drift, AR, 0.1, bare=True)
+    drift.settle()
+    assert drift.choose(rows, cache=0) == Option("lookup", 1)
 
 
 def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_price_it_out():

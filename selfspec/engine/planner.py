@@ -87,7 +87,7 @@ class Planner(RoundCosts):
         self.settle()
         new = copy.copy(self)
         for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
-                     "rates", "ledger", "unsettled"):
+                     "rates", "ledger", "unsettled", "relative"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
         return new

@@ -5,6 +5,13 @@ per row and a measured time per target token drawn. AR rounds that a forecast pr
 own scale and overhead ("ar-forecast"): what they take beyond a bare AR round is the forecast's
 drag on the forward (`forecast_drag`), which the ledger charges to speculation.
 
+Only AR's scale is absolute (the machine's speed now against the cost model's); every other kind
+keeps its scale relative to AR's at the time it ran. The machine's speed drifts by 10-30% within
+a minute, so two absolute scales taken at different times compared the drift, not the kinds: a
+warm-up's lookup rounds, run before any AR round while the machine was slow, were priced 1.9x
+AR's for every later generation on that planner, which then never looked anything up (a 1,000-
+token source file to edit: tau 1.0 after the warm-up, 2.4 without it).
+
 Example: f(1, 1, 64) = 3.0 ms from the cost model and AR rounds measured at 3.3 ms of model time
 give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5 ms) not yet run is priced with AR's
 scale, 4.95 ms, plus its overhead and four draws a row.
@@ -31,7 +38,9 @@ class RoundCosts:
         self.draw = 0.0  # seconds per target token drawn (per verified node; sampled ones cost ~25x argmax's)
         self._draws: list[float] = []  # the last 9 rounds' time per draw (`draw`: their median)
         self._recent: dict[str, list[float]] = {}
-        self.scale: dict[str, float] = {}  # measured / predicted model time, by kind of round
+        self.scale: dict[str, float] = {}  # "ar": measured / predicted model time of bare AR rounds
+        self.relative: dict[str, float] = {}  # other kinds: their measured / predicted over AR's scale then
+        self.first_scale = 1.0  # before any bare AR round: the latest round's measured / predicted model time
 
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
@@ -64,16 +73,18 @@ class RoundCosts:
         forecast itself: its forward and the rest of its round, as measured (default model, Xeon
         with AMX: forwards 0.1-0.2 ms slower after a forecast's Python, ~5% of an AR round, which
         the ledger did not see while it priced such a round as AR's forward plus the forecast)."""
-        if FORECAST_AR not in self.scale or "ar" not in self.scale:
+        if FORECAST_AR not in self.relative or "ar" not in self.scale:
             return 0.0
-        model = (self.scale[FORECAST_AR] - self.scale["ar"]) * self._f(rows, 1, cache)
+        model = (self.relative[FORECAST_AR] - 1.0) * self.scale["ar"] * self._f(rows, 1, cache)
         rest = (self.overhead.get(FORECAST_AR, 0.0) - self.overhead.get("ar", 0.0)) * rows
         return max(0.0, model + rest)
 
     def _scale(self, family: str) -> float:
-        """Measured / predicted model time for a kind of round (AR's until that kind has run; before
-        any AR round, the least of the kinds measured: the first rounds are judged on the same clock)."""
-        return _per_kind(self.scale, family, 1.0)
+        """Measured / predicted model time for a kind of round: AR's scale (before any AR round,
+        the latest of any kind's: the first rounds are judged on the same clock) times the kind's
+        relative one (1 until the kind has run beside AR)."""
+        ar = self.scale.get("ar", self.first_scale)
+        return ar if family == "ar" else ar * self.relative.get(family, 1.0)
 
     def _overhead(self, family: str) -> float:
         """Seconds per row outside the model and the planner for a kind of round (as `_scale`)."""
@@ -115,10 +126,12 @@ class RoundCosts:
             predicted += self._f(R, self.block_length, seen.cache_len)
         if seen.model_seconds > 0:
             ratio = seen.model_seconds / predicted
-            old = self.scale.get(fam)
-            if old is not None:  # a stall (`ledger.PAUSE`) moves the scale as a round PAUSE x slower would
-                ratio = min(ratio, PAUSE * old)
-            self.scale[fam] = ratio if old is None else old + EMA * (ratio - old)
+            if fam == "ar":
+                _smooth(self.scale, "ar", ratio)
+            elif "ar" in self.scale:  # against AR's speed now: a drift of the machine's moves both alike
+                _smooth(self.relative, fam, ratio / self.scale["ar"])
+            else:  # before the first bare AR round (`Planner.plan` runs one early) every kind reads this clock
+                self.first_scale = ratio
         recent = self._recent.setdefault(fam, [])
         # forecasts are the ledger's; the target's draws are priced per verified node (`draw`)
         recent.append(max(0.0, seen.seconds - seen.model_seconds - seen.plan_seconds - seen.target_seconds) / R)
@@ -135,6 +148,16 @@ class RoundCosts:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
+        for f, v in self.relative.items():  # and its relative scale towards AR's (a forecast's drag is no kind)
+            if f not in (fam, FORECAST_AR) and v > 1.0:
+                self.relative[f] = v - 0.01 * (v - 1.0)
+
+
+def _smooth(table: dict[str, float], key: str, ratio: float) -> None:
+    """table[key] moved towards `ratio` by EMA (set by the first); a stall (`ledger.PAUSE`) moves
+    it as a round PAUSE x slower would."""
+    old = table.get(key)
+    table[key] = ratio if old is None else old + EMA * (min(ratio, PAUSE * old) - old)
 
 
 def _per_kind(table: dict[str, float], family: str, default: float) -> float:
