@@ -148,9 +148,6 @@ class RoundCosts:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
-        for f, v in self.relative.items():  # and its relative scale towards AR's (a forecast's drag is no kind)
-            if f not in (fam, FORECAST_AR) and v > 1.0:
-                self.relative[f] = v - 0.01 * (v - 1.0)
 
 
 def _smooth(table: dict[str, float], key: str, ratio: float) -> None:
