@@ -10,7 +10,10 @@ keeps its scale relative to AR's at the time it ran. The machine's speed drifts 
 a minute, so two absolute scales taken at different times compared the drift, not the kinds: a
 warm-up's lookup rounds, run before any AR round while the machine was slow, were priced 1.9x
 AR's for every later generation on that planner, which then never looked anything up (a 1,000-
-token source file to edit: tau 1.0 after the warm-up, 2.4 without it).
+token source file to edit: tau 1.0 after the warm-up, 2.4 without it). Unlike the overheads, the
+relative scales do not drift back towards AR's while a kind does not run: measured beside AR,
+lookup rounds really take 1.2-1.35x the cost model's prediction, and forgetting it between bets
+lost 5% at T = 0 (`benchmarks/planner_ab.py`).
 
 Example: f(1, 1, 64) = 3.0 ms from the cost model and AR rounds measured at 3.3 ms of model time
 give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5 ms) not yet run is priced with AR's
