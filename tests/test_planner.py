@@ -385,6 +385,17 @@ def test_a_kind_is_priced_against_ar_rounds_of_its_own_time_not_against_the_mach
     assert drift.choose(rows, cache=0) == Option("lookup", 1)
 
 
+def test_before_any_ar_round_every_kind_is_priced_on_the_clock_of_the_rounds_that_ran():
+    """Lookups ran at twice the cost model's time before any AR round: AR is priced at that speed
+    too (the same clock), and lookups like AR (nothing yet says they differ)."""
+    pl = _planner(CostModel.flat(0.1))
+    for _ in range(3):
+        _observe(pl, Option("lookup", 1), 0.2)
+    pl.settle()
+    assert pl.model_seconds("ar", 1, 1, 0) == pytest.approx(0.2)
+    assert pl.model_seconds("lookup", 1, 2, 0) == pytest.approx(0.2)
+
+
 def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_price_it_out():
     """A sampled target token costs ~0.5 ms on a CPU (argmax's ~20 us): a round verifying a chain
     of 3 draws 4 of them. The planner measures the time per draw apart from the per-row overhead
