@@ -18,7 +18,6 @@ Two sources of randomness:
 
 from __future__ import annotations
 
-
 import torch
 
 NEG = float("-inf")

@@ -136,16 +136,16 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                               file=sys.stderr)
                     peer_errors.add(failed)
                 rec = {"id": p["id"], "token_ids": out, "new_tokens": len(out), "seconds": sec}
-                # untimed, a few AR tokens of our own: the first run after a peer's ran 2-4.5% slower
-                # (its caches and tables cold; 0.995-1.003x after this), and in the mirrored order
-                # that run is always the same row (auto at T = 1 behind llama.cpp: 0.93x AR one run)
-                for _ in Decoder(model, [warm], DecodeConfig(mode="ar", max_new_tokens=warmup_tokens), **no_eos):
-                    pass
                 if failed is not None:
                     rec["failed"] = failed
                 elif getattr(r[0], "first_token_seconds", None) is not None:
                     rec.update(ttft_seconds=r[0].first_token_seconds, decode_seconds=sec - r[0].first_token_seconds,
                                decode_tokens=max(0, len(out) - 1))
+                # untimed, a few AR tokens of our own: the first run after a peer's ran 2-4.5% slower
+                # (its caches and tables cold; 0.995-1.003x after this), and in the mirrored order
+                # that run is always the same row (auto at T = 1 behind llama.cpp: 0.93x AR one run)
+                for _ in Decoder(model, [warm], DecodeConfig(mode="ar", max_new_tokens=warmup_tokens), **no_eos):
+                    pass
             rec.update({k: p[k] for k in META if k in p})
             runs[i].append(rec)
             bar.update(1)
