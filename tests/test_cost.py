@@ -117,6 +117,39 @@ def test_the_rows_axis_is_measured_as_far_as_a_run_needs_and_kept_in_one_file(tm
     assert CostModel.load(default_path(m)).rows == (1, 2, 4) == cost_model(m, rows=4, progress=False).rows
 
 
+class _Hangover:
+    """A fake device: a forward of width w takes w ms, plus a 5 ms hangover for each of the next
+    three forwards after one at least 8 wider (a CPU's state after a wide forward, as measured)."""
+
+    def __init__(self):
+        self.now, self.left, self.last, self.order = 0.0, 0, None, []
+
+    def clock(self):
+        return self.now
+
+    def run(self, point):
+        w = point[-1]
+        if self.last is not None and self.last - w >= 8:
+            self.left = 3
+        self.now += w / 1e3 + (5e-3 if self.left else 0.0)
+        self.left, self.last = max(0, self.left - 1), w
+        self.order.append(w)
+
+
+def test_each_point_is_timed_in_its_steady_state_not_after_the_shape_before_it():
+    dev = _Hangover()
+    points = [(0, 1, w) for w in (128, 64, 16, 4, 1)]
+    best = cost.best_of_sweeps(points, dev.run, sweeps=2, budget_s=10.0, desc="", progress=False, clock=dev.clock)
+    assert best == pytest.approx([w / 1e3 for *_, w in points])
+
+
+def test_the_grid_is_swept_widest_first_within_each_cache_length(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cost, "best_of_sweeps", lambda points, run, **k: seen.extend(points) or [1e-3] * len(points))
+    measure(tiny_model(), rows=(1,), widths=(1, 2, 4, 8), cache=(4, 16), progress=False)
+    assert [(c, w) for c, _, w in seen] == [(4, 8), (4, 4), (4, 2), (4, 1), (16, 8), (16, 4), (16, 2), (16, 1)]
+
+
 def test_threads_that_start_at_once_measure_once(tmp_path, monkeypatch):
     monkeypatch.setattr(cost, "WIDTHS", (1, 2))
     monkeypatch.setattr(cost, "CACHE", (8,))

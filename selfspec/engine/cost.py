@@ -255,8 +255,8 @@ def default_path(model) -> str:
 
     parts = [want[k] for k in ("device", "model", "dtype", "weights")] + [sources_key()]
     key = hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
-    # cost3: measured over the compact int16 cache and the w4a8 kernels (earlier files timed float64 caches)
-    return os.path.join(cache_dir(), f"{key}-cost3.json")
+    # cost4: each point timed in its steady state (cost3 files timed f(1) right after a 128-token forward)
+    return os.path.join(cache_dir(), f"{key}-cost4.json")
 
 
 # -- the one way to get a cost model ------------------------------------------------------------------
@@ -311,29 +311,38 @@ def merge_rows(old: CostModel | None, new: CostModel) -> CostModel:
 
 
 # -- measuring ----------------------------------------------------------------------------------------
-def best_of_sweeps(points: list, run, *, sweeps: int, budget_s: float, desc: str, progress: bool) -> list[float]:
-    """The fastest time of `run(point)` per point over a warm-up sweep and up to `sweeps` timed
-    ones (fewer, at least one, when a sweep is slow against `budget_s`). Interference from other
-    work only ever adds time, so the minimum is the device's own cost, and sweeping spreads a
-    burst of interference over the grid instead of one point."""
+SETTLE_CALLS, TIMED_CALLS = 3, 2  # per point and sweep: untimed calls of its shape, then timed ones
+
+
+def best_of_sweeps(points: list, run, *, sweeps: int, budget_s: float, desc: str, progress: bool,
+                   settle: int = SETTLE_CALLS, timed: int = TIMED_CALLS, clock=None) -> list[float]:
+    """The fastest time of `run(point)` per point over up to `sweeps` sweeps (fewer, at least one,
+    when a sweep is slow against `budget_s`), each point in its steady state: `settle` untimed
+    calls of its shape, then `timed` timed ones, in the given order (similar points adjacent). On
+    a 2-core Xeon with AMX a one-token forward ran 1.7x slower after a 128-token one for ~10 calls,
+    pause or not: timed once after another shape, f(1) read 1.5x and f(4) read f(1). Interference
+    only adds time, so the minimum is the device's own cost; sweeps spread a burst over the grid."""
     import sys
     import time
 
     from tqdm import tqdm
 
+    clock = clock or time.perf_counter
     best = [float("inf")] * len(points)
-    bar = tqdm(total=(sweeps + 1) * len(points), desc=desc, file=sys.stderr, disable=not progress, leave=False)
-    sweep, total = 0, sweeps + 1
+    bar = tqdm(total=sweeps * len(points), desc=desc, file=sys.stderr, disable=not progress, leave=False)
+    sweep, total = 0, sweeps
     while sweep < total:
-        t_sweep = time.perf_counter()
+        t_sweep = clock()
         for i, point in enumerate(points):
-            t0 = time.perf_counter()
-            run(point)
-            if sweep:  # sweep 0 warms up
-                best[i] = min(best[i], time.perf_counter() - t0)
+            for _ in range(settle):
+                run(point)
+            for _ in range(timed):
+                t0 = clock()
+                run(point)
+                best[i] = min(best[i], clock() - t0)
             bar.update(1)
         if sweep == 0:
-            total = 1 + max(1, min(sweeps, int(budget_s / max(1e-9, time.perf_counter() - t_sweep)) - 1))
+            total = max(1, min(sweeps, int(budget_s / max(1e-9, clock() - t_sweep))))
             bar.total = total * len(points)
             bar.refresh()
         sweep += 1
@@ -347,8 +356,9 @@ def measure(model, *, rows=(1,), widths=None, cache=None, sweeps: int = 4, budge
     """Time the runtime's forward (`batch_forward.BatchForward`, what every round runs) over the
     grid on the model's own device, dtype and weight format: per point a forward of rows x width
     new tokens under a dense tree mask plus the output head on min(width, 48) rows of each row,
-    the fastest of a few sweeps (`best_of_sweeps`). Points of more than `TOKEN_CAP` tokens beyond
-    one row are extrapolated in width from the two widest measured ones."""
+    the fastest of a few sweeps, each point timed after calls of its own shape (`best_of_sweeps`).
+    Points of more than `TOKEN_CAP` tokens beyond one row are extrapolated in width from the two
+    widest measured ones."""
     from selfspec.engine.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
@@ -365,7 +375,8 @@ def measure(model, *, rows=(1,), widths=None, cache=None, sweeps: int = 4, budge
     kv.set_length(0, max(cache))
     for r in range(1, R_max):  # every row holds the same prefix: copied, not run again
         kv.move(0, r, keep=True)
-    points = [(c, R, w) for c in cache for R in rows for w in widths if R == 1 or R * w <= TOKEN_CAP]
+    # each point after a similar one: per cache and rows, the widest first (`best_of_sweeps`)
+    points = [(c, R, w) for c in cache for R in rows for w in widths[::-1] if R == 1 or R * w <= TOKEN_CAP]
     tokens = {(R, w): torch.randint(0, V, (R, w), generator=gen) for _, R, w in points}
     blocks = {w: torch.full((w, w), float("-inf")).triu_(1) for w in widths}
 
