@@ -1,7 +1,7 @@
 """Greedy selection is the argmax of the logits with the mask id banned, also where the mask id is
 a row's maximum or ties with it, in float32 and in bf16; the C pass the engine runs on bf16 rows
 (`kernels.layer.argmax`) gives the same index as torch in every such row, and with NaNs, signed
-zeros and rows of -inf."""
+zeros and rows of -inf, in rows as wide as the vocabulary too."""
 
 import pytest
 import torch
@@ -54,3 +54,28 @@ def test_the_c_argmax_of_bf16_rows_is_torchs(banned):
     assert torch.equal(got, want), (got, want)
     big = torch.randn(4, 49152, generator=torch.Generator().manual_seed(2)).bfloat16()
     assert torch.equal(layer.argmax(big, banned), select(big, temperature=0.0, banned=banned))
+
+
+def _wide_awkward_rows() -> torch.Tensor:
+    """Rows as wide as the default model's vocabulary."""
+    W = 49152
+    x = torch.randn(9, W, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x[0, 10] = x[0, 40000] = 100.0  # tied across the threads' parts: the first
+    x[1, MASK] = 100.0
+    x[1, 30000] = 50.0  # the mask id is the maximum: the next one, in another part
+    x[2] = float("-inf")  # nothing but -inf: index 0
+    x[3] = float("-inf")
+    x[3, MASK] = 1.0  # ... and the only finite value banned
+    x[4, 45000] = float("nan")
+    x[5, W - 1] = 100.0  # the last index
+    x[6] = 0.0
+    x[6, :3] = -0.0
+    x[7, 24575] = x[7, 24576] = 100.0  # tied in neighbouring blocks of the C pass
+    return x
+
+
+@pytest.mark.skipif(not layer.available(), reason="no C compiler: the torch twin runs")
+@pytest.mark.parametrize("banned", [MASK, 24575, None])
+def test_the_c_argmax_of_rows_as_wide_as_the_vocabulary_is_torchs(banned):
+    x = _wide_awkward_rows()
+    assert torch.equal(layer.argmax(x, banned), select(x, temperature=0.0, banned=banned))

@@ -180,7 +180,7 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
 /* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
  * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
  * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
- * caller asks torch). Values compare as integers, which the loops vectorise: k(b) = +-(b & 0x7fff)
+ * caller asks torch), and returns how many rows do. Values compare as integers, which the loops vectorise: k(b) = +-(b & 0x7fff)
  * by the sign bit orders bf16 numbers as their values (no NaN). */
 static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
 #define KEY_NEG_INF (-0x7f80)
@@ -197,7 +197,8 @@ static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *
     return m;
 }
 
-void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y) {
+int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y) {
+    int64_t nans = 0;
     for (int64_t r = 0; r < M; r++) {
         const uint16_t *row = x + r * V;
         int nan = 0;
@@ -208,7 +209,7 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
         } else {
             m = key_max(row, 0, V, m, &nan);
         }
-        if (nan) { y[r] = -1; continue; }
+        if (nan) { y[r] = -1; nans++; continue; }
         int64_t found = 0;  /* all -inf: index 0, torch's answer */
         for (int64_t b0 = 0; b0 < V; b0 += ARGMAX_BLOCK) {
             int64_t b1 = b0 + ARGMAX_BLOCK < V ? b0 + ARGMAX_BLOCK : V;
@@ -222,6 +223,7 @@ void layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, 
         }
         y[r] = found;
     }
+    return nans;
 }
 
 /* gumbel_candidates: for each row r of float32 logits x [M, V] (tempered and filtered; -inf for
