@@ -59,14 +59,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=4)
     a = ap.parse_args()
     from selfspec.checkpoint.model import default_model_dir
+    from selfspec.engine.cost import CostModel
     from selfspec.engine.decoder import Decoder
     from selfspec.engine.options import DecodeConfig
     from selfspec.engine.planner import Planner
     from selfspec.loading import load
     from selfspec.streaming import encode_prompt
     from selfspec.tools.bench_prompts import read_prompts, read_suite
-
-    from selfspec.engine.cost import CostModel
 
     here = {k: getattr(Planner, k) for k in RULES}
     ways = {"old": rules_at(a.rev) if a.rev else here, "new": here}

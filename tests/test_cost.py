@@ -185,7 +185,7 @@ def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_mode
     differ, so a cached cost model or format choice of one must not be read on the other."""
     import io
 
-    from selfspec.engine import cost
+    from selfspec.engine import device_id
 
     def cpuinfo(flags):
         text = f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n"
@@ -194,11 +194,11 @@ def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_mode
     keys = []
     try:
         for flags in ("avx2", "avx2 avx512f avx512_bf16", "avx2 avx512f avx512_bf16"):
-            monkeypatch.setattr(cost, "open", cpuinfo(flags), raising=False)
-            cost._cpu_name.cache_clear()  # read once per process: here once per CPU
+            monkeypatch.setattr(device_id, "open", cpuinfo(flags), raising=False)
+            device_id._cpu_name.cache_clear()  # read once per process: here once per CPU
             keys.append(device_key(torch.device("cpu")))
     finally:
-        cost._cpu_name.cache_clear()
+        device_id._cpu_name.cache_clear()
     assert keys[0] != keys[1] == keys[2]
     assert "AMD EPYC" in keys[0] and "avx512_bf16" in keys[1]
 

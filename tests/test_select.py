@@ -60,9 +60,9 @@ def _wide_awkward_rows() -> torch.Tensor:
     """Rows as wide as the default model's vocabulary."""
     W = 49152
     x = torch.randn(9, W, generator=torch.Generator().manual_seed(3)).bfloat16()
-    x[0, 10] = x[0, 40000] = 100.0  # tied across the threads' parts: the first
+    x[0, 10] = x[0, 40000] = 100.0  # tied far apart: the first
     x[1, MASK] = 100.0
-    x[1, 30000] = 50.0  # the mask id is the maximum: the next one, in another part
+    x[1, 30000] = 50.0  # the mask id is the maximum: the next one, far from it
     x[2] = float("-inf")  # nothing but -inf: index 0
     x[3] = float("-inf")
     x[3, MASK] = 1.0  # ... and the only finite value banned

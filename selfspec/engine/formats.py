@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, quantize
-from selfspec.engine.cost import cache_dir, device_key, model_key
+from selfspec.engine.device_id import cache_dir, device_key, model_key
 from selfspec.engine.forward import FastForward, weights_key
 from selfspec.kernels.build import sources_key
 

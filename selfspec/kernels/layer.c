@@ -180,8 +180,8 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
 /* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
  * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
  * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
- * caller asks torch), and returns how many rows do. Values compare as integers, which the loops vectorise: k(b) = +-(b & 0x7fff)
- * by the sign bit orders bf16 numbers as their values (no NaN). */
+ * caller asks torch), and returns how many rows do. Values compare as integers, which the loops
+ * vectorise: k(b) = +-(b & 0x7fff) by the sign bit orders bf16 numbers as their values (no NaN). */
 static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
 #define KEY_NEG_INF (-0x7f80)
 #define ARGMAX_BLOCK 64

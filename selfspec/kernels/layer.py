@@ -43,8 +43,9 @@ def _fn(name: str):
         lib = build.load("layer")
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
-            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64, "layer_set_par_min": _I64, "layer_argmax_bf16": _I64,
-                                             "layer_uniforms_max": ctypes.c_double}.get(name)
+            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64, "layer_set_par_min": _I64,
+                                                    "layer_argmax_bf16": _I64,
+                                                    "layer_uniforms_max": ctypes.c_double}.get(name)
         _fns[name] = fn
     return fn
 
