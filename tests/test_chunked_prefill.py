@@ -497,6 +497,36 @@ def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same
     assert [dec.outputs[s.index] for s in seqs] == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in joining]
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", [dict(mode="ar"), dict(block_length=4, budget=6)], ids=["ar", "auto"])
+def test_a_prompt_joining_running_rows_alone_copies_the_prefix_it_shares_with_one_of_them(fmt, layout):
+    """A prompt added while rows run is no burst: it is prefilled in chunks (riding in the rounds'
+    forwards, or in forwards of their own). Two prompts are added in consecutive turns, each
+    starting with a running row's first 20 tokens (a chat template): each copies their K/V from
+    that row, and the very next turn's chunk runs only its own tail (the second one too, though
+    the first one's chunk just ran: a copied prefix is no chunk that spaces the next); their K/V
+    is their lone prefill's bit for bit and every output equals AR's."""
+    m = _model(fmt)
+    m.__dict__.pop("_selfspec_planners", None)
+    head = _prompts((20,), seed=7)[0]
+    running = [head + _prompts((5,), seed=8)[0], _prompts((9,), seed=8)[0]]
+    joining = [head + t for t in _prompts((6, 4), seed=9)]
+    dec = Decoder(m, running, DecodeConfig(max_new_tokens=12, **layout), batch_size=4, eos_token_id=[])
+    dec.step()
+    w = Widths(dec)
+    for p in joining:
+        seq = dec.add(p)
+        w.seen.clear()
+        dec.step()
+        assert w.seen == [(1, len(p) - 20)], w.seen  # the tail only, at once
+        r, n = dec.scheduler.live.index(seq), len(p)
+        assert _same_kv([(k[r, :, :n], v[r, :, :n]) for k, v in zip(dec.cache.k, dec.cache.v)], _alone_kv(m, p))
+    for _ in dec:
+        pass
+    ar = DecodeConfig(mode="ar", max_new_tokens=12)
+    assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in running + joining]
+
+
 def test_prompts_that_start_alike_run_whole_where_a_row_is_not_exact():
     """fp32 rows are not bitwise width-invariant: a copied prefix would not be what the row writes
     itself, so nothing is shared there."""

@@ -254,12 +254,13 @@ class Decoder:
         else:
             for i in range(len(entering)):
                 cache.reset(slot + i)
+            if entering and not burst:  # the burst shares below, with the rows that prefill together
+                self.stepper.share_prefixes(entering, slot, self._donors())
             sched.start_prefill(entering)
             entering, chunks = [], []
             if burst:  # more prompts wait for their first token than rows run: all of them now
                 R = len(sched.live)
-                donors = [(r, s.prompt) for r, s in enumerate(sched.live)]  # rows whose prompts' K/V a joiner may share
-                n, chunks = self.stepper.prefill_rest(sched.prefilling, R, donors)
+                n, chunks = self.stepper.prefill_rest(sched.prefilling, R, self._donors())
                 entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
@@ -284,6 +285,12 @@ class Decoder:
                 yield r.seq.index, r.committed
             yield from self._welcome(entering, chunks)
 
+    def _donors(self) -> list[tuple[int, list[int]]]:
+        """Rows whose prompts' K/V (as far as each holds it) a prompt entering may copy: the live
+        ones and those part-way through their prefill, `(row, prompt)`."""
+        sched = self.scheduler
+        return [(r, s.prompt) for r, s in enumerate(sched.live + sched.prefilling)]
+
     def _welcome(self, entering: list, chunks: list):
         """Sequences that just got their first tokens: their observers, then their first chunks."""
         for s, chunk in zip(entering, chunks):
@@ -301,17 +308,19 @@ class Decoder:
         if (not sched.live or self.prefill_chunk is not None or self.planner is None
                 or chunk_due(self._since_chunk, self._chunk_seconds)):
             return self.chunk_tokens()
-        if self.stepper.cache.lengths[len(sched.live)]:  # the first waiting prompt is part-way in
-            return 0
+        if sched.prefilling[0].stats.prefill_forwards:  # the first waiting prompt is part-way in (a copied
+            return 0  # prefix, `share_prefixes`, is no chunk of its own)
         tokens = self.chunk_tokens()
         return tokens if self._whole(tokens) else 0
 
     def _whole(self, tokens: int) -> bool:
-        """Whether a chunk of `tokens` prefills every prompt it takes from its first token to its last."""
+        """Whether a chunk of `tokens` prefills every prompt it takes in one go: from its first token
+        (or the end of the prefix it copied) to its last."""
         R, lengths = len(self.scheduler.live), self.stepper.cache.lengths
         taken = self.scheduler.prefilling
         widths = self.stepper.chunk_widths(taken, R, tokens)
-        return all(lengths[R + j] == 0 and w == len(s.prompt) for j, (s, w) in enumerate(zip(taken, widths)))
+        return all(not s.stats.prefill_forwards and w == len(s.prompt) - lengths[R + j]
+                   for j, (s, w) in enumerate(zip(taken, widths)))
 
     def chunk_tokens(self) -> int:
         """Query tokens this turn's chunked prefill may run: `prefill_chunk` when given; else, with a

@@ -134,17 +134,26 @@ class Stepper:
                         last[a + i] = hidden[i]
         return torch.stack(last)
 
-    def _share_prefixes(self, seqs: list[Sequence], slot: int, donors: list) -> None:
+    def share_prefixes(self, seqs: list[Sequence], slot: int, donors: list) -> None:
+        """Prompts entering a chunked prefill (cache rows slot.., empty) copy what they share with
+        a donor row `(row, prompt)` (`_share_prefixes`), before their first chunk: no forward here,
+        a chunk's budget stays its own. Without it a chat prompt joining running rows one at a
+        time (a server's requests, a batch whose rows end apart) ran its whole template again."""
+        self._share_prefixes(seqs, slot, donors, own=False)
+
+    def _share_prefixes(self, seqs: list[Sequence], slot: int, donors: list, own: bool = True) -> None:
         """Empty rows of `seqs` (cache rows slot..) whose prompts start alike copy their common
-        prefix's K/V (`chunks.shared_prefixes`) from a donor, a running row `(row, prompt)`, or from
-        the first of them after it prefilled it once. The K/V of a prefix depend on nothing after
-        it, and in the exact formats a row's forward on nothing but its own tokens (width, batch
-        and chunking aside), so a copy is bitwise what the row would write itself."""
+        prefix's K/V (`chunks.shared_prefixes`) from a donor, a row `(row, prompt)` holding part of
+        it, or (`own`) from the first of them after it prefilled it once. The K/V of a prefix depend
+        on nothing after it, and in the exact formats a row's forward on nothing but its own tokens
+        (width, batch and chunking aside), so a copy is bitwise what the row would write itself."""
         if not self.shares:
             return
         lengths = self.cache.lengths
         prompts = [s.prompt if lengths[slot + i] == 0 else None for i, s in enumerate(seqs)]
         for donor, src, n, rows in shared_prefixes(prompts, [(r, p[:lengths[r]]) for r, p in donors]):
+            if not (donor or own):
+                continue
             if not donor:  # one of the rows: it prefills the prefix first
                 src = slot + src
                 while lengths[src] < n:
