@@ -4,6 +4,7 @@ is prefilled, chunked (issue 37) and in one forward.
     python benchmarks/long_prompt_join.py                       # 4 rows, a ~2000-token prompt, plan auto
     python benchmarks/long_prompt_join.py --mode ar --chunk 128
     python benchmarks/long_prompt_join.py --tokens 8 --prompt-tokens 200   # a smoke run
+    python benchmarks/long_prompt_join.py --shared 1900        # a document asked a second question
 
 Through the in-process `Decoder` (no HTTP), on this main thread, as the server's engine drives it:
 `--rows` short prompts (the model's prompts.jsonl) run greedy with eos off; after `--warmup`
@@ -14,8 +15,10 @@ waits). Three runs, each on a fresh decoder: `baseline` (nobody joins, `--warmup
 turns), `chunked` (`prefill_chunk=--chunk`, default automatic) and `one_forward` (a chunk as long
 as the prompt: today's stall). Each reports p50 / p95 / max of the running rows' gaps (ms) over
 the measured turns and, for the joins, over the gaps that end between the add and the long
-prompt's first token, that time to first token and its prefill forwards. Prints one JSON record
-with the command.
+prompt's first token, that time to first token and its prefill forwards. `--shared N`: the first
+running row's prompt is the long prompt's first N tokens and a question of its own (one document
+asked twice), so the joining prompt copies those N tokens' K/V from that row and prefills only
+the rest. Prints one JSON record with the command.
 """
 
 from __future__ import annotations
@@ -95,7 +98,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=8, help="turns before the long prompt joins")
     ap.add_argument("--tokens", type=int, default=64, help="turns measured (after the long prompt's first token)")
     ap.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
+    ap.add_argument("--shared", type=int, default=0, help="the first running row's prompt starts with the long "
+                    "prompt's first N tokens (default 0: nothing shared)")
     a = ap.parse_args(argv)
+    if not 0 <= a.shared < a.prompt_tokens:
+        ap.error(f"--shared must be in 0 .. --prompt-tokens - 1 ({a.prompt_tokens - 1}), got {a.shared}")
 
     import selfspec
     from selfspec.engine.options import DecodeConfig
@@ -113,12 +120,14 @@ def main(argv=None) -> int:
         ids += tok.encode(pool[i % len(pool)] + "\n\n")
         i += 1
     long = ids[: a.prompt_tokens]
+    if a.shared:
+        shorts[0] = long[: a.shared] + tok.encode("\n\nWhat is the first sentence about?")
     room = model.config.max_position_embeddings - max(map(len, shorts)) - 64
     layout = {"mode": a.mode} if a.mode else {}
     cfg = DecodeConfig(max_new_tokens=min(room, a.warmup + a.prompt_tokens + 2 * a.tokens + 64), **layout)
     kw = dict(warmup=a.warmup, tokens=a.tokens)
     rec = {"command": "python " + " ".join([os.path.relpath(__file__, HERE)] + (argv if argv is not None else sys.argv[1:])),
-           "rows": a.rows, "prompt_tokens": len(long), "plan": cfg.plan, "mode": cfg.mode,
+           "rows": a.rows, "prompt_tokens": len(long), "shared_tokens": a.shared, "plan": cfg.plan, "mode": cfg.mode,
            "baseline": run(model, cfg, shorts, long, chunk=a.chunk, join=False, **kw),
            "chunked": run(model, cfg, shorts, long, chunk=a.chunk, join=True, **kw),
            "one_forward": run(model, cfg, shorts, long, chunk=len(long), join=True, **kw)}
