@@ -49,6 +49,10 @@ class BatchKVCache:
         self.shifts = [torch.zeros(self.shape[:3], device=d, dtype=side) for d in self.devices
                        for side in attn16.SIDES[dtype]] if self.block16 else []
         self.lengths = [0] * self.shape[0]
+        # free rows that still hold the K/V of a sequence that left (`retain`), row -> its tokens
+        # (slots 0..len-1, its length), oldest first; only where `retains` (the exact formats)
+        self.retained: dict[int, list[int]] = {}
+        self.retains = False
         # per-request buffers the forward writes (the one-row mask): they live with the request, so
         # generations running in other threads on the same model never see each other's writes
         self.scratch: dict = {}
@@ -148,6 +152,38 @@ class BatchKVCache:
         for buf in self._buffers():
             buf[dst, :, :n] = buf[src, :, :n]
         self.lengths[dst] = n
+
+    @torch.inference_mode()
+    def retain(self, row: int, tokens: list[int], free: int) -> None:
+        """A sequence leaves row `row` (rows `free`.. are unoccupied): its first len(tokens) slots,
+        the K/V of `tokens`, are copied into a free row, where a prompt entering later that starts
+        alike (the next turn of a chat, the same document asked again) copies them from
+        (`Stepper.share_prefixes`) instead of running them, until a sequence takes that row
+        (`claim`). The row: one retained whose tokens the new ones extend, else the highest free
+        one not retained, else the one retained longest ago.
+
+        Example: 4 rows, rows 0-1 occupied, row 0's sequence [5, 6, 7] leaves (free=2): row 3 gets
+        its 3 slots, retained {3: [5, 6, 7]}; when row 1's [5, 6, 7, 8] leaves, it takes row 3 too."""
+        n = min(len(tokens), self.lengths[row])
+        if not self.retains or n < 2 or free >= self.rows:
+            return
+        tokens = list(tokens[:n])
+        dst = next((r for r, t in self.retained.items() if tokens[: len(t)] == t), None)
+        if dst is None:
+            dst = next((r for r in range(self.rows - 1, free - 1, -1) if r not in self.retained), None)
+        if dst is None:
+            dst = next(iter(self.retained))
+        self.retained.pop(dst, None)
+        for buf in self._buffers():
+            buf[dst, :, :n] = buf[row, :, :n]
+        self.lengths[dst] = n
+        self.retained[dst] = tokens
+
+    def claim(self, start: int, stop: int) -> None:
+        """Rows start..stop-1 are about to hold new sequences: what they retained is given up."""
+        for r in range(start, stop):
+            if self.retained.pop(r, None) is not None:
+                self.lengths[r] = 0
 
     def compact(self, occupants: list) -> list:
         """Fill the empty rows (None in `occupants`, one entry per cache row from 0) by moving the

@@ -160,6 +160,7 @@ class Decoder:
         """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
         if self.stepper.cache is None:
             self.stepper.cache = self.bf.new_cache(max(1, min(self.batch_size, len(self.prompts))), self._capacity)
+            self.stepper.cache.retains = self.stepper.shares  # a copied prefix is bitwise the row's own there
             for i in self.prompts.indices():
                 self._queue(i)
 
@@ -242,6 +243,7 @@ class Decoder:
         chunked = False  # a chunk ran in a forward of its own this turn
         running = bool(sched.live or sched.prefilling)
         entering, slot = sched.admit()
+        cache.claim(slot, slot + len(entering))
         if entering and self.planner is not None and self.batch_size == 1:
             self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
         burst = running and self.prefill_chunk is None and prefill_first(len(sched.prefilling) + len(entering),
@@ -249,7 +251,7 @@ class Decoder:
         if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
             entering.sort(key=lambda s: len(s.prompt))
         if entering and not running:  # nobody waits for them: the whole prompts at once
-            chunks = self.stepper.prefill(entering, slot)
+            chunks = self.stepper.prefill(entering, slot, self._donors())
             sched.place(entering, cache)
         else:
             for i in range(len(entering)):
@@ -286,10 +288,12 @@ class Decoder:
             yield from self._welcome(entering, chunks)
 
     def _donors(self) -> list[tuple[int, list[int]]]:
-        """Rows whose prompts' K/V (as far as each holds it) a prompt entering may copy: the live
-        ones and those part-way through their prefill, `(row, prompt)`."""
+        """Rows whose K/V (as far as each holds it) a prompt entering may copy, `(row, tokens)`: the
+        live ones' prompts, those part-way through their prefill, and the free rows that kept a
+        finished sequence's tokens (`BatchKVCache.retain`)."""
         sched = self.scheduler
-        return [(r, s.prompt) for r, s in enumerate(sched.live + sched.prefilling)]
+        return [(r, s.prompt) for r, s in enumerate(sched.live + sched.prefilling)] + list(
+            self.stepper.cache.retained.items())
 
     def _welcome(self, entering: list, chunks: list):
         """Sequences that just got their first tokens: their observers, then their first chunks."""

@@ -51,6 +51,7 @@ class Scheduler:
     def place(self, entering: list, cache) -> None:
         """The entering sequences (prefilled into rows len(live)..) join the live ones, except those
         that finished at their first token (their rows are reused)."""
+        _retain_done(cache, entering, len(self.live), len(self.live) + len(entering))
         self.live = cache.compact(self.live + [None if s.done else s for s in entering])
 
     def start_prefill(self, entering: list) -> None:
@@ -62,14 +63,17 @@ class Scheduler:
         except those that finished at their first token; the rest stay behind them. Returns the
         `n` sequences."""
         ready, rest = self.prefilling[:n], self.prefilling[n:]
+        _retain_done(cache, ready, len(self.live), len(self.live) + len(self.prefilling))
         self.live, self.prefilling = cache.pack(self.live + [None if s.done else s for s in ready], rest)
         return ready
 
     def retire(self, cache) -> list:
         """Finished and cancelled sequences leave; their rows are filled by moving the last live
         rows in. Returns the sequences that left."""
-        gone = [s for s in self.live + self.prefilling if s.done]
+        rows = self.live + self.prefilling
+        gone = [s for s in rows if s.done]
         if gone:
+            _retain_done(cache, rows, 0, len(rows))  # before the moves below overwrite their rows
             self.live, self.prefilling = cache.pack([None if s.done else s for s in self.live],
                                                     [None if s.done else s for s in self.prefilling])
         return gone
@@ -85,3 +89,11 @@ class Scheduler:
         seq.done = seq.cancelled = True
         seq.finish()
         return True
+
+
+def _retain_done(cache, seqs: list, first: int, free: int) -> None:
+    """The finished ones of `seqs` (cache rows first..) leave their K/V to `cache.retain` (rows
+    `free`.. are unoccupied): a later prompt that starts alike copies it."""
+    for i, s in enumerate(seqs):
+        if s.done:
+            cache.retain(first + i, s.prompt + s.emitted, free)

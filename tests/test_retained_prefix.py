@@ -1,0 +1,187 @@
+"""A finished sequence's K/V stay in a free cache row (`BatchKVCache.retain`), so the next prompt
+that starts alike (a chat's next turn: the history, then the new message) copies them instead of
+running them again: bitwise the K/V its own prefill writes, in the exact formats, whatever layout
+wrote them (AR steps, verified trees, lookup chains), and every output equals AR's."""
+
+import pytest
+import torch
+
+from selfspec.engine.cache import BatchKVCache
+from selfspec.engine.decoder import Decoder, generate_ids
+from selfspec.engine.formats import set_weights
+from selfspec.engine.options import DecodeConfig
+
+from conftest import tiny_model
+
+V = 16
+FORMATS = ["int8", "int4", "w4a8", "bf16"]
+LAYOUTS = [dict(mode="ar"), dict(block_length=4, budget=6), dict(mode="lookup"),
+           dict(mode="presto", schedule="one-pass", block_length=4, budget=6)]
+_M = {}
+
+
+def _model(fmt):
+    if fmt not in _M:
+        _M[fmt] = set_weights(tiny_model(seed=2, vocab_size=V), fmt)
+    return _M[fmt]
+
+
+def _tokens(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(5, V, (n,), generator=g).tolist()
+
+
+class Prefills:
+    """Wraps a decoder's forward: the [rows, width] of every causal (prefill) forward."""
+
+    def __init__(self, dec):
+        self.bf, self.seen = dec.stepper.bf, []
+        dec.stepper.bf = self
+
+    def __call__(self, tokens, *a, causal=False, **kw):
+        if causal:
+            self.seen.append(tuple(tokens.shape))
+        return self.bf(tokens, *a, causal=causal, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.bf, name)
+
+
+def _kv(dec, row, n):
+    return [(k[row, :, :n].clone(), v[row, :, :n].clone()) for k, v in zip(dec.cache.k, dec.cache.v)]
+
+
+def _alone_kv(m, prompt):
+    dec = Decoder(m, [prompt], DecodeConfig(mode="ar", max_new_tokens=2), eos_token_id=[])
+    next(iter(dec.turn()))
+    return _kv(dec, 0, len(prompt))
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q)) and len(a) == len(b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["ar", "auto", "lookup", "presto-one-pass"])
+def test_a_chats_next_turn_copies_the_history_a_finished_answer_left_in_its_row(fmt, layout):
+    """Turn 1 (a 20-token prompt) is answered and finishes; its row's K/V (prompt and answer, as
+    the rounds of this layout wrote them) move to the cache's free row. Turn 2 (turn 1's prompt,
+    its answer, and 5 new tokens) copies all of that and prefills only what the cache lacked: its
+    K/V equal its lone prefill's bit for bit and its answer equals AR's."""
+    m = _model(fmt)
+    m.__dict__.pop("_selfspec_planners", None)
+    cfg = DecodeConfig(max_new_tokens=10, **layout)
+    first = _tokens(20, seed=1)
+    dec = Decoder(m, [first], cfg, batch_size=2, eos_token_id=[])
+    dec.reserve(prompt_tokens=40, max_new_tokens=10)  # both rows now, as a server does
+    for _ in dec:
+        pass
+    answer = dec.outputs[0]
+    held = dec.cache.retained
+    assert list(held.values()) == [(first + answer)[: len(next(iter(held.values())))]]
+    kept = len(next(iter(held.values())))
+    assert kept >= len(first)
+    second = first + answer + _tokens(5, seed=2)
+    w = Prefills(dec)
+    seq = dec.add(second)
+    dec.step()
+    assert w.seen == [(1, len(second) - kept)], (w.seen, kept)  # only what the cache lacked
+    r, n = dec.scheduler.live.index(seq), len(second)
+    assert _same(_kv(dec, r, n), _alone_kv(m, second))
+    for _ in dec:
+        pass
+    ar = DecodeConfig(mode="ar", max_new_tokens=10)
+    assert dec.outputs[seq.index] == generate_ids(m, second, ar, eos_token_id=[])[0]
+
+
+def test_a_retained_row_taken_by_a_new_sequence_is_given_up_and_nothing_is_copied_from_it():
+    """Two prompts take both rows, the retained one included: it is no donor any more, and a
+    later prompt that starts like the finished one prefills whole and still decodes AR's tokens."""
+    m = _model("int4")
+    cfg = DecodeConfig(mode="ar", max_new_tokens=6)
+    first = _tokens(20, seed=1)
+    dec = Decoder(m, [first], cfg, batch_size=2, eos_token_id=[])
+    dec.reserve(prompt_tokens=40, max_new_tokens=10)  # both rows now, as a server does
+    for _ in dec:
+        pass
+    assert dec.cache.retained
+    others = [_tokens(9, seed=3), _tokens(7, seed=4)]
+    for p in others:
+        dec.add(p)
+    dec.step()
+    assert not dec.cache.retained
+    for _ in dec:
+        pass
+    again = first + _tokens(3, seed=5)
+    w = Prefills(dec)
+    seq = dec.add(again)
+    for _ in dec:
+        pass
+    assert sum(r * c for r, c in w.seen) >= len(again)
+    assert dec.outputs[seq.index] == generate_ids(m, again, cfg, eos_token_id=[])[0]
+    assert all(dec.outputs[i] == generate_ids(m, p, cfg, eos_token_id=[])[0] for i, p in zip((1, 2), others))
+
+
+def test_fp32_rows_retain_nothing():
+    """fp32 rows are not bitwise width-invariant: a copy would not be the row's own prefill."""
+    m = tiny_model(seed=2, vocab_size=V)
+    dec = Decoder(m, [_tokens(20, seed=1)], DecodeConfig(mode="ar", max_new_tokens=4), batch_size=2, eos_token_id=[])
+    dec.reserve(prompt_tokens=40, max_new_tokens=10)
+    for _ in dec:
+        pass
+    assert dec.cache.retained == {}
+
+
+def test_retain_takes_the_row_it_extends_else_the_highest_free_one_else_the_oldest():
+    """The docstring's example, then a third row's tokens with no free row left but the retained
+    ones: the oldest gives way. A claimed row retains nothing."""
+    c = BatchKVCache(["cpu"], 1, 2, 4, 8, torch.float32)
+    c.retains = True
+    with torch.inference_mode():
+        for r in range(4):
+            c.k[0][r] = float(r + 1)
+    c.lengths[:2] = [3, 4]
+    c.retain(0, [5, 6, 7], free=2)
+    assert c.retained == {3: [5, 6, 7]} and c.lengths[3] == 3 and torch.all(c.k[0][3, :, :3] == 1)
+    c.retain(1, [5, 6, 7, 8], free=2)
+    assert c.retained == {3: [5, 6, 7, 8]} and torch.all(c.k[0][3, :, :4] == 2)
+    c.retain(1, [9, 9, 9, 9], free=2)
+    assert c.retained == {3: [5, 6, 7, 8], 2: [9, 9, 9, 9]}
+    c.lengths[0] = 3
+    c.retain(0, [1, 2, 3], free=2)
+    assert c.retained == {2: [9, 9, 9, 9], 3: [1, 2, 3]}
+    c.claim(0, 3)
+    assert c.retained == {3: [1, 2, 3]} and c.lengths[2] == 0
+
+
+def test_a_second_request_through_the_server_reuses_the_first_ones_text_and_answers_as_generate():
+    """Through the HTTP server (int8, two rows): a ~300-token prompt is answered; then a request
+    whose prompt is that prompt, its answer and a few more words is prefilled in one forward of
+    what the cache lacked (its whole prompt would take three 128-token pieces), and its answer
+    equals `selfspec.generate`'s."""
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    import selfspec
+    from test_server import MODEL, LiveServer
+
+    model, tok = selfspec.load(MODEL, weights="int8", progress=False)
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n\n" for i in range(30))
+    first = tok.decode(tok.encode(text)[:300])
+    srv = LiveServer(model, tok, max_batch=2, max_queue=2)
+    try:
+        def ask(prompt):
+            got, stats = "", {}
+            for chunk in srv.client().completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
+                                                         stream=True):
+                got += chunk.choices[0].text if chunk.choices else ""
+                stats = getattr(chunk, "selfspec", None) or stats
+            return got, stats
+
+        answer, stats1 = ask(first)
+        second = first + answer + "\n\ndef g(y):\n"
+        got, stats2 = ask(second)
+    finally:
+        srv.close()
+    assert len(tok.encode(second)) > 2 * 128
+    assert stats1["prefill_forwards"] >= 3 and stats2["prefill_forwards"] == 1, (stats1, stats2)
+    assert got == selfspec.generate(model, tok, second, max_new_tokens=16).text
