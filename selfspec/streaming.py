@@ -206,7 +206,7 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, generator: torch.Generator | None = None,
            eos_token_id: int | list[int] | None = None, stop: str | list[str] | None = None, streamer=None,
            profile=None, trace: bool = False, batch_size: int | None = None, max_cache_bytes: int | None = None,
-           **decode) -> Generation | BatchGeneration:
+           past: "Generation | None" = None, **decode) -> Generation | BatchGeneration:
     """Start a generation of one prompt (iterate for text deltas) or of a list of prompts (iterate
     for `(row, delta)`; `batch_size` rows at once). Every error is raised here, before any model work.
 
@@ -216,6 +216,11 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
     uses seed + i) or one per prompt; `generator`: one prompt only. `stop`: stop strings (per row).
     `profile` (plan "auto"): a cost-model path or `cost.CostModel`; default: this device's, measured
     on first use. `trace=True` records every round (`selfspec.trace`): `.trace.to_html()`.
+    `past`: the previous turn of a conversation, a `Generation` of this model that ran (finished or
+    stopped): this one continues in its KV cache, so the part of the prompt that turn held (its
+    prompt and answer, as far as this prompt starts with them) is not prefilled again (the exact
+    weight formats; elsewhere, or after the weights changed, it starts afresh). Each generation is
+    continued once: pass the latest one.
     An unknown option is a ValueError; a value of the wrong type (here or in `decode`) a TypeError
     naming it.
     """
@@ -239,6 +244,8 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
     if batch and (generator is not None or streamer is not None):
         raise ValueError("generator= is one prompt's (a batch takes seed=int or a list of seeds)"
                          if generator is not None else "streamer= takes one prompt, not a batch")
+    if past is not None:
+        _check_past(past, model, batch)
     if profile is not None and cfg.plan != "auto":
         raise ValueError("profile= is read by plan 'auto' only; this generation runs a fixed mode")
     seeds = _seeds(seed, len(ids), batch)
@@ -248,7 +255,7 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
             eos_token_id = getattr(tokenizer, "eos_token_id", None)
     dec = Decoder(model, ids, cfg, batch_size=batch_size, eos_token_id=eos_token_id, seeds=seeds,
                   generators=None if generator is None else [generator], max_cache_bytes=max_cache_bytes,
-                  profile=profile)
+                  profile=profile, past=None if past is None else past.decoder)
     results = [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)]
     if trace:
         from selfspec.trace import Trace
@@ -258,6 +265,22 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
         dec.on_round = lambda info: results[info["row"]].trace.add(info)
     cls = BatchGeneration if batch else Generation
     return cls(dec, tokenizer, results, stops, streamer)
+
+
+def _check_past(past, model, batch: bool) -> None:
+    """`past=` is one finished (or stopped) generation of `model`, not continued yet."""
+    if not isinstance(past, Generation):
+        raise TypeError(f"past must be a Generation (of selfspec.stream / generate with one prompt), "
+                        f"got {type(past).__name__}")
+    if batch:
+        raise ValueError("past= continues one conversation: give one prompt, not a batch")
+    dec = past.decoder
+    if dec.model is not model:
+        raise ValueError("past= is a generation of another model")
+    if not dec.closed:
+        raise ValueError("past= has not run: iterate it to its end (or stop it) first")
+    if dec.cache is None:
+        raise ValueError("past= was continued already: pass the latest generation of the conversation")
 
 
 def _seeds(seed, n: int, batch: bool) -> list[int] | None:

@@ -185,3 +185,125 @@ def test_a_second_request_through_the_server_reuses_the_first_ones_text_and_answ
     assert len(tok.encode(second)) > 2 * 128
     assert stats1["prefill_forwards"] >= 3 and stats2["prefill_forwards"] == 1, (stats1, stats2)
     assert got == selfspec.generate(model, tok, second, max_new_tokens=16).text
+
+
+_MT = {}
+
+
+def _text_model(fmt):
+    """A tiny model over the byte tokenizer's 261 ids, in weight format `fmt`."""
+    if fmt not in _MT:
+        m = tiny_model(seed=3, vocab_size=261)
+        _MT[fmt] = m if fmt == "fp32" else set_weights(m, fmt)
+    return _MT[fmt]
+
+
+def _prefilled(monkeypatch) -> list[int]:
+    """Every prefill forward's prompt tokens from now on (`Stepper._prefill_forward`), in a list."""
+    from selfspec.engine.step import Stepper
+
+    seen, real = [], Stepper._prefill_forward
+
+    def spy(self, seqs, slot, widths):
+        seen.append(sum(widths))
+        return real(self, seqs, slot, widths)
+
+    monkeypatch.setattr(Stepper, "_prefill_forward", spy)
+    return seen
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("layout", LAYOUTS[:2] + LAYOUTS[3:], ids=["ar", "auto", "presto-one-pass"])
+def test_a_generation_continued_with_past_prefills_only_what_its_cache_lacked_and_equals_a_fresh_one(
+        fmt, layout, monkeypatch):
+    """Turn 1: a 150-token prompt, 12 new tokens at most. Turn 2 (turn 1's prompt, its answer and
+    10 more tokens) with past=turn 1 continues in turn 1's cache: it prefills at most those 10 and
+    the answer's last token (which turn 1 never ran), a fresh generation all of it, and both give
+    the same tokens. Then a third turn continues the second."""
+    import selfspec
+    from test_streaming import TOK
+
+    m = _text_model(fmt)
+    m.__dict__.pop("_selfspec_planners", None)
+    kw = dict(max_new_tokens=12, eos_token_id=[], **layout)
+    p1 = TOK.encode("def f(x):\n    return x\n" * 6 + "def g(y):\n")[:150]
+    g1 = selfspec.generate(m, TOK, p1, **kw)
+    p2 = p1 + g1.token_ids + TOK.encode("\nclass A:\n")
+    seen = _prefilled(monkeypatch)
+    g2 = selfspec.generate(m, TOK, p2, past=g1, **kw)
+    continued, seen[:] = sum(seen), []
+    fresh = selfspec.generate(m, TOK, p2, **kw)
+    assert sum(seen) == len(p2) and 1 <= continued <= len(p2) - len(p1) - len(g1.token_ids) + 1, (sum(seen), continued)
+    assert g2.token_ids == fresh.token_ids
+    p3 = p2 + g2.token_ids + TOK.encode("\n# end\n")
+    seen[:] = []
+    g3 = selfspec.generate(m, TOK, p3, past=g2, **kw)
+    assert sum(seen) <= len(p3) - len(p2) - len(g2.token_ids) + 1
+    assert g3.token_ids == selfspec.generate(m, TOK, p3, **kw).token_ids
+
+
+def test_past_in_fp32_starts_afresh_and_gives_the_same_tokens(monkeypatch):
+    import selfspec
+    from test_streaming import TOK
+
+    m = _text_model("fp32")
+    p1 = TOK.encode("import os\n" * 16)
+    g1 = selfspec.generate(m, TOK, p1, max_new_tokens=6, mode="ar", eos_token_id=[])
+    p2 = p1 + g1.token_ids + TOK.encode("\n")
+    seen = _prefilled(monkeypatch)
+    g2 = selfspec.generate(m, TOK, p2, past=g1, max_new_tokens=6, mode="ar", eos_token_id=[])
+    assert sum(seen) == len(p2)
+    assert g2.token_ids == selfspec.generate(m, TOK, p2, max_new_tokens=6, mode="ar", eos_token_id=[]).token_ids
+
+
+def test_a_bad_past_is_one_clear_error_before_any_work():
+    import selfspec
+    from test_streaming import TOK
+
+    m, other = _text_model("int8"), _text_model("int4")
+    kw = dict(max_new_tokens=4, mode="ar", eos_token_id=[])
+    g1 = selfspec.generate(m, TOK, "abc" * 10, **kw)
+    with pytest.raises(TypeError, match="past must be a Generation"):
+        selfspec.stream(m, TOK, "abc", past="abc", **kw)
+    with pytest.raises(ValueError, match="one conversation"):
+        selfspec.stream(m, TOK, ["abc", "def"], past=g1, **kw)
+    with pytest.raises(ValueError, match="another model"):
+        selfspec.stream(other, TOK, "abc", past=g1, **kw)
+    with pytest.raises(ValueError, match="has not run"):
+        selfspec.stream(m, TOK, "abc", past=selfspec.stream(m, TOK, "abc", **kw), **kw)
+    selfspec.generate(m, TOK, "abc" * 11, past=g1, **kw)
+    with pytest.raises(ValueError, match="continued already"):
+        selfspec.stream(m, TOK, "abc", past=g1, **kw)
+
+
+def test_the_chat_command_continues_each_turn_in_the_previous_ones_cache(monkeypatch):
+    """`selfspec chat` passes each turn's generation as the next turn's past; /reset starts afresh."""
+    import io
+
+    from selfspec.tools import chat
+
+    seen = []
+
+    def turn(model, tok, messages, out, past=None, **kw):
+        seen.append(past)
+        messages.append({"role": "assistant", "content": "ok"})
+        return f"gen{len(seen)}"
+
+    monkeypatch.setattr(chat, "chat_turn", turn)
+    tok = type("T", (), {"chat_template": "x"})()
+    chat.run_chat(None, tok, inp=io.StringIO("a\nb\n/reset\nc\nd\n"), out=io.StringIO(), err=io.StringIO())
+    assert seen == [None, "gen1", None, "gen3"]
+
+
+def test_the_same_prompt_again_with_past_runs_its_last_token_and_answers_the_same(monkeypatch):
+    """Regenerating an answer: the prompt is all in the cache, yet its last token runs again (its
+    hidden state gives the first new token); the answer equals the first one."""
+    import selfspec
+    from test_streaming import TOK
+
+    m = _text_model("int8")
+    p = TOK.encode("import sys\n" * 4)
+    g1 = selfspec.generate(m, TOK, p, max_new_tokens=8, mode="ar", eos_token_id=[])
+    seen = _prefilled(monkeypatch)
+    g2 = selfspec.generate(m, TOK, p, past=g1, max_new_tokens=8, mode="ar", eos_token_id=[])
+    assert seen == [1] and g2.token_ids == g1.token_ids

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from selfspec.engine.chunks import SHARED_MIN, common_prefix
 from selfspec.kernels import attn16
 
 COMPACT = tuple(attn16.SIDES)  # the compact caches' value dtypes (K's and V's side arrays: `attn16.SIDES`)
@@ -179,11 +180,23 @@ class BatchKVCache:
         self.lengths[dst] = n
         self.retained[dst] = tokens
 
-    def claim(self, start: int, stop: int) -> None:
-        """Rows start..stop-1 are about to hold new sequences: what they retained is given up."""
-        for r in range(start, stop):
-            if self.retained.pop(r, None) is not None:
-                self.lengths[r] = 0
+    def hold(self, row: int, tokens: list[int]) -> None:
+        """Row `row` holds the K/V of `tokens` (as far as its length goes: a finished generation's
+        prompt and answer) and keeps them, alone, for the next prompt it is claimed for."""
+        n = min(len(tokens), self.lengths[row])
+        self.retained = {row: list(tokens[:n])} if self.retains and n >= 2 else {}
+
+    def claim(self, start: int, stop: int, prompts: list[list[int]] | None = None) -> None:
+        """Rows start..stop-1 are about to hold new sequences, `prompts` in order: each starts empty,
+        except a row that retained tokens its prompt starts with (SHARED_MIN or more): it keeps
+        those slots (at most all but the prompt's last token) and the prefill starts after them.
+        What the other rows retained is given up."""
+        for i, r in enumerate(range(start, stop)):
+            held, n = self.retained.pop(r, None), 0
+            if held is not None and prompts is not None:
+                c = common_prefix(held, prompts[i])
+                n = min(c, len(prompts[i]) - 1) if c >= SHARED_MIN else 0
+            self.lengths[r] = n
 
     def compact(self, occupants: list) -> list:
         """Fill the empty rows (None in `occupants`, one entry per cache row from 0) by moving the
@@ -233,10 +246,6 @@ class BatchKVCache:
                 new[: old.shape[0], :, : old.shape[2]] = old
                 bufs[i] = new
         self.lengths += [0] * (n - len(self.lengths))
-
-    def reset(self, row: int) -> None:
-        """Row `row` holds nothing (a sequence is about to be prefilled into it)."""
-        self.lengths[row] = 0
 
     def set_length(self, row: int, n: int) -> None:
         """Row `row` holds `n` committed tokens (after a prefill, or one chunk of it, wrote them:

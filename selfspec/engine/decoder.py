@@ -48,7 +48,8 @@ class Decoder:
     `params`: one `SamplingParams` per prompt (default: the config's). `prefill_chunk`: how many
     prompt tokens a turn prefills while other rows run (None: plan "auto" picks it from its cost
     model, `chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
-    running is prefilled whole in one forward whatever it is.
+    running is prefilled whole in one forward whatever it is. `past`: a finished decoder of this
+    model whose cache this one continues in (`_take_past`: the next turn of a conversation).
 
     Hooks (None, or set before iterating):
 
@@ -85,7 +86,7 @@ class Decoder:
     def __init__(self, model, prompts, cfg: DecodeConfig, *, batch_size: int | None = None, eos_token_id=None,
                  generators: list[torch.Generator | None] | None = None, seeds: list[int] | None = None,
                  params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, past: "Decoder | None" = None):
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         if generators is not None and seeds is not None:
@@ -130,6 +131,8 @@ class Decoder:
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
+        self._past = past
+        self.closed = False  # `close` ran: the iteration ended (finished or stopped)
 
     @staticmethod
     def _generators(model, generators, seeds, n: int) -> list:
@@ -159,10 +162,32 @@ class Decoder:
     def start(self) -> None:
         """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
         if self.stepper.cache is None:
-            self.stepper.cache = self.bf.new_cache(max(1, min(self.batch_size, len(self.prompts))), self._capacity)
-            self.stepper.cache.retains = self.stepper.shares  # a copied prefix is bitwise the row's own there
+            rows = max(1, min(self.batch_size, len(self.prompts)))
+            cache = self._take_past()
+            if cache is None:
+                cache = self.bf.new_cache(rows, self._capacity)
+                cache.retains = self.stepper.shares  # a copied prefix is bitwise the row's own there
+            else:
+                cache.reserve(self._capacity, rows)
+            self.stepper.cache = cache
             for i in self.prompts.indices():
                 self._queue(i)
+
+    def _take_past(self):
+        """`past`'s cache, taken over (the past decoder has none after this: a conversation goes on
+        in one place), its first row's tokens retained (`BatchKVCache.hold`) so that the prompt
+        entering that row keeps the K/V it starts with; None where the K/V were made otherwise
+        (other weights or cache format) or nothing is left to take."""
+        past, self._past = self._past, None
+        cache = None if past is None else past.stepper.cache
+        if cache is None or past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype \
+                or 0 not in past.sequences.indices():
+            return None
+        past.stepper.cache = None
+        seq = past.sequences[0]
+        cache.retains = self.stepper.shares
+        cache.hold(0, seq.prompt + seq.emitted)
+        return cache
 
     def add(self, prompt_ids: list[int], params: SamplingParams | None = None,
             generator: torch.Generator | None = None, seed: int | None = None) -> Sequence:
@@ -243,7 +268,7 @@ class Decoder:
         chunked = False  # a chunk ran in a forward of its own this turn
         running = bool(sched.live or sched.prefilling)
         entering, slot = sched.admit()
-        cache.claim(slot, slot + len(entering))
+        cache.claim(slot, slot + len(entering), [s.prompt for s in entering])
         if entering and self.planner is not None and self.batch_size == 1:
             self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
         burst = running and self.prefill_chunk is None and prefill_first(len(sched.prefilling) + len(entering),
@@ -254,8 +279,6 @@ class Decoder:
             chunks = self.stepper.prefill(entering, slot, self._donors())
             sched.place(entering, cache)
         else:
-            for i in range(len(entering)):
-                cache.reset(slot + i)
             if entering and not burst:  # the burst shares below, with the rows that prefill together
                 self.stepper.share_prefixes(entering, slot, self._donors())
             sched.start_prefill(entering)
@@ -375,6 +398,7 @@ class Decoder:
     def close(self) -> None:
         """What the unfinished sequences measured so far; the planner's learning kept for the next
         generation with these settings."""
+        self.closed = True
         for s in self.sequences:
             s.finish()
         if self.planner is not None:

@@ -99,11 +99,10 @@ class Stepper:
 
     # -- prefill ----------------------------------------------------------------------------------------
     def prefill(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> list[list[int]]:
-        """The prompts causally into cache rows slot .. slot+k-1 (`_prefill_rows`); then (one-pass
-        layouts) one read-only mask group per row for the first round's marginals. Returns each
-        sequence's first chunk (one token)."""
-        for i in range(len(seqs)):
-            self.cache.reset(slot + i)
+        """The prompts causally into cache rows slot .. slot+k-1 (claimed, `BatchKVCache.claim`:
+        empty, or holding the start of their prompt), `_prefill_rows`; then (one-pass layouts) one
+        read-only mask group per row for the first round's marginals. Returns each sequence's first
+        chunk (one token)."""
         return self._first_tokens(seqs, slot, self._prefill_rows(seqs, slot, donors))
 
     def prefill_rest(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> tuple[int, list[list[int]]]:

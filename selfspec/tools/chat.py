@@ -1,7 +1,8 @@
 """`python -m selfspec chat`: an interactive, streaming, multi-turn conversation.
 
 Each turn applies the model's chat template to the whole conversation and streams the answer
-until the template's end-of-turn token (the model's eos). Ctrl-C while an answer streams stops
+until the template's end-of-turn token (the model's eos); it continues in the previous turn's KV
+cache (`stream(past=...)`), so only the new message is prefilled, not the history. Ctrl-C while an answer streams stops
 that answer (what was shown stays in the conversation) and returns to the prompt; Ctrl-C or
 Ctrl-D at the prompt ends the session. `/reset` starts a new conversation, `/exit` leaves.
 
@@ -17,11 +18,13 @@ from __future__ import annotations
 import sys
 
 
-def chat_turn(model, tok, messages: list[dict], out, **kw):
-    """Stream one assistant answer to `out`; returns the finished or interrupted `Generation`."""
+def chat_turn(model, tok, messages: list[dict], out, past=None, **kw):
+    """Stream one assistant answer to `out`; returns the finished or interrupted `Generation`.
+    `past`: the previous turn's, whose KV cache this one continues in (the history is not
+    prefilled again)."""
     from selfspec.streaming import stream
 
-    gen = stream(model, tok, messages, **kw)
+    gen = stream(model, tok, messages, past=past, **kw)
     try:
         for delta in gen:
             out.write(delta)
@@ -40,7 +43,7 @@ def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = N
     if not getattr(tok, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template; use `generate --prompt` instead")
     base = [{"role": "system", "content": system}] if system else []
-    messages = list(base)
+    messages, gen = list(base), None
     interactive = inp.isatty() if hasattr(inp, "isatty") else False
     err.write("chat: Ctrl-C stops an answer, Ctrl-D (or /exit) leaves, /reset forgets the conversation\n")
     while True:
@@ -60,10 +63,10 @@ def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = N
         if text == "/exit":
             return 0
         if text == "/reset":
-            messages = list(base)
+            messages, gen = list(base), None
             continue
         messages.append({"role": "user", "content": text})
-        gen = chat_turn(model, tok, messages, out, **kw)
+        gen = chat_turn(model, tok, messages, out, past=gen, **kw)
         if show_stats:
             s = gen.stats.as_dict()
             err.write(f"[{s['new_tokens']} tokens, tau {s['tau']:.2f}, {s['tokens_per_second']:.1f} tok/s, "
