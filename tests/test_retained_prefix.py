@@ -307,3 +307,20 @@ def test_the_same_prompt_again_with_past_runs_its_last_token_and_answers_the_sam
     seen = _prefilled(monkeypatch)
     g2 = selfspec.generate(m, TOK, p, past=g1, max_new_tokens=8, mode="ar", eos_token_id=[])
     assert seen == [1] and g2.token_ids == g1.token_ids
+
+
+def test_a_sampled_continuation_with_past_draws_what_its_seed_draws_afresh():
+    """Same bits in the cache, same logits: a seeded sample continued with past= equals the fresh
+    one token for token (and is a sample, not the greedy answer)."""
+    import selfspec
+    from test_streaming import TOK
+
+    m = _text_model("w4a8")
+    kw = dict(max_new_tokens=16, eos_token_id=[], temperature=1.5, seed=3, block_length=4, budget=6)
+    p1 = TOK.encode("for i in range(10):\n" * 3)
+    g1 = selfspec.generate(m, TOK, p1, **kw)
+    p2 = p1 + g1.token_ids + TOK.encode("\n")
+    g2 = selfspec.generate(m, TOK, p2, past=g1, **kw)
+    fresh = selfspec.generate(m, TOK, p2, **kw)
+    assert g2.token_ids == fresh.token_ids
+    assert fresh.token_ids != selfspec.generate(m, TOK, p2, max_new_tokens=16, eos_token_id=[]).token_ids
