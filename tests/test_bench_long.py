@@ -210,6 +210,44 @@ def test_llama_cpp_lookup_decodes_after_a_prompt_longer_than_its_batch():
     assert len(out) == 3 and 0 < peer.first_token_seconds < sec
 
 
+class _PrefixReusingLlama:
+    """llama-cpp-python's `Llama` as 0.3.36 behaves across calls: `generate(reset=True)` evaluates
+    only what follows the longest prefix its cache holds, unless `reset()` emptied it. `evaluated`:
+    the prompt tokens each call ran."""
+
+    def __init__(self):
+        self.held, self.evaluated = [], []
+
+    def set_seed(self, seed):
+        pass
+
+    def reset(self):
+        self.held = []
+
+    def generate(self, tokens, reset=True, **kw):
+        n = next((i for i, (a, b) in enumerate(zip(self.held, tokens)) if a != b), min(len(self.held), len(tokens)))
+        n = min(n, len(tokens) - 1)
+        self.evaluated.append(len(tokens) - n)
+        self.held = list(tokens)
+        while True:
+            self.held.append(9)
+            yield 9
+
+
+def test_the_llama_cpp_peer_prefills_every_run_whole():
+    """The same prompt twice, and a prompt after the warm-up's start of it: each run prefills all
+    of its prompt (llama-cpp-python would reuse what its cache holds and time a prefill it skipped)."""
+    from selfspec.tools.peers import LlamaCppPeer
+
+    peer = LlamaCppPeer.__new__(LlamaCppPeer)
+    peer.llm, peer.prompt_lookup, peer.first_token_seconds = _PrefixReusingLlama(), 0, None
+    prompt = list(range(100, 400))
+    for ids in (prompt[:256], prompt, prompt):
+        out, _ = peer.run(ids, max_new_tokens=2, temperature=0.0, top_p=1.0, top_k=0, eos=set(), seed=0)
+        assert out == [9, 9]
+    assert peer.llm.evaluated == [256, 300, 300]
+
+
 def test_the_hf_peer_times_its_first_token():
     from selfspec.tools.peers import HFPeer
 

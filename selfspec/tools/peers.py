@@ -121,6 +121,10 @@ class LlamaCppPeer:
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
             eos: set[int], seed: int) -> tuple[list[int], float]:
         self.llm.set_seed(seed)
+        # generate(reset=True) still reuses the longest prefix its cache holds from the last call (a
+        # prompt run twice, or after the warm-up's first 256 tokens, skipped its prefill: first
+        # tokens ~0 s, half of a `--repeats 2` row's); an emptied cache makes every run prefill it all
+        self.llm.reset()
         out: list[int] = []
         self.first_token_seconds = None
         t0 = time.perf_counter()
