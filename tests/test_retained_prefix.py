@@ -324,3 +324,46 @@ def test_a_sampled_continuation_with_past_draws_what_its_seed_draws_afresh():
     fresh = selfspec.generate(m, TOK, p2, **kw)
     assert g2.token_ids == fresh.token_ids
     assert fresh.token_ids != selfspec.generate(m, TOK, p2, max_new_tokens=16, eos_token_id=[]).token_ids
+
+
+@pytest.mark.parametrize("fmt", ["int4", "w4a8"])
+@pytest.mark.parametrize("layout", [dict(mode="ar"), dict(block_length=4, budget=6)], ids=["ar", "auto"])
+def test_many_conversations_arriving_and_leaving_at_random_each_answer_as_alone(fmt, layout, monkeypatch):
+    """Three rows, 24 requests added over time at random: most continue an earlier request's
+    prompt and answer (a chat's next turn), the others start anew, some are cancelled midway; rows
+    are retained, claimed, copied from and moved in whatever order that brings (a few prefixes
+    are copied, most continued requests find their turn evicted by then). Every request that ran
+    to its end answers what it answers alone (greedy: AR's tokens)."""
+    import random
+
+    m = _model(fmt)
+    m.__dict__.pop("_selfspec_planners", None)
+    cfg = DecodeConfig(max_new_tokens=8, **layout)
+    rng = random.Random(5)
+    dec = Decoder(m, [], cfg, batch_size=3, eos_token_id=[])
+    dec.reserve(prompt_tokens=120, max_new_tokens=8)
+    prefilled = _prefilled(monkeypatch)
+    done, seqs, cancelled = [], [], set()
+    for t in range(150):
+        if len(seqs) < 24 and rng.random() < 0.2:
+            if done and rng.random() < 0.7:
+                base = rng.choice(done)
+                prompt = (base.prompt + base.emitted)[:100] + _tokens(rng.randint(1, 5), seed=t)
+            else:
+                prompt = _tokens(rng.randint(17, 30), seed=100 + t)
+            seqs.append(dec.add(prompt))
+        running = [s for s in seqs if not s.done]
+        if running and rng.random() < 0.08:
+            victim = rng.choice(running)
+            dec.cancel(victim)
+            cancelled.add(victim.index)
+        dec.step()
+        done = [s for s in seqs if s.done and s.index not in cancelled]
+    for _ in dec:
+        pass
+    finished = [s for s in seqs if s.index not in cancelled]
+    assert len(finished) >= 15 and dec.cache.retained
+    assert sum(prefilled) < sum(len(s.prompt) for s in seqs) - 3 * 16  # prefixes were copied, not run
+    ar = DecodeConfig(mode="ar", max_new_tokens=8)
+    for s in finished:
+        assert s.emitted == generate_ids(m, s.prompt, ar, eos_token_id=[])[0], s.index
