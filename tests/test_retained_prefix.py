@@ -367,3 +367,29 @@ def test_many_conversations_arriving_and_leaving_at_random_each_answer_as_alone(
     ar = DecodeConfig(mode="ar", max_new_tokens=8)
     for s in finished:
         assert s.emitted == generate_ids(m, s.prompt, ar, eos_token_id=[])[0], s.index
+
+
+def test_of_two_threads_continuing_one_past_at_once_one_takes_its_cache_and_the_other_is_refused():
+    import threading
+
+    import selfspec
+    from test_streaming import TOK
+
+    m = _text_model("int8")
+    kw = dict(max_new_tokens=4, mode="ar", eos_token_id=[])
+    g1 = selfspec.generate(m, TOK, "abc" * 10, **kw)
+    start, got = threading.Barrier(2), []
+
+    def go():
+        start.wait()
+        try:
+            got.append(selfspec.stream(m, TOK, "abc" * 11, past=g1, **kw))
+        except ValueError as e:
+            got.append(str(e))
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(type(x).__name__ for x in got) == ["Generation", "str"] and "continued already" in str(got)

@@ -18,6 +18,8 @@ greedy row equals its run alone and a sampled row is an exact sample, reproducib
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from selfspec.engine.batch_forward import BatchForward
@@ -35,6 +37,9 @@ from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
 from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
+
+
+_PAST_LOCK = threading.Lock()  # a past decoder's cache goes to one new decoder, whatever the threads
 
 
 class Decoder:
@@ -131,7 +136,7 @@ class Decoder:
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
-        self._past = past
+        self._past = None if past is None else self._take_past(past)  # now: two turns never take one cache
         self.closed = False  # `close` ran: the iteration ended (finished or stopped)
 
     @staticmethod
@@ -163,7 +168,7 @@ class Decoder:
         """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
         if self.stepper.cache is None:
             rows = max(1, min(self.batch_size, len(self.prompts)))
-            cache = self._take_past()
+            cache, self._past = self._past, None
             if cache is None:
                 cache = self.bf.new_cache(rows, self._capacity)
                 cache.retains = self.stepper.shares  # a copied prefix is bitwise the row's own there
@@ -173,17 +178,18 @@ class Decoder:
             for i in self.prompts.indices():
                 self._queue(i)
 
-    def _take_past(self):
+    def _take_past(self, past: "Decoder"):
         """`past`'s cache, taken over (the past decoder has none after this: a conversation goes on
         in one place), its first row's tokens retained (`BatchKVCache.hold`) so that the prompt
         entering that row keeps the K/V it starts with; None where the K/V were made otherwise
-        (other weights or cache format) or nothing is left to take."""
-        past, self._past = self._past, None
-        cache = None if past is None else past.stepper.cache
-        if cache is None or past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype \
-                or 0 not in past.sequences.indices():
-            return None
-        past.stepper.cache = None
+        (other weights or cache format) or by no sequence. A past taken already is a ValueError."""
+        with _PAST_LOCK:
+            cache = past.stepper.cache
+            if cache is None:
+                raise ValueError("past= was continued already: pass the latest generation of the conversation")
+            if past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype or 0 not in past.sequences.indices():
+                return None
+            past.stepper.cache = None
         seq = past.sequences[0]
         cache.retains = self.stepper.shares
         cache.hold(0, seq.prompt + seq.emitted)
