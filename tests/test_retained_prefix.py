@@ -393,3 +393,26 @@ def test_of_two_threads_continuing_one_past_at_once_one_takes_its_cache_and_the_
     for t in threads:
         t.join()
     assert sorted(type(x).__name__ for x in got) == ["Generation", "str"] and "continued already" in str(got)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "w4a8"])
+def test_prompts_entering_together_sorted_by_length_never_start_in_a_row_another_one_holds(fmt):
+    """Nothing runs; row 1 retained a finished turn. Two prompts enter together, the longer one
+    first: the next turn of that conversation (shorter) and an unrelated prompt. They are
+    prefilled shortest first, so rows are claimed after that order is known: the unrelated
+    prompt, now in row 1, starts empty, not at the other's prefix; both answer as alone."""
+    m = _model(fmt)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=6)
+    first = _tokens(20, seed=1)
+    dec = Decoder(m, [first], cfg, batch_size=2, eos_token_id=[])
+    dec.reserve(prompt_tokens=60, max_new_tokens=6)
+    for _ in dec:
+        pass
+    assert 1 in dec.cache.retained
+    other = _tokens(40, seed=6)
+    nxt = first + dec.outputs[0] + _tokens(3, seed=7)
+    seqs = [dec.add(other), dec.add(nxt)]
+    for _ in dec:
+        pass
+    ar = DecodeConfig(mode="ar", max_new_tokens=6)
+    assert [s.emitted for s in seqs] == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in (other, nxt)]

@@ -274,13 +274,14 @@ class Decoder:
         chunked = False  # a chunk ran in a forward of its own this turn
         running = bool(sched.live or sched.prefilling)
         entering, slot = sched.admit()
-        cache.claim(slot, slot + len(entering), [s.prompt for s in entering])
         if entering and self.planner is not None and self.batch_size == 1:
             self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
         burst = running and self.prefill_chunk is None and prefill_first(len(sched.prefilling) + len(entering),
                                                                          len(sched.live))
         if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
             entering.sort(key=lambda s: len(s.prompt))
+        # rows slot.. in this order from here on: a row keeps what it retained only for its own prompt
+        cache.claim(slot, slot + len(entering), [s.prompt for s in entering])
         if entering and not running:  # nobody waits for them: the whole prompts at once
             chunks = self.stepper.prefill(entering, slot, self._donors())
             sched.place(entering, cache)
