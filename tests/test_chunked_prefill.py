@@ -350,11 +350,9 @@ def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact(
     import time
 
     import selfspec
-    from test_server import LONG, MODEL, LiveServer, stream_in_thread, wait_for
+    from test_server import LONG, MODEL, LiveServer, int8_code_prompt, stream_in_thread, wait_for
 
-    model, tok = selfspec.load(MODEL, weights="int8", progress=False)
-    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n\n" for i in range(60))
-    long = tok.decode(tok.encode(text)[:700])
+    model, tok, long = int8_code_prompt(700)
     srv = LiveServer(model, tok, max_batch=2, max_queue=2)
     try:
         log = []

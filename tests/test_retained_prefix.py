@@ -162,11 +162,9 @@ def test_a_second_request_through_the_server_reuses_the_first_ones_text_and_answ
     pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
     import selfspec
-    from test_server import MODEL, LiveServer
+    from test_server import MODEL, LiveServer, int8_code_prompt
 
-    model, tok = selfspec.load(MODEL, weights="int8", progress=False)
-    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n\n" for i in range(30))
-    first = tok.decode(tok.encode(text)[:300])
+    model, tok, first = int8_code_prompt(300)
     srv = LiveServer(model, tok, max_batch=2, max_queue=2)
     try:
         def ask(prompt):

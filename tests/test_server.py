@@ -90,6 +90,14 @@ class LiveServer:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
+def int8_code_prompt(tokens: int):
+    """The 9M model in int8 (width-invariant: a chunked or copied prefill is bitwise the
+    one-forward one), its tokenizer, and the first `tokens` tokens of repetitive code as text."""
+    model, tok = selfspec.load(MODEL, weights="int8", progress=False)
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n\n\n" for i in range(60))
+    return model, tok, tok.decode(tok.encode(text)[:tokens])
+
+
 @pytest.fixture(scope="module")
 def model_tok():
     model, tok = selfspec.load(MODEL, weights="fp32", progress=False)

@@ -53,7 +53,7 @@ class BatchKVCache:
         # free rows that still hold the K/V of a sequence that left (`retain`), row -> its tokens
         # (slots 0..len-1, its length), oldest first; only where `retains` (the exact formats)
         self.retained: dict[int, list[int]] = {}
-        self.retains = False
+        self.retains = dtype in COMPACT  # the exact formats' cache: a copied prefix is bitwise the row's own
         # per-request buffers the forward writes (the one-row mask): they live with the request, so
         # generations running in other threads on the same model never see each other's writes
         self.scratch: dict = {}

@@ -171,7 +171,6 @@ class Decoder:
             cache, self._past = self._past, None
             if cache is None:
                 cache = self.bf.new_cache(rows, self._capacity)
-                cache.retains = self.stepper.shares  # a copied prefix is bitwise the row's own there
             else:
                 cache.reserve(self._capacity, rows)
             self.stepper.cache = cache
@@ -191,7 +190,6 @@ class Decoder:
                 return None
             past.stepper.cache = None
         seq = past.sequences[0]
-        cache.retains = self.stepper.shares
         cache.hold(0, seq.prompt + seq.emitted)
         return cache
 
