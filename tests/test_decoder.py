@@ -254,7 +254,7 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     m = tiny_model(vocab_size=V)
     dec = Decoder(m, _prompts((3, 17, 9, 6)), DecodeConfig(max_new_tokens=10), batch_size=2, eos_token_id=[],
                   profile=CostModel.flat())
-    dec.planner.ledger.may_bet = lambda loss: True  # every round planned: neither the floor (test_floor.py) nor a
+    dec.planner.ledger.may_bet = lambda loss, lookup=False: True  # every round planned: neither the floor (test_floor.py) nor a
     dec.planner.note_choice = lambda option: None  # rest after AR choices (timing-dependent) may skip it
     for _ in dec:
         pass

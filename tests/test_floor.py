@@ -8,10 +8,12 @@ import torch
 
 from selfspec.drafting.tree import Tree
 from selfspec.engine import ledger as ledger_mod
+from selfspec.engine import planner as planner_mod
 from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder, generate_ids
 from selfspec.engine.ledger import Ledger
 from selfspec.engine.options import DecodeConfig
+from selfspec.engine.sequence import lookup_chain
 
 from conftest import FakeClock, PricedForward, tiny_model
 
@@ -29,9 +31,15 @@ def _model_and_prompt():
     return m, prompt
 
 
-def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, drag=0.0):
+def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, drag=0.0, chains=None, funds=None):
     """(token ids, fake seconds) of one generation. `accept`: every drafted token is replaced by the
     reference's token at its position (True: always accepted) or by another one (False: never);
+    `chains`: every context-lookup chain is the reference's next 10 tokens after a 3-token match
+    (True: a text that repeats itself) or 10 other tokens (False); by default as `accept` says
+    (every drafted token: verified, or followed in hindsight, a chain is right or wrong alike);
+    "context": the context's own chains, followed in hindsight as they are but verified as
+    `accept` says (hindsight that the real rounds do not bear out); `funds`: the ledger's funds
+    at the generation's start (a planner whose earlier answers left it none);
     `stall`: seconds the first forecast takes on top of its own (a garbage collection's pause);
     `learning`: seconds the planner takes to observe a round it forecast (AR mode's rounds do not);
     `drag`: seconds a forward takes beyond its price when a forecast ran before it in its round."""
@@ -54,6 +62,19 @@ def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, d
                     r.tree = Tree(tokens, r.tree.parents, r.tree.depths, r.tree.scores)
 
         dec.stepper.draft = rigged
+    chains = accept if chains is None else None if chains == "context" else chains
+    if chains is not None:
+        ref_list = reference + [5] * 64
+
+        def chain(seq, cfg, room):
+            seq.match = 3
+            right = ref_list[len(seq.emitted): len(seq.emitted) + min(10, room - 1)]
+            return right if chains else [5 + (t - 4) % 11 for t in right]
+
+        planner_mod.lookup_chain = chain
+    if funds is not None:
+        begin = dec.planner.begin
+        dec.planner.begin = lambda: (begin(), setattr(dec.planner.ledger, "funds", funds))
     if stall:
         forecast = dec.planner.forecast
 
@@ -87,8 +108,11 @@ def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, d
 
         dec.planner.forecast = forecasting
         dec.bf = dec.stepper.bf = Dragged(dec.bf.bf, clock, CPU)
-    for _ in dec:
-        pass
+    try:
+        for _ in dec:
+            pass
+    finally:
+        planner_mod.lookup_chain = lookup_chain
     return dec.outputs[0], clock.t, dec.stats[0]
 
 
@@ -137,9 +161,12 @@ def test_a_forward_slowed_by_the_forecast_before_it_is_charged_to_speculation(se
 
 
 def test_a_planner_that_ignores_its_losses_fails_the_floor(setting, monkeypatch):
+    # where hindsight says the context's chains win and every verification rejects them: only the
+    # ledger's measure of real rounds stops the bets
     m, prompt, ar, ar_seconds = setting
-    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
-    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False)
+    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss, lookup=False: True)
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False,
+                            chains="context")
     assert out == ar
     assert seconds > 1.03 * ar_seconds, (seconds / ar_seconds, dict(st.plan_hist))
 
@@ -238,3 +265,39 @@ def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards
         pl.settle()
         spent = 1.0 + plan / pl.seconds(AR, 1, 64)[1]  # the AR time as it stood when the round was accounted
         assert pl.ledger.funds == pytest.approx(before + ledger_mod.EPS * spent + 1.0 - spent), model_seconds / ar
+
+
+# forecasting costs ~3% of an AR round in Python (a 1k-token context, 2-core Xeon): as much as the
+# ledger's EPS adds, so a generation that starts without funds could never afford a lookup bet
+PLANNING = 0.03
+
+
+def test_hindsight_lets_a_generation_without_funds_bet_on_a_text_that_repeats_itself(setting):
+    # the 1k-token edit prompt of the long suite: its answer looped, every chain right, and auto
+    # ran 91 of 93 rounds AR (funds ~0.1 against a 3-token bet's 0.3 AR rounds)
+    m, prompt, ar, ar_seconds = setting
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, chains=True, funds=0.0,
+                            learning=PLANNING * CPU(1, 1, len(prompt)))
+    assert out == ar
+    first_bet = next(i for i, n in enumerate(st.accept_lengths) if n > 1)
+    assert first_bet <= 8, st.accept_lengths[:40]  # without hindsight: after ~30 AR rounds of EPS
+    assert seconds < 0.4 * ar_seconds, seconds / ar_seconds
+
+
+def test_hindsight_of_chains_that_are_never_right_buys_no_bets(setting):
+    m, prompt, ar, ar_seconds = setting
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, chains=False, funds=0.0,
+                            learning=PLANNING * CPU(1, 1, len(prompt)))
+    assert out == ar
+    assert not any(k.startswith("lookup") for k in st.plan_hist), dict(st.plan_hist)
+    assert seconds <= 1.03 * ar_seconds, seconds / ar_seconds
+
+
+def test_hindsight_that_real_bets_do_not_bear_out_costs_at_most_twice_its_cap(setting):
+    # each lookup bet it funded and lost empties it and halves what it may fund next
+    m, prompt, ar, ar_seconds = setting
+    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False,
+                            chains="context")
+    assert out == ar
+    bound = 1.03 * ar_seconds + 2 * ledger_mod.SHADOW_CAP * CPU(1, 1, len(prompt) + N)
+    assert seconds <= bound, (seconds / ar_seconds, dict(st.plan_hist))

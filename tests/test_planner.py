@@ -205,7 +205,7 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
     forecast_at, waiting = [], []
     pl.forecast = lambda r: forecast_at.append(len(waiting)) or Forecast()
     for _ in range(n + 4):
-        row = SimpleNamespace(marg=None, room=64, committed=[7], nodes=0)
+        row = SimpleNamespace(marg=None, room=64, committed=[7], nodes=0, drafted=None)
         rnd = SimpleNamespace(rows=[row], cache_len=10, draining=False, bare=False, join_tokens=0, width=1,
                               model_seconds=0.1, seconds=0.1, plan_seconds=0.0, target_seconds=0.0, target_rows=0)
         rnd.option = pl.plan(rnd)
@@ -304,7 +304,8 @@ def test_plan_rests_after_a_run_of_ar_choices_without_forecasting_anything():
     pl.forecast = lambda r: calls.append(1) or _tree(0.05)
 
     def rnd(marg):
-        return SimpleNamespace(rows=[SimpleNamespace(marg=marg, room=50, forecast=None)], cache_len=10, draining=True)
+        return SimpleNamespace(rows=[SimpleNamespace(marg=marg, room=50, forecast=None, drafted=None)], cache_len=10,
+                               draining=True)
 
     for _ in range(8):
         assert pl.plan(rnd(object())) == AR
@@ -424,13 +425,14 @@ def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_pric
 def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
     pl = _planner(CostModel.flat())
     for _ in range(50):
-        pl.lookup_calibrator.update(2, 2, 3)
-    before = pl.lookup_calibrator.counts[3][0][0]
-    row = SimpleNamespace(nodes=2, path=[0], match=3, committed=[7], room=64, marg=None)
+        pl.lookup_calibrator.update(2, 2, (3, 0))
+    before = pl.lookup_calibrator.counts[(3, 0)][0][0]
+    row = SimpleNamespace(nodes=2, path=[0], chain_key=(3, 0), drafted=[4, 5], committed=[7], room=64, marg=None,
+                          seq=SimpleNamespace(lookup_run=0, done=False))
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
                                seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0,
                                target_seconds=0.0, target_rows=0))
-    assert pl.lookup_calibrator.counts[3][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
+    assert pl.lookup_calibrator.counts[(3, 0)][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 
 def test_auto_greedy_matches_ar_under_any_costs():

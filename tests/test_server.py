@@ -257,7 +257,7 @@ def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, mode
     from selfspec.engine.ledger import Ledger
     from selfspec.engine.planner import Planner
 
-    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss: True)
+    monkeypatch.setattr(Ledger, "may_bet", lambda self, loss, lookup=False: True)
     monkeypatch.setattr(Planner, "note_choice", lambda self, option: None)
     monkeypatch.setattr(Planner, "close_episode", lambda self: setattr(self, "marg_gain", None))
     for module in (choice, planner):  # a probe whenever PROBE_MIN allows, marginals with every prefill

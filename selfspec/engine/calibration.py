@@ -66,7 +66,8 @@ class Calibrator:
 
 class PositionCalibrator:
     """P(the i-th token of a context-lookup chain is accepted | the first i-1 were), per i and per
-    length of the n-gram match the chain was copied after (a 3-gram match predicts better).
+    length of the n-gram match the chain was copied after (a 3-gram match predicts better), or any
+    other key (`Planner` adds how many of the row's latest chains were borne out whole).
 
     Counts fade by `forget` per update, so what the context does now outweighs what it did
     long ago, and one early miss cannot rule lookup out for good. Plain Python floats: it is
@@ -89,14 +90,16 @@ class PositionCalibrator:
             self.counts[match] = ([0.0] * self.positions, [0.0] * self.positions)
         return self.counts[match]
 
-    def prob(self, n: int, match: int = 1) -> list[float]:
+    def prob(self, n: int, match=1) -> list[float]:
         reached, accepted = self._get(match)
         a, prior = self.a, self.prior
         return [(accepted[i] + a * prior) / (reached[i] + a) for i in range(min(n, self.positions))]
 
-    def update(self, drafted: int, accepted: int, match: int = 1, *, fade: bool = True) -> None:
+    def update(self, drafted: int, accepted: int, match=1, *, fade: bool = True, start: int = 0) -> None:
         """A chain of `drafted` tokens of which the first `accepted` were taken; `fade=False` for
-        the second and later rows of one batched round (evidence fades per round, not per row)."""
+        the second and later rows of one batched round (evidence fades per round, not per row);
+        `start`: positions before it were counted already (a verified chain's rest, followed in
+        hindsight: `shadow.py`)."""
         reached_l, accepted_l = self._get(match)
         if fade:
             f = self.forget
@@ -104,9 +107,9 @@ class PositionCalibrator:
                 reached_l[i] *= f
                 accepted_l[i] *= f
         drafted = min(drafted, self.positions)
-        for i in range(min(accepted + 1, drafted)):
+        for i in range(start, min(accepted + 1, drafted)):
             reached_l[i] += 1
-        for i in range(min(accepted, drafted)):
+        for i in range(start, min(accepted, drafted)):
             accepted_l[i] += 1
 
 

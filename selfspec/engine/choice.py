@@ -134,11 +134,13 @@ class Choice:
         self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
         self.best_e, self.best_seconds = self.ar_value, ar_seconds
         self.ar_seconds = ar_seconds
+        self.blocked: tuple[float, Option, float] | None = None  # (value, option, seconds): the best lookup
+        # option the ledger could not afford, whose hindsight the planner follows (`shadow.py`)
 
-    def affordable(self, seconds: float) -> bool:
+    def affordable(self, o: Option, seconds: float) -> bool:
         """The ledger allows a speculative round of `seconds`: its worst case (only the bonus
         tokens committed) loses its time over an AR round's, in AR rounds."""
-        return self.pl.ledger.may_bet(seconds / self.ar_seconds - 1.0)
+        return self.pl.ledger.may_bet(seconds / self.ar_seconds - 1.0, lookup=o.draft == "lookup")
 
     def total(self, per_row: list[float]) -> float:
         """Committed tokens of the round from each row's expectation (`round_value`)."""
@@ -146,12 +148,14 @@ class Choice:
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
         width, seconds = self.pl.seconds(o, self.R, self.cache)
-        if o.speculative and not self.affordable(seconds):
+        e = self.total(per_row)
+        value = e * (1 - MARGIN) - self.rate * seconds + bonus
+        if o.speculative and not self.affordable(o, seconds):
+            if o.draft == "lookup" and (self.blocked is None or value > self.blocked[0]):
+                self.blocked = (value, o, seconds)
             return float("-inf")
         if width > o.width:
             o = Option(o.draft, o.nodes, o.groups, o.group_size, o.draft_pass, width)
-        e = self.total(per_row)
-        value = e * (1 - MARGIN) - self.rate * seconds + bonus
         if value > self.best_value + 1e-12:
             self.best_option, self.best_value, self.best_e, self.best_seconds = o, value, e, seconds
         return value

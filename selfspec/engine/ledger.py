@@ -26,6 +26,16 @@ PAUSE times the larger of its running estimate and PLAN_FIRST AR rounds. Charged
 stall in a 1k-token prompt's first lookup (6 ms AR rounds) cost 30 AR rounds and a forecast
 estimate of 36 ms: no bet for the next ~1,700 rounds, i.e. auto ran AR for the rest of a bench.
 
+Lookup bets may also draw on `shadow`: what lookup bets the funds could not cover would have
+won, in hindsight (`shadow.py`: the row's own later tokens show how much of each chain a
+verification would have taken), up to `shadow_cap` AR rounds. A lookup bet that loses while the
+funds are below zero takes the deficit from it, empties it and halves the cap; one that wins
+restores the cap. Hindsight that real bets do not bear out so costs at most 2 SHADOW_CAP.
+So a generation that starts without funds in a text that repeats itself (a model's loop, a file
+copied) bets on its chains after the first hindsight win instead of after ~15 AR rounds of
+EPS (which the forecasts' own cost ate: a 1k-token edit prompt ran 91 of 93 rounds AR, its
+chains all correct). Chains never accepted win nothing in hindsight either.
+
 Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
 from CREDIT 1 the funds reach 3 after 100 AR rounds; the probe is bet and lost (funds 0), and the
 next one waits for another 150 AR rounds: 3 of every 153 rounds' time, ~2%.
@@ -45,6 +55,7 @@ START_MIN = 0.0  # the least funds a generation starts with (`Planner.begin`): n
 # bench, one probe lost in the first answer had left every later answer at T = 0 nearly without a bet
 PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
 PAUSE = 4.0  # a round's time beyond this many times its prediction is a stall it did not cause
+SHADOW_CAP = 0.5  # AR rounds of hindsight wins that may fund lookup bets (halved by each such bet that lost)
 PLAN_FIRST = 0.1  # AR rounds a forecast is taken to cost before any was timed (~0.02-0.05 on a 2-core CPU):
 # at a whole AR round, a stall in the first forecast priced every later one at 0.8 AR rounds
 
@@ -55,22 +66,34 @@ class Ledger:
     won: float = 0.0  # AR rounds won (negative: lost) by non-bare rounds, in all (a measure, not a rule)
     rounds: float = 0.0  # every round's time in AR rounds, in all
     plan_seconds: float = 0.0  # running estimate of one forecast's time (per round)
+    shadow: float = 0.0  # AR rounds lookup bets not placed would have won, in hindsight (lookup bets only)
+    shadow_cap: float = SHADOW_CAP
 
-    def may_bet(self, loss: float) -> bool:
-        """Whether a bet whose worst case loses `loss` AR rounds fits the funds."""
-        return loss <= self.funds
+    def may_bet(self, loss: float, lookup: bool = False) -> bool:
+        """Whether a bet whose worst case loses `loss` AR rounds fits the funds (a lookup bet's:
+        with what such bets would have won in hindsight)."""
+        return loss <= self.funds + (self.shadow if lookup else 0.0)
+
+    def credit(self, gain: float) -> None:
+        """A lookup bet that was not placed would have gained `gain` AR rounds (`shadow.Shadow.gain`)."""
+        self.shadow = min(self.shadow_cap, max(0.0, self.shadow + gain))
 
     def record(self, *, committed: float, seconds: float, ar_seconds: float, bare: bool,
-               plan_seconds: float = 0.0, expected: float | None = None) -> float:
+               plan_seconds: float = 0.0, expected: float | None = None, lookup: bool = False) -> float:
         """Count one finished round: it committed `committed` AR rounds' worth of tokens in
         `seconds` (counted at most PAUSE x `expected`, its predicted time, when given), where an
-        AR round takes `ar_seconds`. Returns its gain in AR rounds (0 for a bare round: the
-        reference itself)."""
+        AR round takes `ar_seconds`; `lookup`: it was a lookup bet. Returns its gain in AR rounds
+        (0 for a bare round: the reference itself)."""
         if expected is not None:
             seconds = min(seconds, PAUSE * expected)
         spent = seconds / max(ar_seconds, 1e-12)
         gain = 0.0 if bare else committed - spent
         self.funds = min(CAP, self.funds + EPS * spent + gain)
+        if lookup and gain < 0 and self.funds < 0 < self.shadow:  # hindsight paid for it, and was wrong
+            drawn = min(self.shadow, -self.funds)
+            self.funds, self.shadow, self.shadow_cap = self.funds + drawn, 0.0, self.shadow_cap / 2
+        elif lookup and gain > 0:
+            self.shadow_cap = SHADOW_CAP
         self.won += gain
         self.rounds += spent
         if not bare:

@@ -45,9 +45,12 @@ from selfspec.engine.request import scratch
 from selfspec.engine.round_costs import RoundCosts
 from selfspec.engine.rounds import Seen
 from selfspec.engine.sequence import draft_tree, lookup_chain
+from selfspec.engine.shadow import Shadow, follow
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
+RUN_KEYS = 2  # lookup chains are calibrated apart after 0, 1 and 2+ chains of the row borne out whole (a text
+# that repeats itself keeps doing so: chains of a model's loop were right ~every time, the others ~a third)
 REST_MAX = 32  # the longest rest (AR rounds with nothing forecast) after a run of 8 AR choices
 
 
@@ -80,6 +83,8 @@ class Planner(RoundCosts):
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
         # planning time (AR mode does none of it; uncharged, it was ~1.4% of an AR round beyond the ledger's bound)
+        self.shadows: dict = {}  # sequence -> `shadow.Shadow`: its lookup chain not verified, followed in hindsight
+        self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, seconds)
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
@@ -90,6 +95,7 @@ class Planner(RoundCosts):
                      "rates", "ledger", "unsettled", "relative"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
+        new.shadows = {}
         return new
 
     def begin(self) -> None:
@@ -98,7 +104,7 @@ class Planner(RoundCosts):
         lost at the end of one answer had left the next ones without a bet for ~200 AR rounds;
         capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
         chat); the rate estimate and probe clock restart."""
-        self.rates, self.since_probe, self.last_yields, self.trailing = {}, 0, [1.0], 0.0
+        self.rates, self.since_probe, self.last_yields, self.trailing, self.shadows = {}, 0, [1.0], 0.0, {}
         self.ledger.funds = max(self.ledger.funds, START_MIN)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
@@ -142,12 +148,64 @@ class Planner(RoundCosts):
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
+        self.blocked = None
         if nothing_to_offer(self, rnd.rows, rnd.cache_len, rnd.draining):
             option = plain(self, rnd.rows, rnd.cache_len, rnd.draining)
         else:
             option = self.choose(rnd.rows, rnd.cache_len, rnd.draining)
         self.note_choice(option)
+        if option.draft != "lookup":
+            self._shadow(rnd, self.blocked)
         return option
+
+    def _shadow(self, rnd, blocked) -> None:
+        """Rows whose lookup chain this round does not verify follow it in hindsight (`shadow.py`),
+        one chain a row at a time (as if each were verified when read). With the lookup bet the
+        ledger could not afford (`blocked`), each row carries its share of what that bet would
+        have gained; a row without a chain would have run AR in its wider forward (credited now)."""
+        R, k, spent = len(rnd.rows), 0, 0.0
+        if blocked is not None and not (rnd.draining and R > 1) and not any(r.seq in self.shadows for r in rnd.rows):
+            k, spent = blocked[1].nodes, blocked[2] / self.seconds(AR, R, rnd.cache_len)[1]
+        for r in rnd.rows:
+            if r.drafted and r.forecast is not None and r.forecast.kind == "lookup":
+                if r.seq not in self.shadows:
+                    self.shadows[r.seq] = Shadow(list(r.drafted), r.chain_key, k, 1.0 / R, spent)
+            elif k:
+                self.ledger.credit((1.0 - spent) / R)
+
+    def _follow(self, rnd) -> None:
+        """Each row's shadow chain against the tokens it committed this round; an ended one is
+        evidence for the lookup calibration and, with its bet, hindsight for the ledger."""
+        for r in rnd.rows:
+            s = self.shadows.get(r.seq)
+            if s is None:
+                continue
+            s.seen, ended = follow(s.chain, s.seen, r.committed)
+            ended = ended or r.seq.done
+            if s.k and not s.credited and (ended or s.seen >= s.k):  # the bet's outcome is known
+                self.ledger.credit(s.gain(s.seen))
+                s.credited = True
+            if ended:
+                del self.shadows[r.seq]
+                self._shadow_ended(s, r.seq)
+        if len(self.shadows) > len(rnd.rows):  # rows that left without a round (cancelled)
+            self.shadows = {q: s for q, s in self.shadows.items() if not (q.done or q.cancelled)}
+
+    def _follow_rest(self, r, n: int) -> None:
+        """A lookup round accepted all n verified tokens of a longer chain: its rest is followed in
+        hindsight from the bonus token on, so positions past the bets' lengths are learnt too (else
+        a calibration kept at its prior there caps the chains at the lengths it has seen)."""
+        s = Shadow(list(r.drafted), r.chain_key, seen=n, start=n)
+        s.seen, ended = follow(s.chain, n, r.committed[n:])
+        if ended or r.seq.done:
+            self._shadow_ended(s, r.seq)
+        else:
+            self.shadows[r.seq] = s
+
+    def _shadow_ended(self, s: Shadow, seq) -> None:
+        self.lookup_calibrator.update(len(s.chain), s.seen, s.key, fade=s.start == 0, start=s.start)
+        if s.start == 0:  # a verified chain's rest: its round counted the run already
+            seq.lookup_run = seq.lookup_run + 1 if s.seen == len(s.chain) else 0
 
     def forecast(self, r) -> Forecast:
         """The row's largest draft (kept on the row) and P(accepted) of each of its nodes."""
@@ -158,10 +216,11 @@ class Planner(RoundCosts):
                 return Forecast()
             r.drafted = lookup_chain(r.seq, self.cfg, r.room)
             r.match = r.seq.match
+            r.chain_key = (r.match, min(r.seq.lookup_run, RUN_KEYS))
             if not r.drafted:
                 return Forecast()
             acc, run = [1.0], 1.0
-            for p in self.lookup_calibrator.prob(len(r.drafted), r.match):
+            for p in self.lookup_calibrator.prob(len(r.drafted), r.chain_key):
                 run *= p
                 acc.append(run)
             return Forecast(acc, kind="lookup")
@@ -186,8 +245,13 @@ class Planner(RoundCosts):
 
     # -- choose ------------------------------------------------------------------------------------------
     def choose(self, rows, cache: int, draining: bool = False) -> Option:
-        """The option for these rows (`RowRound`s with their `forecast`s) over `cache` cached tokens."""
-        return Choice(self, rows, cache, draining).best()
+        """The option for these rows (`RowRound`s with their `forecast`s) over `cache` cached tokens;
+        `blocked` keeps the lookup bet that would have beaten AR had the ledger afforded it."""
+        c = Choice(self, rows, cache, draining)
+        option = c.best()
+        if c.blocked is not None and c.blocked[0] > c.ar_value - c.rate * c.ar_seconds:
+            self.blocked = c.blocked
+        return option
 
     # -- observe -----------------------------------------------------------------------------------------
     def observe(self, rnd) -> None:
@@ -196,13 +260,18 @@ class Planner(RoundCosts):
         not once per row), two-pass yields are noted, and the round's times are compared with the
         cost model's prediction."""
         option, faded, first, yields = rnd.option, set(), True, []
+        if self.shadows:
+            self._follow(rnd)
         for r in (rnd.rows if option.nodes or option.draft_pass else ()):  # AR rounds and probes drafted nothing
             n = r.nodes
             if n == 0:
                 continue
             if option.draft == "lookup":
-                self.lookup_calibrator.update(n, len(r.path) - 1, r.match, fade=r.match not in faded)
-                faded.add(r.match)
+                self.lookup_calibrator.update(n, len(r.path) - 1, r.chain_key, fade=r.chain_key not in faded)
+                faded.add(r.chain_key)
+                r.seq.lookup_run = r.seq.lookup_run + 1 if len(r.path) - 1 == n else 0
+                if len(r.path) - 1 == n < len(r.drafted) and r.seq not in self.shadows:
+                    self._follow_rest(r, n)
                 continue
             if option.draft_pass:
                 yields.append(self.forecast_tree(r.tree).yields())
@@ -259,7 +328,8 @@ class Planner(RoundCosts):
             # noise, and one 2x stall (another process) put a 1k-token generation 1.1 AR rounds in debt
             seconds = ar + seen.plan_seconds + self.forecast_drag(R, seen.cache_len)
         gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seconds,
-                                  ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected)
+                                  ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected,
+                                  lookup=seen.option.draft == "lookup")
         if seen.marginals:
             self.marg_gain = (self.marg_gain or 0.0) + gain
         elif self.marg_gain is not None:

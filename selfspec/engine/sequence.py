@@ -63,6 +63,7 @@ class Sequence:
     root: int = -1  # the last emitted token, not in the cache yet
     marg: Marginals | None = None  # marginals the previous round left (one-pass), or None
     match: int = 1  # n-gram length behind the latest lookup proposal
+    lookup_run: int = 0  # the latest lookup chains (verified or followed in hindsight) its tokens bore out whole
     done: bool = False
     cancelled: bool = False
     t0: float = field(default_factory=time.perf_counter)

@@ -1,0 +1,109 @@
+"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/shadow.py`): the
+calibration learns from them, and what the bet the ledger could not afford would have won may
+fund the next lookup bet, within a bound."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from selfspec.engine import ledger as ledger_mod
+from selfspec.engine.calibration import PositionCalibrator
+from selfspec.engine.cost import CostModel
+from selfspec.engine.layouts import Option
+from selfspec.engine.ledger import Ledger
+from selfspec.engine.options import DecodeConfig
+from selfspec.engine.planner import Planner
+from selfspec.engine.shadow import Shadow, follow
+
+
+def test_a_shadow_ends_at_its_first_wrong_token_or_when_the_whole_chain_came_true():
+    assert follow([4, 9, 2], 0, [4]) == (1, False)
+    assert follow([4, 9, 2], 1, [9, 7]) == (2, True)
+    assert follow([4, 9, 2], 0, [4, 9, 2]) == (3, True)
+    assert follow([4, 9, 2], 0, [5]) == (0, True)
+    assert follow([4, 9, 2], 2, []) == (2, False)  # a round that committed nothing for the row
+
+
+def test_the_module_example_takes_two_tokens_and_the_bonus():
+    seen, ended = 0, False
+    for committed in ([4], [9], [7]):
+        seen, ended = follow([4, 9, 9, 2], seen, committed)
+    assert (seen, ended) == (2, True)
+
+
+def test_a_shadows_gain_is_its_bets_tokens_and_bonus_less_the_rounds_time_in_the_rows_share():
+    s = Shadow([4, 9, 9, 2], (3, 0), k=3, share=0.5, spent=1.3)
+    assert s.gain(2) == pytest.approx(0.5 * (3 - 1.3))
+    assert s.gain(4) == pytest.approx(0.5 * (4 - 1.3))  # the bet verified 3 tokens, however long the chain ran
+    assert s.gain(0) == pytest.approx(0.5 * (1 - 1.3))
+
+
+def test_hindsight_funds_lookup_bets_only_and_up_to_its_cap():
+    led = Ledger(funds=0.0)
+    led.credit(5.0)
+    assert led.shadow == ledger_mod.SHADOW_CAP
+    assert led.may_bet(ledger_mod.SHADOW_CAP, lookup=True) and not led.may_bet(0.1)  # probes and trees: real funds
+    led.credit(-10.0)
+    assert led.shadow == 0.0
+
+
+def test_a_lookup_bet_hindsight_paid_for_and_lost_empties_it_and_halves_its_cap_and_a_won_one_restores_it():
+    led = Ledger(funds=0.0)
+    led.credit(1.0)
+    led.record(committed=1.0, seconds=0.013, ar_seconds=0.01, bare=False, lookup=True)  # lost 0.3 AR rounds
+    assert led.shadow == 0.0 and led.shadow_cap == ledger_mod.SHADOW_CAP / 2
+    assert led.funds == pytest.approx(0.0)  # the deficit came from hindsight
+    led.credit(1.0)
+    assert led.shadow == ledger_mod.SHADOW_CAP / 2
+    led.record(committed=4.0, seconds=0.013, ar_seconds=0.01, bare=False, lookup=True)
+    assert led.shadow_cap == ledger_mod.SHADOW_CAP
+
+
+def test_a_bet_paid_from_real_funds_leaves_hindsight_alone():
+    led = Ledger(funds=2.0)
+    led.credit(0.4)
+    led.record(committed=1.0, seconds=0.013, ar_seconds=0.01, bare=False, lookup=True)
+    assert led.shadow == pytest.approx(0.4) and led.shadow_cap == ledger_mod.SHADOW_CAP
+
+
+def test_evidence_from_a_later_start_counts_only_the_later_positions():
+    cal = PositionCalibrator(prior=0.5, prior_weight=4.0, forget=1.0)
+    cal.update(6, 4, 3, start=2)  # positions 0, 1 counted by the round that verified them
+    reached, accepted = cal.counts[3]
+    assert reached[:6] == [0, 0, 1, 1, 1, 0] and accepted[:6] == [0, 0, 1, 1, 0, 0]
+
+
+class _Seq:  # a sequence as the planner reads it (hashable by identity, as `sequence.Sequence`)
+    lookup_run, done, cancelled = 0, False, False
+
+
+def _row(seq, drafted=None, committed=(), key=(3, 0)):
+    forecast = SimpleNamespace(kind="lookup") if drafted else None
+    return SimpleNamespace(seq=seq, drafted=drafted, forecast=forecast, chain_key=key, committed=list(committed),
+                           marg=None, room=64, nodes=0)
+
+
+def test_the_planner_follows_a_chain_it_did_not_bet_on_and_learns_from_it():
+    pl = Planner(CostModel.flat(), DecodeConfig(max_new_tokens=64))
+    seq = _Seq()
+    rnd = SimpleNamespace(rows=[_row(seq, drafted=[4, 9, 9, 2])], draining=False, cache_len=10)
+    pl._shadow(rnd, None)
+    before = pl.lookup_calibrator.prob(4, (3, 0))
+    for tok in (4, 9, 9, 2):  # AR rounds commit the chain, token by token
+        pl._follow(SimpleNamespace(rows=[_row(seq, committed=[tok])]))
+    assert pl.shadows == {} and seq.lookup_run == 1
+    after = pl.lookup_calibrator.prob(4, (3, 0))
+    assert all(a > b for a, b in zip(after, before))
+
+
+def test_a_blocked_bet_is_credited_once_its_length_has_come_true():
+    pl = Planner(CostModel.flat(), DecodeConfig(max_new_tokens=64))
+    pl.ledger.funds = 0.0
+    seq = _Seq()
+    rnd = SimpleNamespace(rows=[_row(seq, drafted=[4, 9, 9, 2, 5, 5])], draining=False, cache_len=10)
+    pl._shadow(rnd, (1.0, Option("lookup", 2), 0.0))  # flat costs: the bet takes an AR round's time
+    pl._follow(SimpleNamespace(rows=[_row(seq, committed=[4])]))
+    assert pl.ledger.shadow == 0.0
+    pl._follow(SimpleNamespace(rows=[_row(seq, committed=[9])]))
+    assert pl.ledger.shadow == pytest.approx(min(ledger_mod.SHADOW_CAP, 2 + 1 - 0.0))
+    assert seq in pl.shadows  # the chain is still followed for the calibration
