@@ -107,3 +107,34 @@ def test_a_blocked_bet_is_credited_once_its_length_has_come_true():
     pl._follow(SimpleNamespace(rows=[_row(seq, committed=[9])]))
     assert pl.ledger.shadow == pytest.approx(min(ledger_mod.SHADOW_CAP, 2 + 1 - 0.0))
     assert seq in pl.shadows  # the chain is still followed for the calibration
+
+
+def test_the_rest_of_a_chain_a_lookup_round_took_whole_is_followed_past_the_verified_length():
+    # else positions past the bets' lengths keep their prior and cap the chains at those lengths
+    pl = Planner(CostModel.flat(), DecodeConfig(max_new_tokens=64))
+    seq = _Seq()
+    chain = [4, 9, 9, 2, 5, 6]
+    verified = _row(seq, drafted=chain, committed=chain[:3] + [2])  # 3 verified and taken, the bonus = chain[3]
+    pl._follow_rest(verified, 3)
+    pl._follow(SimpleNamespace(rows=[_row(seq, committed=[5])]))
+    pl._follow(SimpleNamespace(rows=[_row(seq, committed=[7])]))  # chain[5] = 6: wrong
+    reached, accepted = pl.lookup_calibrator.counts[(3, 0)]
+    assert reached[:7] == [0, 0, 0, 1, 1, 1, 0] and accepted[:7] == [0, 0, 0, 1, 1, 0, 0]
+    assert pl.shadows == {}
+
+
+def test_a_rows_chain_is_forecast_from_chains_that_came_true_as_often_as_its_rows_did(monkeypatch):
+    from selfspec.engine import planner as planner_mod
+
+    pl = Planner(CostModel.flat(), DecodeConfig(max_new_tokens=64))
+    for _ in range(40):
+        pl.lookup_calibrator.update(4, 4, (3, planner_mod.RUN_KEYS))  # a model's loop: every chain right
+        pl.lookup_calibrator.update(4, 0, (3, 0))  # elsewhere: wrong
+    monkeypatch.setattr(planner_mod, "lookup_chain", lambda seq, cfg, room: setattr(seq, "match", 3) or [1, 2, 3, 4])
+
+    def row(run):
+        return SimpleNamespace(room=64, marg=None, seq=SimpleNamespace(lookup=object(), lookup_run=run, match=1))
+
+    looping, fresh = row(5), row(0)
+    assert pl.forecast(looping).accept[1] > 0.9 and pl.forecast(fresh).accept[1] < 0.2
+    assert looping.chain_key == (3, planner_mod.RUN_KEYS) and fresh.chain_key == (3, 0)
