@@ -1,0 +1,27 @@
+# run from the checkout root with bare_sample.patch applied: python docs/results/wave5/xeon-s27/sample_ab.py KIND T REPEATS. Arms: AR, auto timing one bare round in four (BARE_SAMPLE = 4), every bare round (BARE_SAMPLE = 1: as shipped)
+import sys, time
+from collections import Counter
+from selfspec.engine import planner as P
+from selfspec.engine.decoder import Decoder
+from selfspec.engine.options import DecodeConfig
+from selfspec.loading import load
+from selfspec.streaming import encode_prompt
+from selfspec.tools.bench_prompts import read_prompts
+kind, temp, reps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+model, tok = load(progress=False)
+prompts = [p for p in read_prompts("benchmarks/tune_prompts.jsonl") if kind == "all" or kind in p["id"]][:8]
+enc = [encode_prompt(tok, p["prompt"]) for p in prompts]
+arms = ["ar", "sample4", "sample1"]
+stored = {a: {} for a in arms}
+sec = Counter()
+for rep in range(reps + 1):
+    for i, ids in enumerate(enc):
+        k = (i + rep) % len(arms)
+        for arm in arms[k:] + arms[:k]:
+            P.BARE_SAMPLE = 4 if arm == "sample4" else 1
+            model.__dict__["_selfspec_planners"] = stored[arm]
+            d = Decoder(model, [ids], DecodeConfig(mode="ar" if arm == "ar" else "auto", max_new_tokens=128, temperature=temp), seeds=[i])
+            t0 = time.perf_counter()
+            for _ in d: pass
+            if rep: sec[arm] += time.perf_counter() - t0
+print(kind, temp, {a: f"{sec[a]:.2f}s {sec['ar']/sec[a]:.3f}x" for a in arms}, flush=True)
