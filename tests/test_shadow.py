@@ -138,3 +138,18 @@ def test_a_rows_chain_is_forecast_from_chains_that_came_true_as_often_as_its_row
     looping, fresh = row(5), row(0)
     assert pl.forecast(looping).accept[1] > 0.9 and pl.forecast(fresh).accept[1] < 0.2
     assert looping.chain_key == (3, planner_mod.RUN_KEYS) and fresh.chain_key == (3, 0)
+
+
+def test_a_finished_generation_leaves_no_sequence_in_the_planner_kept_for_the_next():
+    # a chain still followed holds its sequence (a 3,000-token prompt's lookup index) until the next
+    # generation with the same settings would have begun
+    from selfspec.engine.planner_store import keep_planner, planner_for
+
+    model = SimpleNamespace()
+    pl = planner_for(model, DecodeConfig(max_new_tokens=64), CostModel.flat())
+    seq = _Seq()
+    pl._shadow(SimpleNamespace(rows=[_row(seq, drafted=[4, 9])], draining=False, cache_len=10), None)
+    assert seq in pl.shadows
+    keep_planner(pl)
+    kept = list(model.__dict__["_selfspec_planners"].values())
+    assert kept == [pl] and pl.shadows == {}

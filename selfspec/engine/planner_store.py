@@ -35,6 +35,7 @@ def keep_planner(planner: Planner) -> None:
     """A finished generation's planner becomes the stored one for its settings (of generations
     running at once, the last to finish; none of them ever sees another's half-updated state)."""
     home = getattr(planner, "home", None)
+    planner.shadows = {}  # chains still followed hold their sequences (a long prompt's index): nothing to learn now
     if home is not None:
         with _STORE_LOCK:
             home[0][home[1]] = planner
