@@ -24,9 +24,8 @@ from dataclasses import dataclass
 @dataclass
 class Shadow:
     """One row's unverified chain. `k`: the chain length of the lookup bet the ledger could not
-    afford that round (0: none, evidence only); `gain_left`: what that bet would have gained
-    for this row beyond its accepted tokens, in AR rounds (its share of the batch: bonus token
-    minus the round's time over AR's, divided by the rows)."""
+    afford that round (0: none, evidence only); what that bet would have gained is `gain`, this
+    row's share of the batch's, once the row's tokens have shown how much of the chain came true."""
 
     chain: list[int]
     key: tuple  # the lookup calibration's key of the chain (`RowRound.chain_key`)
