@@ -101,7 +101,7 @@ def test_a_blocked_bet_is_credited_once_its_length_has_come_true():
     pl.ledger.funds = 0.0
     seq = _Seq()
     rnd = SimpleNamespace(rows=[_row(seq, drafted=[4, 9, 9, 2, 5, 5])], draining=False, cache_len=10)
-    pl._shadow(rnd, (1.0, Option("lookup", 2), 0.0))  # flat costs: the bet takes an AR round's time
+    pl._shadow(rnd, (1.0, Option("lookup", 2), 0.0))  # (value, option, its time in AR rounds: none here)
     pl._follow(SimpleNamespace(rows=[_row(seq, committed=[4])]))
     assert pl.ledger.shadow == 0.0
     pl._follow(SimpleNamespace(rows=[_row(seq, committed=[9])]))
@@ -153,3 +153,23 @@ def test_a_finished_generation_leaves_no_sequence_in_the_planner_kept_for_the_ne
     keep_planner(pl)
     kept = list(model.__dict__["_selfspec_planners"].values())
     assert kept == [pl] and pl.shadows == {}
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+def test_in_every_weight_format_hindsight_pays_the_first_bet_on_a_loop_and_greedy_output_is_ar(fmt, monkeypatch):
+    # the tiny model's answer loops (15, 3, 13, 13, ...): real context chains, verified for real, on a
+    # fake clock that prices rounds as a CPU does, from a ledger without funds
+    from selfspec.engine.formats import set_weights
+
+    from test_floor import N, _model_and_prompt, _run
+
+    m, prompt = _model_and_prompt()
+    set_weights(m, fmt)
+    ar, _, _ = _run(m, prompt, DecodeConfig(mode="ar", max_new_tokens=N))
+    credits = []
+    credit = Ledger.credit
+    monkeypatch.setattr(Ledger, "credit", lambda self, gain: (credits.append(gain), credit(self, gain))[1])
+    out, _, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, funds=0.0)
+    assert out == ar
+    assert any(g > 0 for g in credits)
+    assert sum(v for k, v in st.plan_hist.items() if k.startswith("lookup")) > st.plan_hist["ar"], dict(st.plan_hist)

@@ -134,8 +134,8 @@ class Choice:
         self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
         self.best_e, self.best_seconds = self.ar_value, ar_seconds
         self.ar_seconds = ar_seconds
-        self.blocked: tuple[float, Option, float] | None = None  # (value, option, seconds): the best lookup
-        # option the ledger could not afford, whose hindsight the planner follows (`shadow.py`)
+        self.blocked: tuple[float, Option, float] | None = None  # (value, option, its time in AR rounds): the
+        # best lookup option the ledger could not afford, whose hindsight the planner follows (`shadow.py`)
 
     def affordable(self, o: Option, seconds: float) -> bool:
         """The ledger allows a speculative round of `seconds`: its worst case (only the bonus
@@ -148,11 +148,14 @@ class Choice:
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
         width, seconds = self.pl.seconds(o, self.R, self.cache)
+        afford = not o.speculative or self.affordable(o, seconds)
+        if not (afford or o.draft == "lookup"):
+            return float("-inf")
         e = self.total(per_row)
         value = e * (1 - MARGIN) - self.rate * seconds + bonus
-        if o.speculative and not self.affordable(o, seconds):
-            if o.draft == "lookup" and (self.blocked is None or value > self.blocked[0]):
-                self.blocked = (value, o, seconds)
+        if not afford:
+            if self.blocked is None or value > self.blocked[0]:
+                self.blocked = (value, o, seconds / self.ar_seconds)
             return float("-inf")
         if width > o.width:
             o = Option(o.draft, o.nodes, o.groups, o.group_size, o.draft_pass, width)

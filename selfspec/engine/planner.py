@@ -84,7 +84,7 @@ class Planner(RoundCosts):
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
         # planning time (AR mode does none of it; uncharged, it was ~1.4% of an AR round beyond the ledger's bound)
         self.shadows: dict = {}  # sequence -> `shadow.Shadow`: its lookup chain not verified, followed in hindsight
-        self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, seconds)
+        self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, AR rounds)
 
     def fork(self) -> "Planner":
         """A copy for one generation: it reads what was learnt so far and writes only its own
@@ -165,7 +165,7 @@ class Planner(RoundCosts):
         have gained; a row without a chain would have run AR in its wider forward (credited now)."""
         R, k, spent = len(rnd.rows), 0, 0.0
         if blocked is not None and not (rnd.draining and R > 1) and not any(r.seq in self.shadows for r in rnd.rows):
-            k, spent = blocked[1].nodes, blocked[2] / self.seconds(AR, R, rnd.cache_len)[1]
+            k, spent = blocked[1].nodes, blocked[2]
         for r in rnd.rows:
             if r.drafted and r.forecast is not None and r.forecast.kind == "lookup":
                 if r.seq not in self.shadows:
