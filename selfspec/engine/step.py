@@ -20,7 +20,8 @@ states, one `RowRound` per row) and returns it after every row's observers have 
 5. observe: each row's observers (stats, recorder, round hook), then the planner.
 
 Nothing is committed before its row was verified, and a round reads no state a previous round
-left outside the sequences, the cache and the planner.
+left outside the sequences, the cache and the planner. Prompts enter the cache by the steps of
+`prefill_steps.PrefillSteps`, which the stepper inherits.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
 from selfspec.engine.batch_forward import Join
-from selfspec.engine.chunks import ChunkRun, prefill_groups, shared_prefixes, token_price
+from selfspec.engine.chunks import ChunkRun
 from selfspec.engine.masks import rows_layout
+from selfspec.engine.prefill_steps import PrefillSteps
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
 from selfspec.engine.targets import targets_of
@@ -47,7 +49,7 @@ from selfspec.engine.targets import targets_of
 PREFILL_PIECE = 128
 
 
-class Stepper:
+class Stepper(PrefillSteps):
     """Runs rounds for a decoder: the forward (`bf`), the cache rows, the settings, the plan."""
 
     def __init__(self, bf, cfg, *, mask_id: int, eos: set[int], lora=None, planner=None, fixed=None,
@@ -96,157 +98,6 @@ class Stepper:
 
     def _lora_rows(self, start: int):
         return (self.lora, slice(start, None)) if self.lora is not None else (None, None)
-
-    # -- prefill ----------------------------------------------------------------------------------------
-    def prefill(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> list[list[int]]:
-        """The prompts causally into cache rows slot .. slot+k-1 (claimed, `BatchKVCache.claim`:
-        empty, or holding the start of their prompt), `_prefill_rows`; then (one-pass layouts) one
-        read-only mask group per row for the first round's marginals. Returns each sequence's first
-        chunk (one token)."""
-        return self._first_tokens(seqs, slot, self._prefill_rows(seqs, slot, donors))
-
-    def prefill_rest(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> tuple[int, list[list[int]]]:
-        """What is left of every prompt of `seqs` (cache rows slot.., partly in or not yet) in this
-        turn (`_prefill_rows`); each gets its first token as `prefill` gives it. Returns len(seqs)
-        and their first chunks."""
-        return self._ready(seqs, slot, self._prefill_rows(seqs, slot, donors))
-
-    def _prefill_rows(self, seqs: list[Sequence], slot: int, donors: list | None) -> torch.Tensor:
-        """The rest of the prompts of `seqs` (cache rows slot..): first the prefixes they share
-        (`_share_prefixes`), then groups of rows of similar length (`chunks.prefill_groups`, priced
-        by the cost model, else by tokens) in causal forwards of their own, shorter prompts padded
-        at their end (the padding's K/V lands past the row's length, never read), past `piece`
-        tokens in forwards of `piece` columns each (the K/V bitwise the same: attention sums are
-        exact and the weight kernels width-invariant). Returns the hidden state of each row's last
-        prompt token [k, H]."""
-        self._share_prefixes(seqs, slot, donors or [])
-        lengths, cost = self.cache.lengths, self.planner.cost if self.planner is not None else None
-        price = token_price if cost is None else (lambda rows, width: cost(rows, width, 0))
-        last = [None] * len(seqs)
-        for a, b in prefill_groups([len(s.prompt) - lengths[slot + i] for i, s in enumerate(seqs)], price):
-            part = seqs[a:b]
-            while any(x is None for x in last[a:b]):
-                widths = [max(0, min(self.piece, len(s.prompt) - lengths[slot + a + i])) for i, s in enumerate(part)]
-                hidden = self._prefill_forward(part, slot + a, widths)
-                for i, s in enumerate(part):
-                    if last[a + i] is None and widths[i] and lengths[slot + a + i] == len(s.prompt):
-                        last[a + i] = hidden[i]
-        return torch.stack(last)
-
-    def share_prefixes(self, seqs: list[Sequence], slot: int, donors: list) -> None:
-        """Prompts entering a chunked prefill (cache rows slot.., empty) copy what they share with
-        a donor row `(row, prompt)` (`_share_prefixes`), before their first chunk: no forward here,
-        a chunk's budget stays its own. Without it a chat prompt joining running rows one at a
-        time (a server's requests, a batch whose rows end apart) ran its whole template again."""
-        self._share_prefixes(seqs, slot, donors, own=False)
-
-    def _share_prefixes(self, seqs: list[Sequence], slot: int, donors: list, own: bool = True) -> None:
-        """Empty rows of `seqs` (cache rows slot..) whose prompts start alike copy their common
-        prefix's K/V (`chunks.shared_prefixes`) from a donor, a row `(row, prompt)` holding part of
-        it, or (`own`) from the first of them after it prefilled it once. The K/V of a prefix depend
-        on nothing after it, and in the exact formats a row's forward on nothing but its own tokens
-        (width, batch and chunking aside), so a copy is bitwise what the row would write itself."""
-        if not self.shares:
-            return
-        lengths = self.cache.lengths
-        prompts = [s.prompt if lengths[slot + i] == 0 else None for i, s in enumerate(seqs)]
-        for donor, src, n, rows in shared_prefixes(prompts, [(r, p[:lengths[r]]) for r, p in donors]):
-            if not (donor or own):
-                continue
-            if not donor:  # one of the rows: it prefills the prefix first
-                src = slot + src
-                while lengths[src] < n:
-                    self._prefill_forward([seqs[src - slot]], src, [min(self.piece, n - lengths[src])])
-            for i in rows:
-                self.cache.copy_prefix(src, slot + i, n)
-
-    def prefill_chunk(self, seqs: list[Sequence], slot: int, budget: int) -> tuple[int, list[list[int]]]:
-        """One chunk of a chunked prefill in its own forward: `seqs` hold cache rows slot.. with
-        part of their prompts in (the cache row's length: slot = position); the first of them, in
-        order, run their next tokens (`chunk_widths`) in one causal forward. The rows whose last
-        prompt token is now in get their first token as `prefill` gives it (root from the last
-        position's logits, the optional mask group); they are the first n of `seqs`. Returns n and
-        their first chunks."""
-        widths = self.chunk_widths(seqs, slot, budget)
-        taken = seqs[: len(widths)]
-        cached = max(self.cache.lengths[slot : slot + len(taken)])
-        last = self._prefill_forward(taken, slot, widths)
-        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.last_seconds)  # what chunk picking learns from
-        return self._ready(taken, slot, last)
-
-    def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
-        """The next chunk's tokens per row, for the first rows of `seqs` (cache rows slot..): at
-        most `budget` query tokens in all (rows x the widest's tokens); a row takes at most
-        `budget` of its prompt, and a row whose prompt does not end in this chunk is the last one
-        taken."""
-        budget, widths = max(1, int(budget)), []
-        for s in seqs:
-            left = len(s.prompt) - self.cache.lengths[slot + len(widths)]
-            w = min(left, budget)
-            if widths and (len(widths) + 1) * max(w, max(widths)) > budget:
-                break
-            widths.append(w)
-            if w < left:
-                break
-        return widths
-
-    def _chunk_tokens(self, seqs: list[Sequence], slot: int, widths: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """Row slot+i's next `widths[i]` prompt tokens [k, widest] (padded at the end: the padding's
-        K/V lands past the row's length and the next chunk or round overwrites it), and the rows'
-        lengths before them."""
-        k, L, starts = len(seqs), max(widths), self.cache.lengths[slot : slot + len(seqs)]
-        tokens = torch.zeros(k, L, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
-        return tokens, starts
-
-    def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
-        """Row slot+i's next `widths[i]` prompt tokens causally at its cache length, in a forward of
-        their own; the rows' lengths move past them (`_advance`). Returns the hidden state of each
-        row's last token written [k, H]."""
-        tokens, starts = self._chunk_tokens(seqs, slot, widths)
-        k, L = tokens.shape
-        hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
-                                                  slice(slot, slot + k), causal=True))
-        return self._advance(seqs, slot, widths, starts, hidden)
-
-    def _advance(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
-                 hidden: torch.Tensor) -> torch.Tensor:
-        """A chunk's forward ran (`hidden` [k, widest, H]): rows slot..'s lengths move past it.
-        Returns the hidden state of each row's last token written [k, H]."""
-        for i, s in enumerate(seqs):
-            self.cache.set_length(slot + i, starts[i] + widths[i])
-            s.stats.prefill_forwards += 1
-        return hidden[torch.arange(len(seqs)), torch.tensor(widths) - 1]
-
-    def _ready(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> tuple[int, list[list[int]]]:
-        """After a chunk (`last` [k, H]: each row's last token written): the rows whose prompts are
-        now in, the first n of `seqs`, get their first tokens. Returns n and those."""
-        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
-        return n, (self._first_tokens(seqs[:n], slot, last[:n]) if n else [])
-
-    def _first_tokens(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> list[list[int]]:
-        """Rows slot.. hold their whole prompts; `last` [k, H]: each one's last prompt position's
-        hidden state. Each row's root, then (one-pass layouts, or the planner's bet) one read-only
-        mask group per row for the first round's marginals. Returns each one's first chunk."""
-        k, L = len(seqs), max(len(s.prompt) for s in seqs)
-        rows = slice(slot, slot + k)
-        logits = self.timed(seqs, lambda: self.bf.logits(last))
-        for s, t in zip(seqs, self.targets_of([(s, logits[i : i + 1], [0]) for i, s in enumerate(seqs)])):
-            s.root = int(t[0])
-        if self.prefill_group and (self.planner is None or self.planner.marginals_at_prefill(
-                k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
-            G = self.cfg.group
-            lora, lora_rows = self._lora_rows(0)
-            hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
-                                                      self.cache, rows, lora=lora, lora_rows=lora_rows))
-            for i, s in enumerate(seqs):
-                s.stats.prefill_forwards += 1
-                s.marg = self.group_marginals(s, hidden[i, 1:])
-        for s in seqs:  # the prompt's lookup index, as part of its prefill: a first round that read it would pay
-            if s.lookup is not None:  # for it (3.7 ms at 1,000 tokens), charged to speculation as a lost bet
-                s.lookup.catch_up()
-        return [s.emit([s.root], self.eos) for s in seqs]
 
     # -- the round --------------------------------------------------------------------------------------
     def step(self, seqs: list[Sequence], *, draining: bool, observers: dict, join: tuple | None = None) -> Round:
