@@ -1,5 +1,5 @@
-"""Sampled rows' targets one row at a time (with each position's whole row of uniforms) against
-the runtime's way (`engine.targets`: rows alike in one draw, uniforms made where read), whole
+"""Sampled rows' targets one row at a time against the runtime's way (`engine.targets`: rows alike
+in one draw, their candidates found on the threads), whole
 batched AR generations alternating in one process (A B B A ...).
 
     python benchmarks/sample_batch_ab.py --batch-size 8 --repeats 6
@@ -26,7 +26,6 @@ def main() -> None:
     ap.add_argument("--candidates-max", type=int, nargs=2, default=None)
     a = ap.parse_args()
     from selfspec.checkpoint.model import default_model_dir
-    from selfspec.engine import sequence as seq_mod
     from selfspec.engine import step as step_mod
     from selfspec.engine.decoder import Decoder
     from selfspec.engine.options import DecodeConfig
@@ -43,18 +42,15 @@ def main() -> None:
     def per_row(self, parts):
         return [real(self, [p])[0] for p in parts]
 
-    ways = {"one row at a time, whole rows": (per_row, lambda s, V: None, lambda s, i: None, layer.CANDIDATES_MAX),
-            "rows alike together, uniforms where read": (real, layer.uniforms_max, layer.uniforms_at,
-                                                         layer.CANDIDATES_MAX)}
+    ways = {"one row at a time": (per_row, layer.CANDIDATES_MAX), "rows alike together": (real, layer.CANDIDATES_MAX)}
     if a.candidates_max:
-        ways = {f"CANDIDATES_MAX {c}": (real, layer.uniforms_max, layer.uniforms_at, c) for c in a.candidates_max}
+        ways = {f"CANDIDATES_MAX {c}": (real, c) for c in a.candidates_max}
     seconds, outs = dict.fromkeys(ways, 0.0), {}
     names = list(ways)
     try:
         for rep in range(a.repeats):
             for name in names if rep % 2 == 0 else names[::-1]:
-                (step_mod.Stepper.targets_of, seq_mod.uniforms_max, seq_mod.uniforms_at,
-                 layer.CANDIDATES_MAX) = ways[name]
+                step_mod.Stepper.targets_of, layer.CANDIDATES_MAX = ways[name]
                 cfg = DecodeConfig(mode="ar", max_new_tokens=64, temperature=a.temperature)
                 t0 = time.perf_counter()
                 d = Decoder(model, enc, cfg, batch_size=a.batch_size, seeds=list(range(len(enc))))
@@ -64,7 +60,6 @@ def main() -> None:
                 outs.setdefault(name, d.outputs)
     finally:
         step_mod.Stepper.targets_of = real
-        seq_mod.uniforms_max, seq_mod.uniforms_at = layer.uniforms_max, layer.uniforms_at
         layer.CANDIDATES_MAX = default_max
     old, new = (seconds[n] for n in names)
     print(f"AR, B = {a.batch_size}, T = {a.temperature:g}: {names[0]} {old:.3f} s, {names[1]} {new:.3f} s "

@@ -4,10 +4,10 @@
 
 One process, the mean of 400 calls each: the whole draw at T = 1 for a fresh output position
 (`drafting.sampling.select` with the position's keyed noise and the C candidates), as the runtime
-makes it (the position's largest uniform and the candidates' uniforms made where read) and with
-the position's whole row of uniforms made first (as before the twenty-second session), its noise
-rows (the position's uniforms and their largest noise), the ban's copy, the Gumbel-max over the
-candidates, the candidates alone, and the greedy argmax for comparison.
+makes it (the position's largest uniform, in the candidates' kernel, and the candidates' uniforms
+made where read) and with the position's whole row of uniforms made first (as before the
+twenty-second session), its noise rows (the position's seed; with its whole row), the ban's copy,
+the Gumbel-max over the candidates, the candidates alone, and the greedy argmax for comparison.
 """
 import time
 
@@ -15,7 +15,7 @@ import torch
 
 from selfspec.drafting.sampling import PositionNoise, gumbel_argmax, process_logits, select
 from selfspec.engine.batch_forward import BatchForward
-from selfspec.kernels.layer import gumbel_candidates, uniforms, uniforms_at, uniforms_max
+from selfspec.kernels.layer import gumbel_candidates, uniforms
 from selfspec.loading import load
 
 
@@ -39,20 +39,20 @@ def main() -> None:
 
     def draw(seeded: bool):
         pos[0] += 1
-        extra = dict(fast_max=uniforms_max, fast_at=uniforms_at) if seeded else {}
-        noise = PositionNoise(5, V, fast=uniforms, **extra).rows([pos[0]])
+        noise = PositionNoise(5, V, fast=uniforms).rows([pos[0]])
+        if not seeded:
+            noise.u  # noqa: B018 (the position's whole row, made first)
         return select(logits, temperature=1.0, banned=banned, candidates=gumbel_candidates, noise=noise)
 
     timed("select at T = 1, a fresh position", lambda: draw(True))
     timed("  with the position's whole row of uniforms", lambda: draw(False))
-    timed("  its noise rows (its largest uniform, no row)",
-          lambda: PositionNoise(5, V, fast=uniforms, fast_max=uniforms_max).rows([7]))
-    timed("  its noise rows (its whole row and their largest)", lambda: PositionNoise(5, V, fast=uniforms).rows([7]))
+    timed("  its noise rows (the position's seed, no row)", lambda: PositionNoise(5, V, fast=uniforms).rows([7]))
+    timed("  its noise rows and its whole row", lambda: PositionNoise(5, V, fast=uniforms).rows([7]).u)
     timed("  the ban's copy (process_logits)", lambda: process_logits(logits, temperature=1.0, banned=banned))
     x = process_logits(logits, temperature=1.0, banned=banned)
     rows = PositionNoise(5, V, fast=uniforms).rows([7])
     timed("  the Gumbel-max over the candidates", lambda: gumbel_argmax(x, rows, gumbel_candidates))
-    timed("    the candidates alone", lambda: gumbel_candidates(x, rows.u, rows.rows, rows.top))
+    timed("    the candidates alone", lambda: gumbel_candidates(x, rows.u, rows.rows))
     timed("greedy: argmax of the float32 row", lambda: x.argmax(-1))
 
 

@@ -261,19 +261,19 @@ def test_gumbel_candidates_hold_each_rows_winner_and_decline_flat_rows():
         x = torch.randn(n, V, generator=g) * (0.3, 3.0, 10.0, 30.0)[trial % 4]
         x[:, 7] = float("-inf")  # a banned token
         noise = PositionNoise(trial, V).rows([trial % 5 + i // 2 for i in range(n)])
-        got = kl.gumbel_candidates(x, noise.u, noise.rows, noise.top)
+        got = kl.gumbel_candidates(x, noise.u, noise.rows)
         if got is None:
             declined += 1
             continue
         taken += 1
-        r, c = got
+        r, c = got.rows, got.tokens
         assert torch.equal(r * V + c, (r * V + c).sort().values) and len(r) <= n * (V // kl.CANDIDATES_MAX)
         winners = (x.double() + gumbel(noise.u[noise.rows])).argmax(-1)
         for i in range(n):
             assert int(winners[i]) in c[r == i].tolist(), (trial, i)
     assert taken > 30 and declined > 10  # both ways were taken
     x[0, 5] = float("nan")
-    assert kl.gumbel_candidates(x, noise.u, noise.rows, noise.top) is None
+    assert kl.gumbel_candidates(x, noise.u, noise.rows) is None
 
 
 @needs_kernel
@@ -294,17 +294,19 @@ def test_gumbel_candidates_are_the_tokens_at_or_above_the_bound_of_the_rows_firs
         x.fill_(float("-inf"))
         x[:, 4242] = 0.5
     noise = PositionNoise(3, V).rows([0, 1, 1])
-    got = kl.gumbel_candidates(x, noise.u, noise.rows, noise.top)
-    assert got is not None
+    got = kl.gumbel_candidates(x, noise.u, noise.rows)
+    assert got is not None and got.flat is None
     pairs = []
     for r in range(3):
         j = int(x[r].argmax())  # torch's argmax: the first of equal maxima
         lb = float(x[r, j]) - math.log(-math.log(float(noise.u[noise.rows[r], j])))
         lb -= 1e-9 * (1.0 + abs(lb))
-        t = float(noise.top[noise.rows[r]])
+        t = -math.log(-math.log(float(noise.u[noise.rows[r]].max())))  # the position's largest noise
         thr = lb - t - 1e-9 * (1.0 + abs(lb) + abs(t))
         pairs += [(r, k) for k in torch.nonzero(x[r].double() >= thr).flatten().tolist()]
-    assert list(zip(got[0].tolist(), got[1].tolist())) == pairs
+    assert list(zip(got.rows.tolist(), got.tokens.tolist())) == pairs
+    assert torch.equal(got.logits, x[got.rows, got.tokens].double())
+    assert torch.equal(got.uniforms, noise.u[noise.rows[got.rows], got.tokens])
 
 
 @needs_kernel
@@ -324,19 +326,33 @@ def test_a_positions_uniforms_in_c_are_the_torch_twins_bits_and_inside_the_unit_
 
 
 @needs_kernel
-def test_a_positions_largest_uniform_and_its_uniforms_at_some_tokens_are_its_whole_rows():
-    """uniforms_max and uniforms_at (C) make the numbers the whole row holds, none of it stored;
-    `splitmix_at` is their torch twin (int64 seeds carry a uint64's bits)."""
-    from selfspec.drafting.sampling import _i64, mix, splitmix_at, splitmix_uniforms
+def test_the_candidates_uniforms_made_from_seeds_are_their_positions_whole_rows():
+    """Candidates from seeds (no row of uniforms stored): each pair's uniform is the number its
+    position's whole row holds at its token (int64 seeds carry a uint64's bits), the positions'
+    largest noise bounds them as the rows' do, and a flat row (every token a candidate) spans the
+    vocabulary's edges."""
+    from selfspec.drafting.sampling import _i64, mix, splitmix_uniforms
 
     seeds = [0, 2**63 - 1, 2**63, 2**64 - 1, mix(5, 3, 1)]
     V = 49153
-    idx = torch.tensor([0, 1, 4242, V - 2, V - 1])
-    for seed in seeds:
-        row = splitmix_uniforms(seed, V)
-        assert kl.uniforms_max(seed, V) == float(row.max())
-        s = torch.full((5,), _i64(seed), dtype=torch.int64)
-        assert torch.equal(kl.uniforms_at(s, idx), row[idx]) and torch.equal(splitmix_at(s, idx), row[idx])
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(len(seeds), V, generator=g) * 8.0
+    x[1] = 0.0  # flat: every token a candidate...
+    x[1, 100:] = float("-inf")  # ...of the first hundred, so the row keeps them
+    x[2, [0, V - 1]] = x[2].max() + 1.0  # the vocabulary's first and last tokens
+    s, rows = torch.tensor([_i64(v) for v in seeds]), torch.arange(len(seeds))
+    got = kl.gumbel_candidates(x, None, rows, s)
+    whole = torch.stack([splitmix_uniforms(seed, V) for seed in seeds])
+    assert got is not None and {0, V - 1} <= set(got.tokens[got.rows == 2].tolist())
+    assert torch.equal(got.uniforms, whole[got.rows, got.tokens])
+    assert all(torch.equal(a, b) for a, b in zip(got[:4], kl.gumbel_candidates(x, whole, rows)[:4]))
+    threads = torch.get_num_threads()
+    try:  # the rows and positions shared out over threads or not: the same pairs
+        torch.set_num_threads(1)
+        alone = kl.gumbel_candidates(x, None, rows, s)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(got[:4], alone[:4]))
 
 
 @needs_kernel
@@ -349,11 +365,11 @@ def test_gumbel_candidates_from_seeds_are_those_from_the_whole_rows_and_a_flat_r
     x = torch.randn(4, V, generator=g) * 8.0
     x[2] = torch.randn(V, generator=g) * 0.01  # flat: nearly every token may win
     noise = PositionNoise(9, V).rows([3, 4, 4, 5])
-    whole, seeded = (kl.gumbel_candidates(x[[0, 1, 3]], noise.u, noise.rows[[0, 1, 3]], noise.top),
-                     kl.gumbel_candidates(x[[0, 1, 3]], None, noise.rows[[0, 1, 3]], noise.top, noise.seeds))
-    assert whole is not None and all(torch.equal(a, b) for a, b in zip(whole, seeded))
-    assert kl.gumbel_candidates(x, None, noise.rows, noise.top, noise.seeds) is None  # one flat row: all decline
-    r, c, flat = kl.gumbel_candidates(x, None, noise.rows, noise.top, noise.seeds, flat=True)
+    whole, seeded = (kl.gumbel_candidates(x[[0, 1, 3]], noise.u, noise.rows[[0, 1, 3]]),
+                     kl.gumbel_candidates(x[[0, 1, 3]], None, noise.rows[[0, 1, 3]], noise.seeds))
+    assert whole is not None and all(torch.equal(a, b) for a, b in zip(whole[:4], seeded[:4]))
+    assert kl.gumbel_candidates(x, None, noise.rows, noise.seeds) is None  # one flat row: all decline
+    r, c, _, _, flat = kl.gumbel_candidates(x, None, noise.rows, noise.seeds, flat=True)
     assert flat.tolist() == [False, False, True, False] and 2 not in r.tolist()
     keep = r != 2
-    assert torch.equal(torch.where(r[keep] == 3, 2, r[keep]), whole[0]) and torch.equal(c[keep], whole[1])
+    assert torch.equal(torch.where(r[keep] == 3, 2, r[keep]), whole.rows) and torch.equal(c[keep], whole.tokens)

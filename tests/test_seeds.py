@@ -136,20 +136,22 @@ def test_the_draw_from_a_rows_candidates_is_the_draw_over_every_token():
 
 
 def test_rows_of_several_sequences_drawn_together_get_the_tokens_each_gets_alone():
-    """`NoiseRows.joined`: the reproducible rows of several sequences (each its own key and
-    positions, seeds in place of whole rows) in one Gumbel-max draw, a flat row among them, give
-    every row the token of its own draw over the whole vocabulary."""
-    from selfspec.drafting.sampling import NoiseRows
+    """`PositionNoise.rows_of`: the reproducible rows of several sequences (each its own key and
+    positions, seeds in place of whole rows) in one
+    Gumbel-max draw, a flat row among them, give every row the token of its own draw over the whole
+    vocabulary, and each row the seed its sequence's `rows` gives it."""
     from selfspec.kernels import layer as kl
 
     g, V = torch.Generator().manual_seed(8), 4096
-    fast = dict(fast=kl.uniforms, fast_max=kl.uniforms_max, fast_at=kl.uniforms_at) if kl.available() else {}
+    fast = dict(fast=kl.uniforms) if kl.available() else {}
     for trial in range(40):
         seqs = [PositionNoise(100 * trial + k, V, **fast) for k in range(3)]
         positions = [[5, 6], [2], [9, 9, 10]]
         logits = torch.randn(6, V, generator=g) * (0.05 if trial % 4 == 0 else 6.0)  # some batches all flat
         logits[trial % 6] *= 0.01  # one flat row in every batch
-        joined = NoiseRows.joined([n.rows(p) for n, p in zip(seqs, positions)])
+        joined = PositionNoise.rows_of(seqs, positions)
+        own = [PositionNoise(100 * trial + k, V, **fast).rows(p) for k, p in enumerate(positions)]
+        assert torch.equal(joined.seeds[joined.rows], torch.cat([o.seeds[o.rows] for o in own]))
         got = select(logits, temperature=1.0, banned=3, noise=joined, candidates=kl.gumbel_candidates)
         alone = torch.cat([select(logits[a:b], temperature=1.0, banned=3, noise=n.at(p))
                            for n, p, (a, b) in zip(seqs, positions, [(0, 2), (2, 3), (3, 6)])])
@@ -167,8 +169,8 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
 
     def counted(*a, **kw):
         out = real(*a, **kw)
-        if out is not None and len(out) == 3:  # several rows: each flat one declines alone
-            taken.extend((~out[2]).tolist())
+        if out is not None and out.flat is not None:  # several rows: each flat one declines alone
+            taken.extend((~out.flat).tolist())
         else:
             taken.append(out is not None)
         return out

@@ -91,16 +91,13 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
 
 class NoiseRows:
     """The uniforms behind n rows' Gumbel noise: `rows` [n] (each row's position among p distinct
-    ones), `top` [p] (each position's largest noise: `gumbel` of its largest uniform) and the
-    positions' `seeds` [p] (int64 bit patterns of `splitmix_uniforms`' seeds). A position's
+    ones) and the positions' `seeds` [p] (int64 bit patterns of `splitmix_uniforms`' seeds). A position's
     uniforms are made whole (`u` [p, V] float64; `make_row(seed)` makes one) only when read that
-    way; a draw from candidates reads a few (`at`: `seeded` makes them, e.g.
-    `kernels.layer.uniforms_at`, else torch ops)."""
+    way; a draw from candidates reads a few (`kernels.layer.gumbel_candidates` makes them)."""
 
-    def __init__(self, seeds: torch.Tensor, rows: torch.Tensor, top: torch.Tensor, make_row, seeded=None,
-                 whole: torch.Tensor | None = None):
-        self.seeds, self.rows, self.top = seeds, rows, top
-        self.make_row, self.seeded, self.whole = make_row, seeded, whole
+    def __init__(self, seeds: torch.Tensor, rows: torch.Tensor, make_row, whole: torch.Tensor | None = None):
+        self.seeds, self.rows = seeds, rows
+        self.make_row, self.whole = make_row, whole
 
     @property
     def u(self) -> torch.Tensor:
@@ -108,63 +105,40 @@ class NoiseRows:
             self.whole = torch.stack([self.make_row(s) for s in self.seeds.tolist()])
         return self.whole
 
-    def at(self, pos: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        """The uniforms of (position index pos[k], token tok[k]) pairs, float64 [k]."""
-        if self.whole is not None:
-            return self.whole[pos, tok]
-        got = None if self.seeded is None else self.seeded(self.seeds[pos], tok)
-        return splitmix_at(self.seeds[pos], tok) if got is None else got
-
     def only(self, i: int) -> "NoiseRows":
         """Row i's noise alone: its position, one row."""
         p = int(self.rows[i])
-        return NoiseRows(self.seeds[p : p + 1], torch.zeros(1, dtype=torch.long), self.top[p : p + 1], self.make_row,
-                         self.seeded, None if self.whole is None else self.whole[p : p + 1])
-
-    @staticmethod
-    def joined(parts: list["NoiseRows"]) -> "NoiseRows":
-        """Several sequences' rows as one (their rows in order, each part's positions its own)."""
-        if len(parts) == 1:
-            return parts[0]
-        offsets, n = [], 0
-        for p in parts:
-            offsets.append(n)
-            n += p.seeds.shape[0]
-        wholes = [p.whole for p in parts]
-        return NoiseRows(torch.cat([p.seeds for p in parts]), torch.cat([p.rows + o for p, o in zip(parts, offsets)]),
-                         torch.cat([p.top for p in parts]), parts[0].make_row, parts[0].seeded,
-                         torch.cat(wholes) if all(w is not None for w in wholes) else None)
+        return NoiseRows(self.seeds[p : p + 1], torch.zeros(1, dtype=torch.long), self.make_row,
+                         None if self.whole is None else self.whole[p : p + 1])
 
 
 def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.Tensor:
     """(x.double() + gumbel(noise.u[noise.rows])).argmax(-1) for float32 logits x [n, V]: the same
     tokens (the first of equal maxima), with the noise made only where it can win when
-    `candidates(x, u, rows, top, seeds)` names those tokens ((row, token) pairs in index order, a
-    superset of each row's winner; u None: the seeds' uniforms, `kernels.layer.gumbel_candidates`),
-    else over every token.
+    `candidates(x, u, rows, seeds)` names those tokens (`kernels.layer.gumbel_candidates`: (row,
+    token) pairs in index order, a superset of each row's winner, with their logits as float64 and
+    their uniforms; u None: the seeds' uniforms; `flat`, the rows that declined, draw alone), else
+    over every token.
 
     Why a few suffice: row i's top logit x_j with its noise is a value the winner reaches, lb =
     x_j + g_j, and a token k reaches lb only if x_k >= lb - top, since no noise of the row exceeds
-    its position's `top`. At temperature 1 a median of ~140 of the default model's 49,152 tokens
-    pass, and the two float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms
+    its position's largest, `top` (the candidates' kernel makes it). At temperature 1 a median of
+    ~140 of the default model's 49,152 tokens pass, and the two float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms
     a token on a 2-core CPU: a sampled token cost ~1 ms more than a greedy one) become that many.
 
     Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1, candidates x >= 3.1
     (tokens 1 and 2), values 5.1 and 6.0 -> token 2."""
     n, V = x.shape
-    rows, top = noise.rows.to(x.device), noise.top.to(x.device)
+    rows = noise.rows.to(x.device)
     pairs, flat = None, None
     if candidates is not None:
         whole = None if noise.whole is None else noise.whole.to(x.device)
-        pairs = (candidates(x, whole, rows, top, noise.seeds) if n == 1 else
-                 candidates(x, whole, rows, top, noise.seeds, flat=True))
+        pairs = (candidates(x, whole, rows, noise.seeds) if n == 1 else
+                 candidates(x, whole, rows, noise.seeds, flat=True))
     if pairs is None:
         return (x.double() + gumbel(noise.u.to(x.device)[rows])).argmax(-1)
-    if len(pairs) == 3:  # rows too flat for candidates (they have none) draw over every token, alone
-        r, c, flat = pairs
-    else:
-        r, c = pairs
-    v = x[r, c].double() + gumbel(noise.at(noise.rows[r.cpu()], c.cpu()).to(x.device))
+    r, c, flat = pairs.rows, pairs.tokens, pairs.flat  # flat: rows too flat for candidates (they have none)
+    v = pairs.logits + gumbel(pairs.uniforms)  # x[r, c].double() + the pairs' noise (`NoiseRows.at`'s uniforms)
     if n == 1:  # candidates in index order: argmax's first maximum is the first token's
         return c[v.argmax()].reshape(1)
     best = torch.full((n,), NEG, dtype=torch.float64, device=x.device).scatter_reduce(0, r, v, "amax")
@@ -202,16 +176,6 @@ def splitmix_uniforms(seed: int, V: int) -> torch.Tensor:
     return (_srl(z, 11).double() + 0.5) * 2.0**-53
 
 
-def splitmix_at(seeds: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """splitmix_uniforms(seeds[k], V)[idx[k]] for each k (any V past idx[k]), in torch ops: int64
-    seeds (their bits as uint64) and indices -> float64 [k]."""
-    z = (idx.to(torch.int64) + 1) * _i64(0x9E3779B97F4A7C15) + seeds.to(torch.int64)
-    z = (z ^ _srl(z, 30)) * _i64(0xBF58476D1CE4E5B9)
-    z = (z ^ _srl(z, 27)) * _i64(0x94D049BB133111EB)
-    z = z ^ _srl(z, 31)
-    return (_srl(z, 11).double() + 0.5) * 2.0**-53
-
-
 def mix(*words: int) -> int:
     """A 63-bit key from integers (splitmix64 finalizer over their running combination)."""
     h = 0x9E3779B97F4A7C15
@@ -226,21 +190,19 @@ class PositionNoise:
     """Gumbel noise per output position, from a key: g_t = -log(-log(u)) with u uniform in (0, 1),
     `splitmix_uniforms` of the seed mix(key, t, purpose). Position t's noise depends on nothing but
     (key, t): draw order, layouts, batches and threads cannot move it. Positions are cached until
-    `forget_before` drops them. `fast`, `fast_max` and `fast_at` make the same uniforms in C (a
-    position's row, its largest, those at some indices: `kernels.layer.uniforms`, `uniforms_max`,
-    `uniforms_at`; None, or returning None: torch's), so that a draw from candidates never makes a
-    position's whole row.
+    `forget_before` drops them. `fast` makes a position's row of uniforms in C
+    (`kernels.layer.uniforms`; None, or returning None: torch's); a draw from candidates never makes
+    it (their kernel makes the uniforms it reads from the positions' seeds).
 
     Example: PositionNoise(5, 8).at([3, 3, 4]) gives rows 0 and 1 equal (one position) and row 2
     another; PositionNoise(5, 8).at([4]) equals that row 2 in a fresh object."""
 
     TARGET = 1  # purpose of the noise the target draws use (more purposes may come)
 
-    def __init__(self, key: int, vocab: int, fast=None, fast_max=None, fast_at=None):
+    def __init__(self, key: int, vocab: int, fast=None):
         self.key, self.vocab = int(key), int(vocab)
-        self.fast, self.fast_max, self.fast_at = fast, fast_max, fast_at
+        self.fast = fast
         self._u: dict[int, torch.Tensor] = {}  # position -> its uniforms [V] float64, made when read whole
-        self._top: dict[int, tuple] = {}  # position -> (its seed's int64 bits, its largest noise [1])
         self._g: dict[int, torch.Tensor] = {}  # position -> its noise [V], made when a whole row is read
 
     def _row(self, t: int) -> torch.Tensor:
@@ -248,16 +210,6 @@ class PositionNoise:
         if u is None:
             u = self._u[t] = self._seed_row(mix(self.key, t, self.TARGET))
         return u
-
-    def _largest(self, t: int) -> tuple:
-        got = self._top.get(t)
-        if got is None:
-            seed = mix(self.key, t, self.TARGET)
-            m = None if self.fast_max is None or t in self._u else self.fast_max(seed, self.vocab)
-            # a maximum is exact in any order: the C pass's is the row's u.max()
-            m = self._row(t).max().reshape(1) if m is None else torch.tensor([m], dtype=torch.float64)
-            got = self._top[t] = (_i64(seed), gumbel(m))
-        return got
 
     def at(self, positions: list[int]) -> torch.Tensor:
         """[len(positions), V] float64 noise."""
@@ -271,13 +223,24 @@ class PositionNoise:
 
     def rows(self, positions: list[int]) -> NoiseRows:
         """The uniforms of these positions' noise, for `gumbel_argmax` (the same draws as `at`'s)."""
-        distinct = list(dict.fromkeys(positions))
-        index = {t: i for i, t in enumerate(distinct)}
-        got = [self._largest(t) for t in distinct]
-        whole = torch.stack([self._u[t] for t in distinct]) if all(t in self._u for t in distinct) else None
-        return NoiseRows(torch.tensor([g[0] for g in got], dtype=torch.int64),
-                         torch.tensor([index[t] for t in positions]), torch.cat([g[1] for g in got]),
-                         self._seed_row, self.fast_at, whole)
+        return PositionNoise.rows_of([self], [positions])
+
+    @staticmethod
+    def rows_of(noises: list["PositionNoise"], positions: list[list[int]]) -> NoiseRows:
+        """Several sequences' rows as one `NoiseRows` (each one's `rows` side by side, each
+        sequence's positions its own)."""
+        seeds, rows, wholes = [], [], []
+        for noise, ts in zip(noises, positions):
+            index: dict = {}
+            for t in ts:
+                if t not in index:
+                    index[t] = len(seeds)
+                    seeds.append(_i64(mix(noise.key, t, noise.TARGET)))
+                    wholes.append(noise._u.get(t))
+                rows.append(index[t])
+        first = noises[0]
+        whole = torch.stack(wholes) if all(w is not None for w in wholes) else None
+        return NoiseRows(torch.tensor(seeds, dtype=torch.int64), torch.tensor(rows), first._seed_row, whole)
 
     def _seed_row(self, seed: int) -> torch.Tensor:
         """The uniforms [V] of a seed (its int64 bits)."""
@@ -285,6 +248,6 @@ class PositionNoise:
         return splitmix_uniforms(seed, self.vocab) if u is None else u
 
     def forget_before(self, position: int) -> None:
-        for cache in (self._u, self._top, self._g):
+        for cache in (self._u, self._g):
             for t in [t for t in cache if t < position]:
                 del cache[t]

@@ -27,7 +27,7 @@ from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tre
 from selfspec.drafting.verify import oracle_length, truncate
 from selfspec.engine.options import DecodeConfig, check_sampling
 from selfspec.engine.stats import Stats
-from selfspec.kernels.layer import uniforms, uniforms_at, uniforms_max
+from selfspec.kernels.layer import uniforms
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,7 @@ def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, p
     n-gram rho (or the learned predictor over it), `lookup` asks for a prompt-lookup index."""
     seq = Sequence(index, prompt, gen, params, stats, out)
     if cfg.sampling == "reproducible":
-        seq.noise = PositionNoise(_key_from(gen), model.config.vocab_size, fast=uniforms, fast_max=uniforms_max,
-                                  fast_at=uniforms_at)
+        seq.noise = PositionNoise(_key_from(gen), model.config.vocab_size, fast=uniforms)
     trees = cfg.mode in ("presto", "auto")
     if trees and cfg.rho in ("ngram", "learned"):
         seq.rho = NgramRho(model.config.vocab_size, prompt)

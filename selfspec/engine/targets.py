@@ -3,7 +3,7 @@
 
 Greedy rows of every sequence go through one argmax (bf16 rows in one C pass: a 49,152-wide row
 ~18 us, torch's ~80-120); the reproducible rows of each temperature and filter through one
-Gumbel-max draw, their noise side by side (`NoiseRows.joined`: each sequence's own keyed
+Gumbel-max draw, their noise side by side (`PositionNoise.rows_of`: each sequence's own keyed
 positions); an independent draw reads its own sequence's generator, so those go one sequence at a
 time. Every step is row by row, so each row's token is the one it gets alone: a batch of 8
 sampled rows had cost 2.2 ms a round one row at a time.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.drafting.sampling import NoiseRows, select
+from selfspec.drafting.sampling import PositionNoise, select
 from selfspec.kernels.layer import argmax, gumbel_candidates
 
 
@@ -38,7 +38,7 @@ def targets_of(parts: list[tuple], mask_id: int) -> list[torch.Tensor]:
             seq = parts[idx[0]][0]
             p = seq.params
             rand = (seq.randomness(parts[idx[0]][2]) if key[0] == "own" else
-                    {"noise": NoiseRows.joined([parts[i][0].randomness(parts[i][2])["noise"] for i in idx])})
+                    {"noise": PositionNoise.rows_of([parts[i][0].noise for i in idx], [parts[i][2] for i in idx])})
             got = select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=mask_id,
                          candidates=gumbel_candidates, **rand).cpu()
         at = 0

@@ -227,10 +227,11 @@ int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banne
 }
 
 /* gumbel_candidates: for each row r of float32 logits x [M, V] (tempered and filtered; -inf for
- * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded) and `top[rows[r]]` (the
- * largest noise of that position), the tokens that may win argmax(x + gumbel(u)): lb = x[j] +
- * g(u[j]) at the row's first largest x[j] (here with libm's log, lowered by a margin: a bound,
- * not the value) and every k with x[k] >= lb - top, less a margin. Writes (row, token) pairs to
+ * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded) and that
+ * position's largest noise t = -log(-log(max u)) (made here, once a position, with libm's log: a
+ * bound the margins below cover, not the value), the tokens that may win argmax(x + gumbel(u)): lb
+ * = x[j] + g(u[j]) at the row's first largest x[j] (here with libm's log, lowered by a margin: a
+ * bound, not the value) and every k with x[k] >= lb - t, less a margin. Writes (row, token) pairs to
  * cr / cc (capacity M x per_row) in index order and returns how many; -1 when a row holds a NaN or
  * more than per_row candidates (a flat distribution: the full computation is then cheaper; the
  * caller takes it). The exact values of the candidates are the caller's, in torch
@@ -244,63 +245,127 @@ static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' 
     return ((double)(z >> 11) + 0.5) * 0x1p-53;
 }
 
-/* u NULL: position p's uniforms are those layer_uniforms makes from seeds[p], each made where read */
-/* flat not NULL: a row that would decline gets flat[r] = 1 and no pairs, the others theirs (else 0) */
-int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const uint64_t *seeds,
-                                const int64_t *rows, const double *top, int64_t per_row, int64_t *cr, int64_t *cc,
-                                int8_t *flat) {
-    int64_t n = 0;
-    for (int64_t r = 0; r < M; r++) {
-        const float *row = x + r * V;
-        float best = -INFINITY;
-        int nan = 0;
-        int64_t n0 = n;
-        if (flat) flat[r] = 0;
-        #pragma omp simd reduction(max:best) reduction(|:nan)
-        for (int64_t k = 0; k < V; k++) {  /* the largest value, then its first index: two passes that vectorise */
+/* the largest of a position's V uniforms, none of them stored (a draw from candidates reads only
+ * this and the few at its candidates, not the position's whole row: 393 KB at V = 49,152). The
+ * uniforms grow with z >> 11 (a 53-bit integer, converted exactly), so the largest integer is taken
+ * and converted once: the same number as the largest uniform. */
+static double uniforms_max1(uint64_t seed, int64_t V) {
+    uint64_t top = 0;
+    #pragma omp simd reduction(max:top)  /* a maximum: the same in any order */
+    for (int64_t i = 0; i < V; i++) {
+        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        z >>= 11;
+        top = z > top ? z : top;
+    }
+    return ((double)top + 0.5) * 0x1p-53;
+}
+
+/* One row's candidates into cr / cc (capacity per_row): how many, -1 for a NaN, -2 for one too many.
+ * The first pass keeps each block's largest value (bm), so that the first largest and the blocks that
+ * may hold a candidate are found without reading the row again: a row is ~192 KB, its blocks' maxima 3. */
+static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t seed, int use_u,
+                        double t, int64_t r, int64_t per_row, int64_t *cr, int64_t *cc, double *cx, double *cu,
+                        float *bm) {
+    int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
+    float best = -INFINITY;
+    int nan = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t b0 = b * CAND_BLOCK, b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
+        float m = -INFINITY;
+        #pragma omp simd reduction(max:m) reduction(|:nan)
+        for (int64_t k = b0; k < b1; k++) {
             float v = row[k];
             nan |= v != v;
-            best = v > best ? v : best;
+            m = v > m ? v : m;
         }
-        if (nan && !flat) return -1;
-        if (nan) { flat[r] = 1; continue; }
-        int64_t j = 0;
-        for (int64_t b0 = 0; b0 < V; b0 += CAND_BLOCK) {
-            int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
-            int hit = 0;
-            #pragma omp simd reduction(|:hit)
-            for (int64_t k = b0; k < b1; k++) hit |= row[k] == best;
-            if (!hit) continue;
-            for (j = b0; row[j] != best; j++) {}
-            break;
-        }
-        double uj = u ? u[rows[r] * V + j] : uniform_at(seeds[rows[r]], j);
-        double lb = (double)best - log(-log(uj));
-        lb -= 1e-9 * (1.0 + fabs(lb));
-        double t = top[rows[r]];
-        double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
-        if (!(thr == thr)) thr = -INFINITY;  /* -inf - (-inf) (a row of one finite token and u = 0) */
-        int64_t end = n + per_row;
-        for (int64_t b0 = 0; b0 < V; b0 += CAND_BLOCK) {  /* blocks with no candidate (most) in one vector pass */
-            int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
-            int hit = 0;
-            #pragma omp simd reduction(|:hit)
-            for (int64_t k = b0; k < b1; k++) hit |= (double)row[k] >= thr;
-            if (!hit) continue;
-            for (int64_t k = b0; k < b1; k++) {
-                if ((double)row[k] >= thr) {
-                    if (n == end) {  /* one candidate too many: the row declines */
-                        if (!flat) return -1;
-                        flat[r] = 1;
-                        n = n0;
-                        goto next_row;
-                    }
-                    cr[n] = r; cc[n] = k; n++;
-                }
+        bm[b] = m;
+        best = m > best ? m : best;
+    }
+    if (nan) return -1;
+    int64_t j = 0;
+    for (int64_t b = 0; b < nb; b++) {  /* the first block holding the largest, then its first index */
+        if (bm[b] != best) continue;
+        for (j = b * CAND_BLOCK; row[j] != best; j++) {}
+        break;
+    }
+    double uj = use_u ? u[j] : uniform_at(seed, j);
+    double lb = (double)best - log(-log(uj));
+    lb -= 1e-9 * (1.0 + fabs(lb));
+    double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
+    if (!(thr == thr)) thr = -INFINITY;  /* -inf - (-inf) (a row of one finite token and u = 0) */
+    int64_t n = 0;
+    for (int64_t b = 0; b < nb; b++) {  /* blocks with no candidate (most): their maximum says so */
+        if (!((double)bm[b] >= thr)) continue;
+        int64_t b0 = b * CAND_BLOCK, b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
+        for (int64_t k = b0; k < b1; k++) {
+            if ((double)row[k] >= thr) {
+                if (n == per_row) return -2;  /* one candidate too many: the row declines */
+                cr[n] = r; cc[n] = k;
+                cx[n] = (double)row[k];  /* the pair's logit and uniform, what its noisy value is made of */
+                cu[n] = use_u ? u[k] : uniform_at(seed, k);
+                n++;
             }
         }
-    next_row:;
     }
+    return n;
+}
+
+/* u NULL: position p's uniforms are those layer_uniforms makes from seeds[p], each made where read */
+/* flat not NULL: a row that would decline gets flat[r] = 1 and no pairs, the others theirs (else 0) */
+/* cx / cu (capacity as cr's): each pair's logit as a double and its uniform (`NoiseRows.at`'s number).
+ * Rows share out over `threads` (each writes its own part of the outputs, packed in row order after):
+ * every row's pairs are its own computation, so the result does not depend on the threads. */
+int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const uint64_t *seeds,
+                                const int64_t *rows, int64_t P, int64_t per_row, int64_t *cr, int64_t *cc,
+                                double *cx, double *cu, int8_t *flat, int threads) {
+    int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
+    float *bm = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    int64_t *got = (int64_t *)malloc((size_t)M * sizeof(int64_t));
+    double *top = (double *)malloc((size_t)P * sizeof(double));
+    if (!bm || !got || !top) {
+        free(bm);
+        free(got);
+        free(top);
+        return -1;
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1 && threads > 1)
+    for (int64_t p = 0; p < P; p++) {  /* each position's largest noise (P positions, those of rows) */
+        double m = 0.0;
+        if (u) {
+            const double *up = u + p * V;
+            #pragma omp simd reduction(max:m)
+            for (int64_t k = 0; k < V; k++) m = up[k] > m ? up[k] : m;
+        } else {
+            m = uniforms_max1(seeds[p], V);
+        }
+        top[p] = -log(-log(m));
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1 && threads > 1)
+    for (int64_t r = 0; r < M; r++)
+        got[r] = cand_row(x + r * V, V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, u != NULL,
+                          top[rows[r]], r, per_row, cr + r * per_row, cc + r * per_row, cx + r * per_row,
+                          cu + r * per_row, bm + r * nb);
+    int64_t n = 0;
+    for (int64_t r = 0; r < M; r++) {
+        if (flat) flat[r] = got[r] < 0;
+        if (got[r] < 0) {
+            if (!flat) { n = -1; break; }
+            continue;
+        }
+        if (n != r * per_row) {
+            memmove(cr + n, cr + r * per_row, (size_t)got[r] * sizeof(int64_t));
+            memmove(cc + n, cc + r * per_row, (size_t)got[r] * sizeof(int64_t));
+            memmove(cx + n, cx + r * per_row, (size_t)got[r] * sizeof(double));
+            memmove(cu + n, cu + r * per_row, (size_t)got[r] * sizeof(double));
+        }
+        n += got[r];
+    }
+    free(bm);
+    free(got);
+    free(top);
     return n;
 }
 
@@ -310,21 +375,4 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
 void layer_uniforms(uint64_t seed, int64_t V, double *u) {
     #pragma omp simd
     for (int64_t i = 0; i < V; i++) u[i] = uniform_at(seed, i);
-}
-
-/* the largest of a position's V uniforms, none of them stored (a draw from candidates reads only
- * this and the few at its candidates, not the position's whole row: 393 KB at V = 49,152) */
-double layer_uniforms_max(uint64_t seed, int64_t V) {
-    double top = 0.0;
-    #pragma omp simd reduction(max:top)  /* a maximum: the same in any order */
-    for (int64_t i = 0; i < V; i++) {
-        double v = uniform_at(seed, i);
-        top = v > top ? v : top;
-    }
-    return top;
-}
-
-/* out[k] = uniform idx[k] of the position seeded seeds[k] */
-void layer_uniforms_at(const uint64_t *seeds, const int64_t *idx, int64_t n, double *out) {
-    for (int64_t k = 0; k < n; k++) out[k] = uniform_at(seeds[k], idx[k]);
 }

@@ -15,6 +15,7 @@ Example (rms): h = [[3., 4.]], w = [1., 1.], eps = 0 -> ss = 25, r = 1 / sqrt(12
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -27,10 +28,8 @@ _SIGS = {
     "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
-    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P],
+    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
-    "layer_uniforms_max": [ctypes.c_uint64, _I64],
-    "layer_uniforms_at": [_P, _P, _I64, _P],
     "layer_set_par_min": [_I64],
 }
 _fns: dict = {}
@@ -44,8 +43,7 @@ def _fn(name: str):
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
             fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64, "layer_set_par_min": _I64,
-                                                    "layer_argmax_bf16": _I64,
-                                                    "layer_uniforms_max": ctypes.c_double}.get(name)
+                                                    "layer_argmax_bf16": _I64}.get(name)
         _fns[name] = fn
     return fn
 
@@ -190,50 +188,46 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
     return out
 
 
-def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tensor, top: torch.Tensor,
-                      seeds: torch.Tensor | None = None, *, flat: bool = False,
-                      fallback: bool = False) -> tuple | None:
+class Candidates(NamedTuple):
+    """`gumbel_candidates`' answer: (row, token) pairs in index order, each pair's logit as float64
+    and its uniform, and (flat=True) the rows that declined, else None."""
+
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    uniforms: torch.Tensor
+    flat: torch.Tensor | None
+
+
+def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tensor, seeds: torch.Tensor | None = None,
+                      *, flat: bool = False, fallback: bool = False) -> Candidates | None:
     """The (row, token) pairs of float32 logits x [M, V] that may win the Gumbel-max draw with the
     uniforms u [p, V] (row r's: u[rows[r]]; u None: those `uniforms` makes from `seeds` [p], each
-    made where it is read) and each position's largest noise `top` [p]: a superset of every row's
-    winner, in index order (`drafting.sampling.gumbel_argmax` reads them). A few C passes a row;
-    None (the caller computes every token) without the C steps, for other dtypes, a NaN or a row
-    where more than 1/CANDIDATES_MAX of the tokens pass (the full computation is cheaper then).
-    flat=True: such rows decline alone, (rows, tokens, flat [M] bool) with none of their pairs."""
+    made where it is read): a superset of every row's winner, in index order, with each pair's
+    logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values). Each position's
+    largest noise bounds the candidates; the kernel makes it (a position's largest uniform: its
+    whole row read or made once, ~20 us at V = 49,152; the positions, then the rows, shared out
+    over torch's threads). A few C passes a row; None (the caller computes every token) without
+    the C steps, for other dtypes, a NaN or a row where more than 1/CANDIDATES_MAX of the tokens
+    pass (the full computation is cheaper then). flat=True: such rows decline alone (`flat` [M]
+    bool), with none of their pairs."""
     side = u if u is not None else seeds
-    ok = (x.dtype is torch.float32 and top.dtype is torch.float64 and x.dim() == 2 and side is not None
+    ok = (x.dtype is torch.float32 and x.dim() == 2 and side is not None
           and side.dtype is (torch.float64 if u is not None else torch.int64))
-    fn = _c(fallback, "layer_gumbel_candidates", x, side, rows, top) if ok and rows.dtype is torch.long else None
+    fn = _c(fallback, "layer_gumbel_candidates", x, side, rows) if ok and rows.dtype is torch.long else None
     if fn is None:
         return None
     M, V = x.shape
-    per_row = V // CANDIDATES_MAX
-    cr, cc = torch.empty(M * per_row, dtype=torch.long), torch.empty(M * per_row, dtype=torch.long)
+    cap = M * (V // CANDIDATES_MAX)
+    cr, cc = torch.empty(cap, dtype=torch.long), torch.empty(cap, dtype=torch.long)
+    cx, cu = torch.empty(cap, dtype=torch.float64), torch.empty(cap, dtype=torch.float64)
     declined = torch.empty(M, dtype=torch.int8) if flat else None  # the kernel writes every row's flag
     n = fn(x.data_ptr(), M, V, None if u is None else u.data_ptr(), None if u is not None else seeds.data_ptr(),
-           rows.data_ptr(), top.data_ptr(), per_row, cr.data_ptr(), cc.data_ptr(),
-           None if declined is None else declined.data_ptr())
+           rows.data_ptr(), side.shape[0], V // CANDIDATES_MAX, cr.data_ptr(), cc.data_ptr(), cx.data_ptr(),
+           cu.data_ptr(), None if declined is None else declined.data_ptr(), torch.get_num_threads())
     if n < 0:
         return None
-    return (cr[:n], cc[:n]) if declined is None else (cr[:n], cc[:n], declined.bool())
-
-
-def uniforms_max(seed: int, V: int) -> float | None:
-    """The largest of `uniforms(seed, V)`, none of them stored; None without the C steps."""
-    fn = _fn("layer_uniforms_max")
-    return None if fn is None else fn(seed & (2**64 - 1), V)
-
-
-def uniforms_at(seeds: torch.Tensor, idx: torch.Tensor) -> torch.Tensor | None:
-    """out[k] = uniforms(seeds[k], V)[idx[k]] (any V past idx[k]: each uniform depends on its index
-    alone) for int64 seeds (their bits as uint64) and indices; None without the C steps."""
-    fn = _fn("layer_uniforms_at")
-    if fn is None:
-        return None
-    seeds, idx = seeds.to(torch.int64).contiguous(), idx.to(torch.int64).contiguous()
-    out = torch.empty(idx.shape[0], dtype=torch.float64)
-    fn(seeds.data_ptr(), idx.data_ptr(), idx.shape[0], out.data_ptr())
-    return out
+    return Candidates(cr[:n], cc[:n], cx[:n], cu[:n], None if declined is None else declined.bool())
 
 
 def uniforms(seed: int, V: int) -> torch.Tensor | None:
