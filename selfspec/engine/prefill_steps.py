@@ -35,16 +35,20 @@ class PrefillSteps:
     def _prefill_rows(self, seqs: list[Sequence], slot: int, donors: list | None) -> torch.Tensor:
         """The rest of the prompts of `seqs` (cache rows slot..): first the prefixes they share
         (`_share_prefixes`), then groups of rows of similar length (`chunks.prefill_groups`, priced
-        by the cost model, else by tokens) in causal forwards of their own, shorter prompts padded
+        by tokens) in causal forwards of their own, shorter prompts padded
         at their end (the padding's K/V lands past the row's length, never read), past `piece`
         tokens in forwards of `piece` columns each (the K/V bitwise the same: attention sums are
         exact and the weight kernels width-invariant). Returns the hidden state of each row's last
-        prompt token [k, H]."""
+        prompt token [k, H].
+
+        The groups are priced by tokens (`chunks.token_price`) in every mode: priced by plan
+        "auto"'s cost model (its steady-state f(rows, width), which overrates a wide forward run
+        once), the tune prompts (`benchmarks/tune_prompts.jsonl`) prefilled 8 / 16 at a time took
+        1.08x / 1.03x the time in more, narrower forwards, and `auto` would prefill slower than AR."""
         self._share_prefixes(seqs, slot, donors or [])
-        lengths, cost = self.cache.lengths, self.planner.cost if self.planner is not None else None
-        price = token_price if cost is None else (lambda rows, width: cost(rows, width, 0))
+        lengths = self.cache.lengths
         last = [None] * len(seqs)
-        for a, b in prefill_groups([len(s.prompt) - lengths[slot + i] for i, s in enumerate(seqs)], price):
+        for a, b in prefill_groups([len(s.prompt) - lengths[slot + i] for i, s in enumerate(seqs)], token_price):
             part = seqs[a:b]
             while any(x is None for x in last[a:b]):
                 widths = [max(0, min(self.piece, len(s.prompt) - lengths[slot + a + i])) for i, s in enumerate(part)]
