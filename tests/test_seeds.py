@@ -176,11 +176,11 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
         return out
 
     monkeypatch.setattr(targets, "gumbel_candidates", counted)
-    want = _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16)  # T = 0.2: peaked enough for candidates
+    want = _run(big, prompts, seeds, mode, T=2.0, top_p=1.0, new=16)  # T = 2: some rows too flat for candidates
     if kl.available():  # both ways were taken: rows with candidates and rows too flat for them
         assert any(taken) and not all(taken)
     monkeypatch.setattr(targets, "gumbel_candidates", lambda *a, **kw: None)
-    assert _run(big, prompts, seeds, mode, T=0.2, top_p=1.0, new=16) == want
+    assert _run(big, prompts, seeds, mode, T=2.0, top_p=1.0, new=16) == want
 
 
 def _exact_joint(model, prompt, n, *, temperature, top_p) -> dict:

@@ -121,10 +121,12 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.T
     over every token.
 
     Why a few suffice: row i's top logit x_j with its noise is a value the winner reaches, lb =
-    x_j + g_j, and a token k reaches lb only if x_k >= lb - top, since no noise of the row exceeds
-    its position's largest, `top` (the candidates' kernel makes it). At temperature 1 a median of
-    ~140 of the default model's 49,152 tokens pass, and the two float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms
-    a token on a 2-core CPU: a sampled token cost ~1 ms more than a greedy one) become that many.
+    x_j + g_j, and a token k wins only if x_k + g_k >= lb. The kernel tests that for the tokens of
+    the blocks whose largest logit reaches lb with the block's largest noise, and those only where
+    x_k >= lb - top (`top`, the position's largest noise). At temperature 1 a median of 1 of the
+    default model's 49,152 tokens is left a row (~140 passed x_k >= lb - top alone), and the two
+    float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms a token on a
+    2-core CPU: a sampled token cost ~1 ms more than a greedy one) become that many.
 
     Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1, candidates x >= 3.1
     (tokens 1 and 2), values 5.1 and 6.0 -> token 2."""

@@ -227,15 +227,15 @@ int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banne
 }
 
 /* gumbel_candidates: for each row r of float32 logits x [M, V] (tempered and filtered; -inf for
- * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded) and that
- * position's largest noise t = -log(-log(max u)) (made here, once a position, with libm's log: a
- * bound the margins below cover, not the value), the tokens that may win argmax(x + gumbel(u)): lb
- * = x[j] + g(u[j]) at the row's first largest x[j] (here with libm's log, lowered by a margin: a
- * bound, not the value) and every k with x[k] >= lb - t, less a margin. Writes (row, token) pairs to
- * cr / cc (capacity M x per_row) in index order and returns how many; -1 when a row holds a NaN or
- * more than per_row candidates (a flat distribution: the full computation is then cheaper; the
- * caller takes it). The exact values of the candidates are the caller's, in torch
- * (`drafting.sampling.gumbel_argmax`). */
+ * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded), the tokens that
+ * may win argmax(x + gumbel(u)): with lb = x[j] + g(u[j]) at the row's first largest x[j], every k
+ * with x[k] + g(u[k]) >= lb, found in the blocks whose largest logit reaches lb with the position's
+ * largest noise t and then with the block's own (`cand_row`). Every log here is libm's and every
+ * test has a margin: bounds, not the values (torch's logs may differ from libm's in the last bit).
+ * Writes (row, token) pairs to cr / cc (capacity M x per_row) in index order with each pair's logit
+ * and uniform, and returns how many; -1 when a row holds a NaN or more than per_row candidates (a
+ * flat distribution: the full computation is then cheaper; the caller takes it). The exact values
+ * of the candidates are the caller's, in torch (`drafting.sampling.gumbel_argmax`). */
 #define CAND_BLOCK 64
 static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' element i */
     uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
@@ -245,30 +245,54 @@ static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' 
     return ((double)(z >> 11) + 0.5) * 0x1p-53;
 }
 
-/* the largest of a position's V uniforms, none of them stored (a draw from candidates reads only
- * this and the few at its candidates, not the position's whole row: 393 KB at V = 49,152). The
- * uniforms grow with z >> 11 (a 53-bit integer, converted exactly), so the largest integer is taken
- * and converted once: the same number as the largest uniform. */
-static double uniforms_max1(uint64_t seed, int64_t V) {
-    uint64_t top = 0;
-    #pragma omp simd reduction(max:top)  /* a maximum: the same in any order */
-    for (int64_t i = 0; i < V; i++) {
-        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        z >>= 11;
-        top = z > top ? z : top;
+/* The largest uniform of each block of CAND_BLOCK of a position's V (ub [nb]) and of them all (the
+ * return value), none of the uniforms stored (393 KB at V = 49,152): from its seed, or read from its
+ * row u. The uniforms grow with z >> 11 (a 53-bit integer, converted exactly), so a block's largest
+ * integer is taken and converted once: the same number as its largest uniform. */
+static double block_umax(uint64_t seed, const double *u, int64_t V, double *ub) {
+    double top = 0.0;
+    for (int64_t b0 = 0, b = 0; b0 < V; b0 += CAND_BLOCK, b++) {
+        int64_t b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
+        double m = 0.0;
+        if (u) {
+            #pragma omp simd reduction(max:m)  /* a maximum: the same in any order */
+            for (int64_t i = b0; i < b1; i++) m = u[i] > m ? u[i] : m;
+        } else {
+            uint64_t zm = 0;
+            #pragma omp simd reduction(max:zm)
+            for (int64_t i = b0; i < b1; i++) {
+                uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+                z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+                z ^= z >> 31;
+                z >>= 11;
+                zm = z > zm ? z : zm;
+            }
+            m = ((double)zm + 0.5) * 0x1p-53;
+        }
+        ub[b] = m;
+        top = m > top ? m : top;
     }
-    return ((double)top + 0.5) * 0x1p-53;
+    return top;
+}
+
+/* Whether a logit x with noise g (libm's) may reach lb: the same test with a margin far above the
+ * rounding that separates libm's log from torch's (the values the caller compares), -inf never. */
+static inline int reaches(double x, double g, double lb) {
+    if (x == -INFINITY) return lb == -INFINITY;
+    return x + g + 1e-9 * (1.0 + fabs(x) + fabs(g)) >= lb;
 }
 
 /* One row's candidates into cr / cc (capacity per_row): how many, -1 for a NaN, -2 for one too many.
  * The first pass keeps each block's largest value (bm), so that the first largest and the blocks that
- * may hold a candidate are found without reading the row again: a row is ~192 KB, its blocks' maxima 3. */
+ * may hold a candidate are found without reading the row again: a row is ~192 KB, its blocks' maxima 3.
+ * A block is read when its largest logit reaches lb with the position's largest noise t, then with
+ * its own largest noise (ub: its largest uniform), and a token of it is a candidate when it reaches lb
+ * with its own noise: the few that may win (at T = 1 ~0.1 of those the first test alone lets pass,
+ * which were ~140 a row, thousands in a flat one). */
 static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t seed, int use_u,
-                        double t, int64_t r, int64_t per_row, int64_t *cr, int64_t *cc, double *cx, double *cu,
-                        float *bm) {
+                        double t, const double *ub, int64_t r, int64_t per_row, int64_t *cr, int64_t *cc,
+                        double *cx, double *cu, float *bm) {
     int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
     float best = -INFINITY;
     int nan = 0;
@@ -297,17 +321,18 @@ static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t s
     double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
     if (!(thr == thr)) thr = -INFINITY;  /* -inf - (-inf) (a row of one finite token and u = 0) */
     int64_t n = 0;
-    for (int64_t b = 0; b < nb; b++) {  /* blocks with no candidate (most): their maximum says so */
-        if (!((double)bm[b] >= thr)) continue;
+    for (int64_t b = 0; b < nb; b++) {  /* blocks with no candidate (most): their maxima say so */
+        if (!((double)bm[b] >= thr) || !reaches((double)bm[b], -log(-log(ub[b])), lb)) continue;
         int64_t b0 = b * CAND_BLOCK, b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
         for (int64_t k = b0; k < b1; k++) {
-            if ((double)row[k] >= thr) {
-                if (n == per_row) return -2;  /* one candidate too many: the row declines */
-                cr[n] = r; cc[n] = k;
-                cx[n] = (double)row[k];  /* the pair's logit and uniform, what its noisy value is made of */
-                cu[n] = use_u ? u[k] : uniform_at(seed, k);
-                n++;
-            }
+            if (!((double)row[k] >= thr)) continue;
+            double uk = use_u ? u[k] : uniform_at(seed, k);
+            if (!reaches((double)row[k], -log(-log(uk)), lb)) continue;
+            if (n == per_row) return -2;  /* one candidate too many: the row declines */
+            cr[n] = r; cc[n] = k;
+            cx[n] = (double)row[k];  /* the pair's logit and uniform, what its noisy value is made of */
+            cu[n] = uk;
+            n++;
         }
     }
     return n;
@@ -325,29 +350,22 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
     float *bm = (float *)malloc((size_t)(M * nb) * sizeof(float));
     int64_t *got = (int64_t *)malloc((size_t)M * sizeof(int64_t));
     double *top = (double *)malloc((size_t)P * sizeof(double));
-    if (!bm || !got || !top) {
+    double *ub = (double *)malloc((size_t)(P * nb) * sizeof(double));
+    if (!bm || !got || !top || !ub) {
         free(bm);
         free(got);
         free(top);
+        free(ub);
         return -1;
     }
     #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1 && threads > 1)
-    for (int64_t p = 0; p < P; p++) {  /* each position's largest noise (P positions, those of rows) */
-        double m = 0.0;
-        if (u) {
-            const double *up = u + p * V;
-            #pragma omp simd reduction(max:m)
-            for (int64_t k = 0; k < V; k++) m = up[k] > m ? up[k] : m;
-        } else {
-            m = uniforms_max1(seeds[p], V);
-        }
-        top[p] = -log(-log(m));
-    }
+    for (int64_t p = 0; p < P; p++)  /* each position's largest noise, of all and of each block */
+        top[p] = -log(-log(block_umax(seeds ? seeds[p] : 0, u ? u + p * V : NULL, V, ub + p * nb)));
     #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1 && threads > 1)
     for (int64_t r = 0; r < M; r++)
         got[r] = cand_row(x + r * V, V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, u != NULL,
-                          top[rows[r]], r, per_row, cr + r * per_row, cc + r * per_row, cx + r * per_row,
-                          cu + r * per_row, bm + r * nb);
+                          top[rows[r]], ub + rows[r] * nb, r, per_row, cr + r * per_row, cc + r * per_row,
+                          cx + r * per_row, cu + r * per_row, bm + r * nb);
     int64_t n = 0;
     for (int64_t r = 0; r < M; r++) {
         if (flat) flat[r] = got[r] < 0;
@@ -366,6 +384,7 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
     free(bm);
     free(got);
     free(top);
+    free(ub);
     return n;
 }
 

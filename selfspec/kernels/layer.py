@@ -204,10 +204,13 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
     """The (row, token) pairs of float32 logits x [M, V] that may win the Gumbel-max draw with the
     uniforms u [p, V] (row r's: u[rows[r]]; u None: those `uniforms` makes from `seeds` [p], each
     made where it is read): a superset of every row's winner, in index order, with each pair's
-    logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values). Each position's
-    largest noise bounds the candidates; the kernel makes it (a position's largest uniform: its
-    whole row read or made once, ~20 us at V = 49,152; the positions, then the rows, shared out
-    over torch's threads). A few C passes a row; None (the caller computes every token) without
+    logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values): the tokens
+    whose logit with their own noise may reach the noisy value of the row's first largest logit
+    (libm's logs, with a margin), looked for in the blocks of 64 whose largest logit with the
+    position's largest noise, then with the block's own, may reach it. The kernel makes each
+    position's largest uniforms, of all and of each block (its whole row read or made once, ~20 us
+    at V = 49,152; the positions, then the rows, shared out over torch's threads). A few C passes a
+    row; None (the caller computes every token) without
     the C steps, for other dtypes, a NaN or a row where more than 1/CANDIDATES_MAX of the tokens
     pass (the full computation is cheaper then). flat=True: such rows decline alone (`flat` [M]
     bool), with none of their pairs."""
