@@ -135,6 +135,25 @@ def test_the_draw_from_a_rows_candidates_is_the_draw_over_every_token():
         assert torch.equal(select(logits, noise=noise.rows(positions), **kw), want)
 
 
+def test_raw_logits_at_temperature_1_draw_from_candidates_without_a_copy_the_tokens_of_the_full_draw():
+    """At T = 1 with nothing filtered, `select` hands the logits as they are (bf16 or float32, the
+    banned token unmasked, here the largest) to the candidates' kernel, which reads the banned token
+    as -inf: every row's token is the full draw's over `ban_token`'s float32 copy, never the banned."""
+    from selfspec.kernels import layer as kl
+
+    if not kl.available():
+        pytest.skip("no C kernel here")
+    g, V = torch.Generator().manual_seed(21), 4096
+    for trial in range(60):
+        n = (1, 3, 8)[trial % 3]
+        logits = (torch.randn(n, V, generator=g) * (2.0, 6.0)[trial % 2]).to((torch.bfloat16, torch.float32)[trial % 2])
+        logits[:, 3] = logits.max() + 5.0  # the banned token would win every row
+        noise, positions = PositionNoise(trial, V), [trial + i // 2 for i in range(n)]
+        want = select(logits, temperature=1.0, banned=3, noise=noise.at(positions))
+        got = select(logits, temperature=1.0, banned=3, noise=noise.rows(positions), candidates=kl.gumbel_candidates)
+        assert torch.equal(got, want) and 3 not in got.tolist(), trial
+
+
 def test_rows_of_several_sequences_drawn_together_get_the_tokens_each_gets_alone():
     """`PositionNoise.rows_of`: the reproducible rows of several sequences (each its own key and
     positions, seeds in place of whole rows) in one

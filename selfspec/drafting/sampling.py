@@ -67,6 +67,8 @@ def select(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: f
     """One target token per row of `logits` [n, V]: argmax at T=0; else with `noise` (each row's
     position's Gumbel noise [n, V], or the uniforms it is made of, `NoiseRows`) the Gumbel-max draw
     (`candidates`: see `gumbel_argmax`), else an independent sample."""
+    if isinstance(noise, NoiseRows) and candidates is not None and temperature == 1.0 and not top_k and top_p >= 1.0:
+        return gumbel_argmax(logits, noise, candidates, banned=banned)  # nothing to temper or filter: no copy
     x = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, banned=banned)
     if temperature == 0:
         return x.argmax(-1)
@@ -112,8 +114,10 @@ class NoiseRows:
                          None if self.whole is None else self.whole[p : p + 1])
 
 
-def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.Tensor:
-    """(x.double() + gumbel(noise.u[noise.rows])).argmax(-1) for float32 logits x [n, V]: the same
+def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None, banned: int | None = None) -> torch.Tensor:
+    """(x.double() + gumbel(noise.u[noise.rows])).argmax(-1) for float32 logits x [n, V] (or, with
+    `banned`, logits of any float dtype and the token never drawn: `ban_token(x, banned)`, the copy
+    made only where the whole vocabulary is drawn from): the same
     tokens (the first of equal maxima), with the noise made only where it can win when
     `candidates(x, u, rows, seeds)` names those tokens (`kernels.layer.gumbel_candidates`: (row,
     token) pairs in index order, a superset of each row's winner, with their logits as float64 and
@@ -135,9 +139,11 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.T
     pairs, flat = None, None
     if candidates is not None:
         whole = None if noise.whole is None else noise.whole.to(x.device)
-        pairs = (candidates(x, whole, rows, noise.seeds) if n == 1 else
-                 candidates(x, whole, rows, noise.seeds, flat=True))
+        pairs = (candidates(x, whole, rows, noise.seeds, banned=banned) if n == 1 else
+                 candidates(x, whole, rows, noise.seeds, flat=True, banned=banned))
     if pairs is None:
+        if candidates is not None and (banned is not None or x.dtype != torch.float32):  # e.g. fp16: its
+            return gumbel_argmax(ban_token(x, banned), noise, candidates)  # float32 copy may take candidates
         return (x.double() + gumbel(noise.u.to(x.device)[rows])).argmax(-1)
     r, c, flat = pairs.rows, pairs.tokens, pairs.flat  # flat: rows too flat for candidates (they have none)
     v = pairs.logits + gumbel(pairs.uniforms)  # x[r, c].double() + the pairs' noise (`NoiseRows.at`'s uniforms)
@@ -148,7 +154,7 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None) -> torch.T
     out = torch.full((n,), V, dtype=torch.long, device=x.device).scatter_reduce(0, r, first, "amin")
     if flat is not None and bool(flat.any()):
         for i in flat.nonzero().flatten().tolist():
-            out[i] = gumbel_argmax(x[i : i + 1], noise.only(i))[0]
+            out[i] = gumbel_argmax(ban_token(x[i : i + 1], banned), noise.only(i))[0]
     return out
 
 

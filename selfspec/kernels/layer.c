@@ -226,10 +226,10 @@ int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banne
     return nans;
 }
 
-/* gumbel_candidates: for each row r of float32 logits x [M, V] (tempered and filtered; -inf for
- * what may not be drawn), with its position's uniforms u + rows[r] * V (or seeded), the tokens that
- * may win argmax(x + gumbel(u)): with lb = x[j] + g(u[j]) at the row's first largest x[j], every k
- * with x[k] + g(u[k]) >= lb, found in the blocks whose largest logit reaches lb with the position's
+/* gumbel_candidates: for each row r of logits x [M, V] (float32, or bf16 when x_bf16; tempered and
+ * filtered, -inf for what may not be drawn, and read as -inf at `banned` when it is >= 0), with its
+ * position's uniforms u + rows[r] * V (or seeded), the tokens that may win argmax(x + gumbel(u)):
+ * with lb = x[j] + g(u[j]) at the row's first largest x[j], every k with x[k] + g(u[k]) >= lb, found in the blocks whose largest logit reaches lb with the position's
  * largest noise t and then with the block's own (`cand_row`). Every log here is libm's and every
  * test has a margin: bounds, not the values (torch's logs may differ from libm's in the last bit).
  * Writes (row, token) pairs to cr / cc (capacity M x per_row) in index order with each pair's logit
@@ -276,6 +276,13 @@ static double block_umax(uint64_t seed, const double *u, int64_t V, double *ub) 
     return top;
 }
 
+/* Logit k of a row: float32 (xf) or bf16 (xh) as torch's .float() reads it, -inf at `banned` (the
+ * token never drawn; -1: none): what `drafting.sampling.ban_token` makes, without its copy. */
+static inline float logit_at(const float *xf, const uint16_t *xh, int64_t banned, int64_t k) {
+    float v = xf ? xf[k] : bf16_to_float(xh[k]);
+    return k == banned ? -INFINITY : v;
+}
+
 /* Whether a logit x with noise g (libm's) may reach lb: the same test with a margin far above the
  * rounding that separates libm's log from torch's (the values the caller compares), -inf never. */
 static inline int reaches(double x, double g, double lb) {
@@ -290,21 +297,39 @@ static inline int reaches(double x, double g, double lb) {
  * its own largest noise (ub: its largest uniform), and a token of it is a candidate when it reaches lb
  * with its own noise: the few that may win (at T = 1 ~0.1 of those the first test alone lets pass,
  * which were ~140 a row, thousands in a flat one). */
-static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t seed, int use_u,
-                        double t, const double *ub, int64_t r, int64_t per_row, int64_t *cr, int64_t *cc,
-                        double *cx, double *cu, float *bm) {
+static int64_t cand_row(const float *xf, const uint16_t *xh, int64_t banned, int64_t V, const double *u,
+                        uint64_t seed, int use_u, double t, const double *ub, int64_t r, int64_t per_row,
+                        int64_t *cr, int64_t *cc, double *cx, double *cu, float *bm) {
     int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
     float best = -INFINITY;
     int nan = 0;
     for (int64_t b = 0; b < nb; b++) {
         int64_t b0 = b * CAND_BLOCK, b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
         float m = -INFINITY;
-        #pragma omp simd reduction(max:m) reduction(|:nan)
-        for (int64_t k = b0; k < b1; k++) {
-            float v = row[k];
-            nan |= v != v;
-            m = v > m ? v : m;
+        int bnan = 0;
+        if (banned >= b0 && banned < b1) {  /* its block without it, element by element: an `omp simd`
+            * loop choosing per element (dtype, banned) read every row as holding a NaN at -O3 */
+            for (int64_t k = b0; k < b1; k++) {
+                float v = logit_at(xf, xh, banned, k);
+                bnan |= v != v;
+                m = v > m ? v : m;
+            }
+        } else if (xf) {
+            #pragma omp simd reduction(max:m) reduction(|:bnan)
+            for (int64_t k = b0; k < b1; k++) {
+                float v = xf[k];
+                bnan |= v != v;
+                m = v > m ? v : m;
+            }
+        } else {
+            #pragma omp simd reduction(max:m) reduction(|:bnan)
+            for (int64_t k = b0; k < b1; k++) {
+                float v = bf16_to_float(xh[k]);
+                bnan |= v != v;
+                m = v > m ? v : m;
+            }
         }
+        nan |= bnan;
         bm[b] = m;
         best = m > best ? m : best;
     }
@@ -312,7 +337,7 @@ static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t s
     int64_t j = 0;
     for (int64_t b = 0; b < nb; b++) {  /* the first block holding the largest, then its first index */
         if (bm[b] != best) continue;
-        for (j = b * CAND_BLOCK; row[j] != best; j++) {}
+        for (j = b * CAND_BLOCK; logit_at(xf, xh, banned, j) != best; j++) {}
         break;
     }
     double uj = use_u ? u[j] : uniform_at(seed, j);
@@ -325,12 +350,13 @@ static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t s
         if (!((double)bm[b] >= thr) || !reaches((double)bm[b], -log(-log(ub[b])), lb)) continue;
         int64_t b0 = b * CAND_BLOCK, b1 = b0 + CAND_BLOCK < V ? b0 + CAND_BLOCK : V;
         for (int64_t k = b0; k < b1; k++) {
-            if (!((double)row[k] >= thr)) continue;
+            double xk = (double)logit_at(xf, xh, banned, k);
+            if (!(xk >= thr)) continue;
             double uk = use_u ? u[k] : uniform_at(seed, k);
-            if (!reaches((double)row[k], -log(-log(uk)), lb)) continue;
+            if (!reaches(xk, -log(-log(uk)), lb)) continue;
             if (n == per_row) return -2;  /* one candidate too many: the row declines */
             cr[n] = r; cc[n] = k;
-            cx[n] = (double)row[k];  /* the pair's logit and uniform, what its noisy value is made of */
+            cx[n] = xk;  /* the pair's logit and uniform, what its noisy value is made of */
             cu[n] = uk;
             n++;
         }
@@ -340,12 +366,12 @@ static int64_t cand_row(const float *row, int64_t V, const double *u, uint64_t s
 
 /* u NULL: position p's uniforms are those layer_uniforms makes from seeds[p], each made where read */
 /* flat not NULL: a row that would decline gets flat[r] = 1 and no pairs, the others theirs (else 0) */
-/* cx / cu (capacity as cr's): each pair's logit as a double and its uniform (`NoiseRows.at`'s number).
+/* cx / cu (capacity as cr's): each pair's logit as a double and its uniform.
  * Rows share out over `threads` (each writes its own part of the outputs, packed in row order after):
  * every row's pairs are its own computation, so the result does not depend on the threads. */
-int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const double *u, const uint64_t *seeds,
-                                const int64_t *rows, int64_t P, int64_t per_row, int64_t *cr, int64_t *cc,
-                                double *cx, double *cu, int8_t *flat, int threads) {
+int64_t layer_gumbel_candidates(const void *x, int x_bf16, int64_t banned, int64_t M, int64_t V, const double *u,
+                                const uint64_t *seeds, const int64_t *rows, int64_t P, int64_t per_row, int64_t *cr,
+                                int64_t *cc, double *cx, double *cu, int8_t *flat, int threads) {
     int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
     float *bm = (float *)malloc((size_t)(M * nb) * sizeof(float));
     int64_t *got = (int64_t *)malloc((size_t)M * sizeof(int64_t));
@@ -363,7 +389,8 @@ int64_t layer_gumbel_candidates(const float *x, int64_t M, int64_t V, const doub
         top[p] = -log(-log(block_umax(seeds ? seeds[p] : 0, u ? u + p * V : NULL, V, ub + p * nb)));
     #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1 && threads > 1)
     for (int64_t r = 0; r < M; r++)
-        got[r] = cand_row(x + r * V, V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, u != NULL,
+        got[r] = cand_row(x_bf16 ? NULL : (const float *)x + r * V, x_bf16 ? (const uint16_t *)x + r * V : NULL, banned,
+                          V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, u != NULL,
                           top[rows[r]], ub + rows[r] * nb, r, per_row, cr + r * per_row, cc + r * per_row,
                           cx + r * per_row, cu + r * per_row, bm + r * nb);
     int64_t n = 0;

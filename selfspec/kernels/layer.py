@@ -28,7 +28,7 @@ _SIGS = {
     "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
     "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
-    "layer_gumbel_candidates": [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
+    "layer_gumbel_candidates": [_P, _INT, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
     "layer_set_par_min": [_I64],
 }
@@ -200,8 +200,9 @@ class Candidates(NamedTuple):
 
 
 def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tensor, seeds: torch.Tensor | None = None,
-                      *, flat: bool = False, fallback: bool = False) -> Candidates | None:
-    """The (row, token) pairs of float32 logits x [M, V] that may win the Gumbel-max draw with the
+                      *, flat: bool = False, banned: int | None = None, fallback: bool = False) -> Candidates | None:
+    """The (row, token) pairs of float32 or bf16 logits x [M, V] (`banned`: a token read as -inf,
+    as `drafting.sampling.ban_token` makes it, without its copy) that may win the Gumbel-max draw with the
     uniforms u [p, V] (row r's: u[rows[r]]; u None: those `uniforms` makes from `seeds` [p], each
     made where it is read): a superset of every row's winner, in index order, with each pair's
     logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values): the tokens
@@ -215,17 +216,18 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
     pass (the full computation is cheaper then). flat=True: such rows decline alone (`flat` [M]
     bool), with none of their pairs."""
     side = u if u is not None else seeds
-    ok = (x.dtype is torch.float32 and x.dim() == 2 and side is not None
+    ok = (x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 2 and side is not None
           and side.dtype is (torch.float64 if u is not None else torch.int64))
     fn = _c(fallback, "layer_gumbel_candidates", x, side, rows) if ok and rows.dtype is torch.long else None
-    if fn is None:
+    M, V = x.shape if x.dim() == 2 else (0, 0)
+    if fn is None or banned is not None and not -V <= banned < V:  # out of range: torch's indexing says so
         return None
-    M, V = x.shape
     cap = M * (V // CANDIDATES_MAX)
     cr, cc = torch.empty(cap, dtype=torch.long), torch.empty(cap, dtype=torch.long)
     cx, cu = torch.empty(cap, dtype=torch.float64), torch.empty(cap, dtype=torch.float64)
     declined = torch.empty(M, dtype=torch.int8) if flat else None  # the kernel writes every row's flag
-    n = fn(x.data_ptr(), M, V, None if u is None else u.data_ptr(), None if u is not None else seeds.data_ptr(),
+    n = fn(x.data_ptr(), x.dtype is torch.bfloat16, -1 if banned is None else banned % V, M, V,
+           None if u is None else u.data_ptr(), None if u is not None else seeds.data_ptr(),
            rows.data_ptr(), side.shape[0], V // CANDIDATES_MAX, cr.data_ptr(), cc.data_ptr(), cx.data_ptr(),
            cu.data_ptr(), None if declined is None else declined.data_ptr(), torch.get_num_threads())
     if n < 0:
