@@ -5,6 +5,7 @@ files against each other, in one process.
     python benchmarks/planner_ab.py --rev f3e0c2c --temperature 0 --repeats 3        # the bench's prompts
     python benchmarks/planner_ab.py --rev f3e0c2c --warm --length 1k --limit 4       # after a warm-up
     python benchmarks/planner_ab.py --profiles OLD.json NEW.json --kind code         # two cost models
+    python benchmarks/planner_ab.py --profiles OLD.json NEW.json --warm --length 3k --split tune
 
 Default: AR and both rules' `auto` on the default model's first 8 prompts (`--kind`: of that kind;
 128 new tokens, seed i for prompt i), mirrored order (A B C C B A) `--repeats` times; prints each
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--warm", action="store_true", help="the long suite's prompts after the bench's warm-up")
     ap.add_argument("--length", default="1k", choices=["1k", "3k"])
     ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("--split", choices=["tune", "held-out"], help="only this half of the long suite (--warm)")
     a = ap.parse_args()
     from selfspec.checkpoint.model import default_model_dir
     from selfspec.engine.cost import CostModel
@@ -82,7 +84,7 @@ def main() -> None:
         return dict(model.__dict__.get("_selfspec_planners", {}))
 
     if a.warm:
-        prompts = [p for p in read_suite("long") if p["length"] == a.length][: a.limit]
+        prompts = [p for p in read_suite("long") if p["length"] == a.length and a.split in (None, p["split"])][: a.limit]
         cfg = DecodeConfig(mode="auto", max_new_tokens=96)
         decode = Counter()
         for p in prompts:
