@@ -146,6 +146,8 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None, banned: in
             return gumbel_argmax(ban_token(x, banned), noise, candidates)  # float32 copy may take candidates
         return (x.double() + gumbel(noise.u.to(x.device)[rows])).argmax(-1)
     r, c, flat = pairs.rows, pairs.tokens, pairs.flat  # flat: rows too flat for candidates (they have none)
+    if len(c) == n and (n == 1 or bool((r == torch.arange(n, device=r.device)).all())):  # (a flat row has none)
+        return c.clone()  # one candidate a row (at T = 1 the median row's): the winner, whatever its noise
     v = pairs.logits + gumbel(pairs.uniforms)  # x[r, c].double() + the pairs' noise (`NoiseRows.at`'s uniforms)
     if n == 1:  # candidates in index order: argmax's first maximum is the first token's
         return c[v.argmax()].reshape(1)
