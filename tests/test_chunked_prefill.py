@@ -206,6 +206,23 @@ def test_prefill_groups_split_rows_where_padding_costs_more_than_a_forward():
     assert prefill_groups([], token_price) == []
 
 
+def test_auto_prefills_a_batch_in_the_forwards_ar_does_whatever_its_cost_model_says():
+    """Prefill groups are priced by tokens in every mode: a cost model where every forward costs
+    the same (which would put a 3- and a 40-token prompt in one padded forward) leaves `auto`'s
+    prefill forwards those of AR (its cost model had priced them once: more, narrower forwards that
+    took 1.03-1.08x AR's prefill time on a CPU)."""
+    m, prompts = _model("int8"), _prompts([3, 40, 41, 5])
+    shapes = {}
+    for mode in ("ar", "auto"):
+        cfg = DecodeConfig(mode=mode, max_new_tokens=2)
+        dec = Decoder(m, prompts, cfg, eos_token_id=[], profile=CostModel.flat() if mode == "auto" else None)
+        widths = Widths(dec)
+        for _ in dec:
+            pass
+        shapes[mode] = widths.seen
+    assert shapes["auto"] == shapes["ar"] and len(shapes["ar"]) == 2  # [3, 5] and [40, 41] apart
+
+
 def test_a_prompt_cancelled_while_it_is_prefilled_frees_its_row():
     m = _model("int8")
     cfg = DecodeConfig(mode="ar", max_new_tokens=10)
