@@ -202,6 +202,33 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
     assert _run(big, prompts, seeds, mode, T=2.0, top_p=1.0, new=16) == want
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+def test_in_every_weight_format_the_copy_free_draw_at_t1_is_the_full_draw(fmt, monkeypatch):
+    """At T = 1 the candidates' kernel reads each format's logits as the head leaves them (float32
+    in fp32, bf16 in the others) and every mode's tokens are the draw over the whole vocabulary's."""
+    from selfspec.engine import targets
+    from selfspec.engine.formats import set_weights
+    from selfspec.kernels import layer as kl
+
+    big = set_weights(tiny_model(seed=2, vocab_size=2048), fmt)
+    prompts, seeds = [[5, 9, 40, 7], [100, 3, 9]], [4, 5]
+    real, dtypes = targets.gumbel_candidates, set()
+
+    def seen(x, *a, **kw):
+        out = real(x, *a, **kw)
+        if out is not None:
+            dtypes.add(x.dtype)
+        return out
+
+    monkeypatch.setattr(targets, "gumbel_candidates", seen)
+    got = {mode: _run(big, prompts, seeds, mode, T=1.0, top_p=1.0, new=16) for mode in ("ar", "presto one-pass", "lookup")}
+    if kl.available():
+        assert dtypes == {torch.float32 if fmt == "fp32" else torch.bfloat16}
+    monkeypatch.setattr(targets, "gumbel_candidates", lambda *a, **kw: None)
+    full = _run(big, prompts, seeds, "ar", T=1.0, top_p=1.0, new=16)
+    assert all(out == full for out in got.values())
+
+
 def _exact_joint(model, prompt, n, *, temperature, top_p) -> dict:
     """P(first n generated tokens) for every sequence that has probability, with the runtime's filtering."""
     joint = {(): 1.0}

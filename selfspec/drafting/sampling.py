@@ -132,8 +132,8 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None, banned: in
     float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms a token on a
     2-core CPU: a sampled token cost ~1 ms more than a greedy one) become that many.
 
-    Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1, candidates x >= 3.1
-    (tokens 1 and 2), values 5.1 and 6.0 -> token 2."""
+    Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1; x >= 3.1 for tokens 1
+    and 2, whose values 5.1 and 6.0 both reach lb: they are the candidates -> token 2."""
     n, V = x.shape
     rows = noise.rows.to(x.device)
     pairs, flat = None, None
@@ -148,7 +148,7 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None, banned: in
     r, c, flat = pairs.rows, pairs.tokens, pairs.flat  # flat: rows too flat for candidates (they have none)
     if len(c) == n and (n == 1 or bool((r == torch.arange(n, device=r.device)).all())):  # (a flat row has none)
         return c.clone()  # one candidate a row (at T = 1 the median row's): the winner, whatever its noise
-    v = pairs.logits + gumbel(pairs.uniforms)  # x[r, c].double() + the pairs' noise (`NoiseRows.at`'s uniforms)
+    v = pairs.logits + gumbel(pairs.uniforms)  # x[r, c].double() + the pairs' noise
     if n == 1:  # candidates in index order: argmax's first maximum is the first token's
         return c[v.argmax()].reshape(1)
     best = torch.full((n,), NEG, dtype=torch.float64, device=x.device).scatter_reduce(0, r, v, "amax")

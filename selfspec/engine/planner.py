@@ -215,8 +215,7 @@ class Planner(RoundCosts):
             if r.seq.lookup is None or self.cfg.mode != "auto":  # a PRESTO planner drafts trees only
                 return Forecast()
             r.drafted = lookup_chain(r.seq, self.cfg, r.room)
-            r.match = r.seq.match
-            r.chain_key = (r.match, min(r.seq.lookup_run, RUN_KEYS))
+            r.chain_key = (r.seq.match, min(r.seq.lookup_run, RUN_KEYS))
             if not r.drafted:
                 return Forecast()
             acc, run = [1.0], 1.0

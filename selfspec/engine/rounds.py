@@ -38,7 +38,6 @@ class RowRound:
     forecast: object = None  # planner.Forecast of what this row could draft
     big: Tree | None = None  # the planner's largest tree (a tree option takes its top-N subtree)
     drafted: list[int] | None = None  # lookup drafts, when the planner read them
-    match: int = 1  # n-gram length behind the lookup drafts
     chain_key: tuple = (1, 0)  # plan "auto": the lookup calibration's key of those drafts (`Planner.forecast`)
     # draft
     drafted_from: Marginals | None = None  # the marginals the tree came from

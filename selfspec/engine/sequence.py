@@ -70,13 +70,6 @@ class Sequence:
     pending_oracle: list = field(default_factory=list)  # (emitted before the round, candidates [D, K])
     noise: PositionNoise | None = None  # sampling "reproducible": Gumbel noise per output position
 
-    def randomness(self, positions: list[int]) -> dict:
-        """What the target draws at these output positions read: their keyed noise (reproducible
-        sampling) or the row's generator (independent draws)."""
-        if self.noise is not None and self.params.temperature > 0:
-            return {"noise": self.noise.rows(positions)}
-        return {"generator": self.gen}
-
     def tail(self, n: int) -> list[int]:
         """The last n committed tokens (the root is the last), without copying the whole text."""
         e = self.emitted

@@ -153,7 +153,6 @@ class Stepper(PrefillSteps):
             s = r.seq
             if option.draft == "lookup":
                 drafted = (lookup_chain(s, cfg, r.room) if r.drafted is None else r.drafted)[: option.nodes]
-                r.match = s.match
                 r.tree = chain([r.root] + drafted, torch.zeros(len(drafted) + 1))
             elif r.big is not None and not option.draft_pass:
                 r.tree = top_nodes(r.big, option.nodes) if option.nodes else root_only(r.root)

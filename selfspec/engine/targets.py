@@ -37,7 +37,7 @@ def targets_of(parts: list[tuple], mask_id: int) -> list[torch.Tensor]:
         else:
             seq = parts[idx[0]][0]
             p = seq.params
-            rand = (seq.randomness(parts[idx[0]][2]) if key[0] == "own" else
+            rand = ({"generator": seq.gen} if key[0] == "own" else
                     {"noise": PositionNoise.rows_of([parts[i][0].noise for i in idx], [parts[i][2] for i in idx])})
             got = select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=mask_id,
                          candidates=gumbel_candidates, **rand).cpu()

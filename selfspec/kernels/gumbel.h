@@ -3,20 +3,25 @@
 /* gumbel_candidates: for each row r of logits x [M, V] (float32, or bf16 when x_bf16; tempered and
  * filtered, -inf for what may not be drawn, and read as -inf at `banned` when it is >= 0), with its
  * position's uniforms u + rows[r] * V (or seeded), the tokens that may win argmax(x + gumbel(u)):
- * with lb = x[j] + g(u[j]) at the row's first largest x[j], every k with x[k] + g(u[k]) >= lb, found in the blocks whose largest logit reaches lb with the position's
- * largest noise t and then with the block's own (`cand_row`). Every log here is libm's and every
+ * with lb = x[j] + g(u[j]) at the row's first largest x[j], every k with x[k] + g(u[k]) >= lb, found
+ * in the blocks whose largest logit reaches lb with the position's largest noise t and then with the
+ * block's own (`cand_row`). Every log here is libm's and every
  * test has a margin: bounds, not the values (torch's logs may differ from libm's in the last bit).
  * Writes (row, token) pairs to cr / cc (capacity M x per_row) in index order with each pair's logit
  * and uniform, and returns how many; -1 when a row holds a NaN or more than per_row candidates (a
  * flat distribution: the full computation is then cheaper; the caller takes it). The exact values
  * of the candidates are the caller's, in torch (`drafting.sampling.gumbel_argmax`). */
 #define CAND_BLOCK 64
-static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' element i */
+static inline uint64_t splitmix53(uint64_t seed, int64_t i) {  /* the 53 bits of uniform i */
     uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return ((double)(z >> 11) + 0.5) * 0x1p-53;
+    return z >> 11;
+}
+
+static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' element i */
+    return ((double)splitmix53(seed, i) + 0.5) * 0x1p-53;
 }
 
 /* The largest uniform of each block of CAND_BLOCK of a position's V (ub [nb]) and of them all (the
@@ -35,11 +40,7 @@ static double block_umax(uint64_t seed, const double *u, int64_t V, double *ub) 
             uint64_t zm = 0;
             #pragma omp simd reduction(max:zm)
             for (int64_t i = b0; i < b1; i++) {
-                uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
-                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-                z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-                z ^= z >> 31;
-                z >>= 11;
+                uint64_t z = splitmix53(seed, i);
                 zm = z > zm ? z : zm;
             }
             m = ((double)zm + 0.5) * 0x1p-53;
@@ -72,7 +73,7 @@ static inline int reaches(double x, double g, double lb) {
  * with its own noise: the few that may win (at T = 1 ~0.1 of those the first test alone lets pass,
  * which were ~140 a row, thousands in a flat one). */
 static int64_t cand_row(const float *xf, const uint16_t *xh, int64_t banned, int64_t V, const double *u,
-                        uint64_t seed, int use_u, double t, const double *ub, int64_t r, int64_t per_row,
+                        uint64_t seed, double t, const double *ub, int64_t r, int64_t per_row,
                         int64_t *cr, int64_t *cc, double *cx, double *cu, float *bm) {
     int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
     float best = -INFINITY;
@@ -114,7 +115,7 @@ static int64_t cand_row(const float *xf, const uint16_t *xh, int64_t banned, int
         for (j = b * CAND_BLOCK; logit_at(xf, xh, banned, j) != best; j++) {}
         break;
     }
-    double uj = use_u ? u[j] : uniform_at(seed, j);
+    double uj = u ? u[j] : uniform_at(seed, j);
     double lb = (double)best - log(-log(uj));
     lb -= 1e-9 * (1.0 + fabs(lb));
     double thr = lb - t - 1e-9 * (1.0 + fabs(lb) + fabs(t));
@@ -126,7 +127,7 @@ static int64_t cand_row(const float *xf, const uint16_t *xh, int64_t banned, int
         for (int64_t k = b0; k < b1; k++) {
             double xk = (double)logit_at(xf, xh, banned, k);
             if (!(xk >= thr)) continue;
-            double uk = use_u ? u[k] : uniform_at(seed, k);
+            double uk = u ? u[k] : uniform_at(seed, k);
             if (!reaches(xk, -log(-log(uk)), lb)) continue;
             if (n == per_row) return -2;  /* one candidate too many: the row declines */
             cr[n] = r; cc[n] = k;
@@ -164,8 +165,7 @@ int64_t layer_gumbel_candidates(const void *x, int x_bf16, int64_t banned, int64
     #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1 && threads > 1)
     for (int64_t r = 0; r < M; r++)
         got[r] = cand_row(x_bf16 ? NULL : (const float *)x + r * V, x_bf16 ? (const uint16_t *)x + r * V : NULL, banned,
-                          V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, u != NULL,
-                          top[rows[r]], ub + rows[r] * nb, r, per_row, cr + r * per_row, cc + r * per_row,
+                          V, u ? u + rows[r] * V : NULL, seeds ? seeds[rows[r]] : 0, top[rows[r]], ub + rows[r] * nb, r, per_row, cr + r * per_row, cc + r * per_row,
                           cx + r * per_row, cu + r * per_row, bm + r * nb);
     int64_t n = 0;
     for (int64_t r = 0; r < M; r++) {

@@ -202,25 +202,26 @@ class Candidates(NamedTuple):
 def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tensor, seeds: torch.Tensor | None = None,
                       *, flat: bool = False, banned: int | None = None, fallback: bool = False) -> Candidates | None:
     """The (row, token) pairs of float32 or bf16 logits x [M, V] (`banned`: a token read as -inf,
-    as `drafting.sampling.ban_token` makes it, without its copy) that may win the Gumbel-max draw with the
-    uniforms u [p, V] (row r's: u[rows[r]]; u None: those `uniforms` makes from `seeds` [p], each
-    made where it is read): a superset of every row's winner, in index order, with each pair's
-    logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values): the tokens
-    whose logit with their own noise may reach the noisy value of the row's first largest logit
-    (libm's logs, with a margin), looked for in the blocks of 64 whose largest logit with the
+    as `drafting.sampling.ban_token` makes it, without its copy) that may win the Gumbel-max draw
+    with the uniforms u [p, V] (row r's: u[rows[r]]; u None: those `uniforms` makes from `seeds`
+    [p], each made where it is read): a superset of every row's winner, in index order, with each
+    pair's logit and uniform (`drafting.sampling.gumbel_argmax` makes their noisy values): the
+    tokens whose logit with their own noise may reach the noisy value of the row's first largest
+    logit (libm's logs, with a margin), looked for in the blocks of 64 whose largest logit with the
     position's largest noise, then with the block's own, may reach it. The kernel makes each
     position's largest uniforms, of all and of each block (its whole row read or made once, ~20 us
-    at V = 49,152; the positions, then the rows, shared out over torch's threads). A few C passes a
-    row; None (the caller computes every token) without
-    the C steps, for other dtypes, a NaN or a row where more than 1/CANDIDATES_MAX of the tokens
-    pass (the full computation is cheaper then). flat=True: such rows decline alone (`flat` [M]
-    bool), with none of their pairs."""
+    at V = 49,152; the positions, then the rows, shared out over torch's threads). A few C passes
+    a row; None (the caller computes every token) without the C steps, for other dtypes, a NaN or
+    a row where more than 1/CANDIDATES_MAX of the tokens pass (the full computation is cheaper
+    then). flat=True: such rows decline alone (`flat` [M] bool), with none of their pairs."""
     side = u if u is not None else seeds
     ok = (x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 2 and side is not None
           and side.dtype is (torch.float64 if u is not None else torch.int64))
     fn = _c(fallback, "layer_gumbel_candidates", x, side, rows) if ok and rows.dtype is torch.long else None
-    M, V = x.shape if x.dim() == 2 else (0, 0)
-    if fn is None or banned is not None and not -V <= banned < V:  # out of range: torch's indexing says so
+    if fn is None:
+        return None
+    M, V = x.shape
+    if banned is not None and not -V <= banned < V:  # out of range: torch's indexing says so
         return None
     cap = M * (V // CANDIDATES_MAX)
     cr, cc = torch.empty(cap, dtype=torch.long), torch.empty(cap, dtype=torch.long)
