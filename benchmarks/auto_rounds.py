@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--file", default=None, help="one prompt instead: this text file's first --tokens tokens")
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--suite-prompt", default=None, help="one prompt instead: the long suite's request with this id")
+    ap.add_argument("--drag", action="store_true",
+                    help="split bare and fc-ar rounds by how many rounds ago the last speculative one ran "
+                         "(+1, +2, +3, +4-10, +11-30, +31-): what a wide round leaves on the AR rounds after it")
     a = ap.parse_args()
     if a.rest_max is not None:
         from selfspec.engine import planner
@@ -83,11 +86,18 @@ def main() -> None:
     eos = {"eos_token_id": []} if a.file is not None else {}
     rounds = []  # (mode, kind, seconds, model seconds, plan seconds, tokens) of every round
     real_step = step_mod.Stepper.step
+    since = {"auto": 99}  # rounds since auto's last speculative round
 
     def step(self, *args, **kw):
         rnd = real_step(self, *args, **kw)
         mode = "auto" if self.planner is not None else "ar"
-        rounds.append((mode, kind(rnd) if mode == "auto" else "ar", rnd.seconds, rnd.model_seconds,
+        k = kind(rnd) if mode == "auto" else "ar"
+        if mode == "auto":
+            since["auto"] = 0 if k not in ("bare", "fc-ar") else since["auto"] + 1
+            n = since["auto"]
+            if a.drag and k in ("bare", "fc-ar"):
+                k += f" +{n}" if n <= 3 else " +4-10" if n <= 10 else " +11-30" if n <= 30 else " +31-"
+        rounds.append((mode, k, rnd.seconds, rnd.model_seconds,
                        rnd.plan_seconds, sum(len(r.committed) for r in rnd.rows) / len(rnd.rows)))
         return rnd
 

@@ -59,7 +59,7 @@ def test_each_tree_node_equals_its_path_recomputed_causally(model):
     ff(prefix, torch.arange(5), cache, causal=True)
     cache.commit(0, list(range(5)))
     logits = ff.logits(ff(tokens, offsets, cache, block=block))
-    anc = ancestors(parents, depths)
+    anc = ancestors(parents)
     for v in range(6):
         path = anc[v].nonzero().squeeze(-1)
         seq = torch.cat([prefix, tokens[path]])

@@ -97,7 +97,7 @@ def test_a_rows_logits_are_bitwise_the_same_alone_in_a_wide_tree_and_in_a_batch(
         h = bf(lay.tokens, lay.offsets, cache, slice(0, 3), block=lay.blocks)
         got = bf.logits(h[0, [0, 3, 9]])
         assert torch.equal(got, ar), (fmt, width)
-    assert bool(ancestors(parents, depths)[9, 3]) and bool(ancestors(parents, depths)[3, 0])
+    assert bool(ancestors(parents)[9, 3]) and bool(ancestors(parents)[3, 0])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

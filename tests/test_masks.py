@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference_cache as kv
-from selfspec.engine.masks import additive, joint_training_allowed, rows_layout, tree_and_groups, tree_block
+from selfspec.engine.masks import additive, joint_training_allowed, row_sets, rows_layout, tree_and_groups, tree_block
 from selfspec.drafting.tree import Tree, path_to
 
 from conftest import tiny_model
@@ -59,6 +59,11 @@ def test_combined_mask_matches_causal_paths_and_standalone_groups(case):
             seq = torch.tensor([prefix + path + [MASK] * G])
             ref = MODEL(seq, attention_mask=additive(allowed)[None, None]).logits[0, L:]
             assert torch.allclose(logits[lay.group_rows(j)], ref, atol=1e-4), j
+
+
+def test_row_sets_worked_example_in_docstring():
+    sets, offsets = row_sets([-1, 0], [0, 1], [1], 2, 3, 5)
+    assert sets == [0b1, 0b11, 0b100, 0b11011, 0b11011] and offsets == [0, 1, 2, 2, 3]
 
 
 def test_joint_training_mask_worked_example():

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfspec.drafting.scoring import NgramRho, make_extra_score
-from selfspec.drafting.tree import ancestors, build_tree, chain, is_prefix_closed, path_to
+from selfspec.drafting.tree import ancestors, build_tree, chain, is_prefix_closed, path_to, unpack_bits
 
 
 def _random_logq(D, V, seed):
@@ -26,6 +26,22 @@ def test_ancestors_matches_walking_parents():
     for v in range(7):
         expect = set(path_to(parents, v))
         assert {u for u in range(7) if anc[v, u]} == expect
+
+
+@pytest.mark.parametrize("n", [1, 2, 61, 62, 63, 64, 124, 125, 200])
+def test_ancestors_of_trees_wider_than_one_word_match_walking_parents(n):
+    g = torch.Generator().manual_seed(n)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+    anc = ancestors(parents)
+    assert anc.shape == (n, n) and anc.dtype == torch.bool
+    for v in range(n):
+        assert anc[v].nonzero().flatten().tolist() == sorted(path_to(parents, v))
+
+
+def test_unpack_bits_reads_bit_j_into_column_j():
+    assert unpack_bits([5], 3).tolist() == [[True, False, True]]
+    assert unpack_bits([1 << 70 | 1], 71)[0].nonzero().flatten().tolist() == [0, 70]
+    assert unpack_bits([], 4).shape == (0, 4)
 
 
 def test_worked_example_in_docstring():

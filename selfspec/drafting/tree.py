@@ -93,28 +93,38 @@ def chain(tokens: list[int] | torch.Tensor, scores: torch.Tensor | None = None) 
     return Tree(t, torch.arange(n) - 1, torch.arange(n), scores)
 
 
-def ancestors(parents: torch.Tensor, depths: torch.Tensor | None = None) -> torch.Tensor:
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
     """Ancestor-or-self matrix [n, n] (bool): row v is True at v and every ancestor of v.
 
-    Requires parents to precede children. Vectorised per depth: a row is its parent's row
-    plus itself. Example: parents [-1, 0, 0, 1] -> row 3 is [T, T, F, T].
+    Requires parents to precede children. Each node's set is its parent's plus itself, kept as
+    one Python integer's bits and unpacked once: a tree of n nodes costs n integer ors and a few
+    tensor ops (a step per depth of tensor ops had cost ~12 us a depth, 100 us for a lookup
+    chain of 8, 4% of a round). Example: parents [-1, 0, 0, 1] -> row 3 is [T, T, F, T].
     """
-    n = parents.shape[0]
-    anc = torch.eye(n, dtype=torch.bool)
-    if depths is None:
-        depths = _depths(parents)
-    for d in range(1, int(depths.max()) + 1 if n else 0):
-        rows = (depths == d).nonzero().squeeze(-1)
-        anc[rows] |= anc[parents[rows]]
-    return anc
+    sets = ancestor_sets(parents.tolist())
+    return unpack_bits(sets, len(sets))
 
 
-def _depths(parents: torch.Tensor) -> torch.Tensor:
-    par = parents.tolist()
-    dep = [0] * len(par)
-    for i, p in enumerate(par):
-        dep[i] = 0 if p < 0 else dep[p] + 1
-    return torch.tensor(dep, dtype=torch.long)
+def ancestor_sets(parents: list[int]) -> list[int]:
+    """Node v's ancestors and itself as the bits of one integer (bit u = node u), parents first:
+    ancestor_sets([-1, 0, 0, 1]) == [0b1, 0b11, 0b101, 0b1011]."""
+    sets: list[int] = []
+    for v, p in enumerate(parents):
+        sets.append((sets[p] if p >= 0 else 0) | (1 << v))
+    return sets
+
+
+def unpack_bits(sets: list[int], n: int) -> torch.Tensor:
+    """Bit sets (Python integers) -> bool [len(sets), n], column j = bit j. unpack_bits([5], 3) ->
+    [[T, F, T]]. Sixty-two bits a pass: the int64 shifts never touch the sign bit."""
+    parts = []
+    for lo in range(0, n, 62):
+        w = min(62, n - lo)
+        word = torch.tensor([(s >> lo) & ((1 << w) - 1) for s in sets], dtype=torch.long)
+        parts.append((word[:, None] >> torch.arange(w)) & 1)
+    if not parts:
+        return torch.zeros(len(sets), 0, dtype=torch.bool)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).bool()
 
 
 def path_to(parents: torch.Tensor | list[int], v: int) -> list[int]:

@@ -12,7 +12,7 @@ prefix columns stay zero (`MaskBuffer`), so a round costs O(q^2) mask work howev
 context is, and new tokens that all see each other (AR, a draft pass) get no mask at all.
 
 Rows of a round are padded to one width q by the caller; a padding query must see at least one
-key (SDPA yields NaN on a fully masked row): `masks.pad_block` lets it see itself, and no real token
+key (SDPA yields NaN on a fully masked row): `masks.row_sets` lets it see itself, and no real token
 sees it. Hidden masked slots still enter SDPA with weight 0, so they must be finite: the cache
 only ever holds zeros or K/V the model wrote.
 """

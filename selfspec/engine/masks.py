@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from selfspec.drafting.tree import ancestor_sets, unpack_bits
+
 NEG = float("-inf")
 
 
@@ -76,22 +78,32 @@ def tree_block(parents: torch.Tensor, depths: torch.Tensor, owners: torch.Tensor
         g0: 1 1 | 1 1
         g1: 1 1 | 1 1
     """
-    from selfspec.drafting.tree import ancestors
-
     n = parents.shape[0]
-    owners = torch.zeros(0, dtype=torch.long) if owners is None else owners.long()
-    m, G = owners.shape[0], group_size if owners.shape[0] else 0
-    anc = ancestors(parents, depths)
-    q = n + m * G
-    allowed = torch.zeros(q, q, dtype=torch.bool)
-    allowed[:n, :n] = anc
-    offsets = [depths]
-    if m:
-        gid = torch.arange(m).repeat_interleave(G)
-        allowed[n:, :n] = anc[owners].repeat_interleave(G, 0)
-        allowed[n:, n:] = gid[:, None] == gid[None, :]
-        offsets.append(depths[owners].repeat_interleave(G) + 1 + torch.arange(G).repeat(m))
-    return additive(allowed, dtype), torch.cat(offsets)
+    G = group_size if owners is not None and owners.shape[0] else 0
+    sets, offsets = row_sets(parents.tolist(), depths.tolist(), owners.tolist() if G else [], G, n, 0)
+    return additive(unpack_bits(sets, len(sets)), dtype), torch.tensor(offsets)
+
+
+def row_sets(parents: list[int], depths: list[int], owners: list[int], group: int, start: int,
+             width: int) -> tuple[list[int], list[int]]:
+    """One row's queries as bit sets of the columns each may see, and their offsets: the tree's
+    n nodes in columns 0..n-1, its mask groups of `group` from column `start` on, padding to
+    `width` columns (a padding column sees only itself and sits at its own column's offset).
+    Example: chain [-1, 0], one group of 2 on node 1, start 3, width 5 -> sets [0b1, 0b11,
+    0b100, 0b11011, 0b11011], offsets [0, 1, 2, 2, 3]."""
+    sets = ancestor_sets(parents)
+    offsets = list(depths)
+    for c in range(len(sets), start):  # padding between the nodes and the groups
+        sets.append(1 << c)
+        offsets.append(c)
+    for j, u in enumerate(owners):
+        own = sets[u] | (((1 << group) - 1) << (start + j * group))
+        sets.extend([own] * group)
+        offsets.extend(range(depths[u] + 1, depths[u] + 1 + group))
+    for c in range(len(sets), width):
+        sets.append(1 << c)
+        offsets.append(c)
+    return sets, offsets
 
 
 def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor,
@@ -110,17 +122,6 @@ def tree_and_groups(prefix_len: int, parents: torch.Tensor, depths: torch.Tensor
     mask = torch.cat([torch.zeros(q, prefix_len, dtype=dtype), block], 1)
     G = group_size if owners.shape[0] else 0
     return Layout(mask[None, None], (prefix_len + offsets)[None], parents.shape[0], owners, G)
-
-
-def pad_block(block: torch.Tensor, q: int) -> torch.Tensor:
-    """A row's [n, n] additive block padded to [q, q]: padding queries see only themselves, and
-    real queries never see padding. Example: n=1, q=3 -> [[0, -inf, -inf], [-inf, 0, -inf], ...]."""
-    n = block.shape[0]
-    out = torch.full((q, q), NEG, dtype=block.dtype)
-    out[:n, :n] = block
-    idx = torch.arange(n, q)
-    out[idx, idx] = 0
-    return out
 
 
 @dataclass
@@ -151,22 +152,14 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
     if q == 1 and N == 1:  # one node a row (AR): its token at its depth, no mask; what the loop below makes
         return RowsLayout(torch.cat([t.tokens for t in trees]).view(R, 1),
                           torch.cat([t.depths for t in trees]).view(R, 1), None, N)
-    tokens = torch.full((R, q), mask_id, dtype=torch.long)
-    offsets = torch.arange(q).repeat(R, 1)
-    blocks = None if q == 1 else torch.empty(R, q, q)
-    for i, t in enumerate(trees):
-        tokens[i, : ns[i]] = t.tokens
-        if blocks is None:
-            offsets[i, :1] = t.depths
-            continue
-        block, offs = tree_block(t.parents, t.depths, owners[i], G if owners[i] is not None else 0)
-        if ms[i] == 0 or ns[i] == N:  # row i's queries are the layout's first columns
-            offsets[i, : offs.shape[0]] = offs
-            blocks[i] = pad_block(block, q)
-            continue
-        at = torch.cat([torch.arange(ns[i]), N + torch.arange(ms[i] * G)])  # row i's columns in the layout
-        offsets[i, at] = offs
-        full = pad_block(torch.zeros(0, 0), q)
-        full[at[:, None], at[None, :]] = block
-        blocks[i] = full
-    return RowsLayout(tokens, offsets, blocks, N)
+    # every row's allowed columns as bit sets, unpacked at once: a few tensor ops a round whatever
+    # its rows and trees (a row's block built of tensor ops had cost 250 us for a chain of 8)
+    sets, offsets, tokens = [], [], []
+    for t, o in zip(trees, owners):
+        s, offs = row_sets(t.parents.tolist(), t.depths.tolist(), [] if o is None else o.tolist(), G, N, q)
+        sets += s
+        offsets += offs
+        toks = t.tokens.tolist()
+        tokens += toks + [mask_id] * (q - len(toks))
+    blocks = additive(unpack_bits(sets, q).view(R, q, q))
+    return RowsLayout(torch.tensor(tokens).view(R, q), torch.tensor(offsets).view(R, q), blocks, N)

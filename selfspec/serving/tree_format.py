@@ -79,7 +79,7 @@ def to_eagle(tree: Tree, *, seq_len: int = 0, offset: int = 0) -> EagleTree:
         retrieve_index=torch.arange(q, dtype=torch.long) + offset,
         retrieve_next_token=torch.tensor(next_token, dtype=torch.long),
         retrieve_next_sibling=torch.tensor(next_sibling, dtype=torch.long),
-        tree_mask=ancestors(tree.parents, tree.depths),
+        tree_mask=ancestors(tree.parents),
         positions=tree.depths.long() + seq_len,
     )
 
@@ -117,7 +117,7 @@ def from_eagle(t: EagleTree, *, seq_len: int = 0) -> Tree:
         depths[v] = depths[parents[v]] + 1
     if not torch.equal(t.positions.long() - seq_len, depths):
         raise ValueError(f"positions {t.positions.tolist()[:8]}... are not seq_len ({seq_len}) + depth {depths.tolist()[:8]}...")
-    if not torch.equal(t.tree_mask.bool(), ancestors(par, depths)):
+    if not torch.equal(t.tree_mask.bool(), ancestors(par)):
         raise ValueError("tree_mask is not the ancestor-or-self matrix of the linked tree")
     return Tree(t.candidates.clone().long(), par, depths)
 
