@@ -12,7 +12,8 @@ import torch
 
 from selfspec.engine.decoder import Decoder, generate_batch_ids
 from selfspec.engine.batch_forward import BatchForward, batch_mask
-from selfspec.engine.masks import pad_block
+from selfspec.engine.masks import rows_layout
+from selfspec.drafting.tree import chain
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.forward import FastForward
 from selfspec.engine.options import DecodeConfig
@@ -48,8 +49,8 @@ def _batch1(m, prompts, cfg, **kw):
 
 
 # -- the batched forward -----------------------------------------------------------------------------
-def test_pad_block_and_batch_mask():
-    blk = pad_block(torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]), 3)
+def test_a_padded_row_block_and_the_batch_mask():
+    blk = rows_layout([chain([5, 6])], [None], 1, mask_id=4, width=3).blocks[0]  # a chain of 2, padded to 3
     assert (blk == 0).tolist() == [[True, False, False], [True, True, False], [False, False, True]]
     m = batch_mask(torch.tensor([1, 3]), torch.stack([blk, blk]), torch.float32)
     assert m.shape == (2, 1, 3, 6)
@@ -88,7 +89,7 @@ def test_batched_forward_rows_equal_the_batch1_forward_with_poisoned_free_slots(
     # a 3-node tree (root, two children) and a padded row
     block = torch.tensor([[0.0, -1e9, -1e9], [0.0, 0.0, -1e9], [0.0, -1e9, 0.0]]).masked_fill(
         torch.tensor([[False, True, True], [False, False, True], [False, True, False]]), float("-inf"))
-    blocks = torch.stack([block, block, pad_block(block[:1, :1], 3)])
+    blocks = torch.stack([block, block, rows_layout([chain([13])], [None], 1, mask_id=4, width=3).blocks[0]])
     toks = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 0, 0]])
     offs = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 2]])
     h = bf(toks, offs, cache, slice(0, 3), block=blocks)
