@@ -79,3 +79,28 @@ def _wide_awkward_rows() -> torch.Tensor:
 def test_the_c_argmax_of_rows_as_wide_as_the_vocabulary_is_torchs(banned):
     x = _wide_awkward_rows()
     assert torch.equal(layer.argmax(x, banned), select(x, temperature=0.0, banned=banned))
+
+
+@pytest.mark.skipif(not layer.available(), reason="no C compiler: the torch twin runs")
+@pytest.mark.parametrize("banned", [MASK, 24575, 24576, None])
+def test_a_lone_row_cut_in_halves_over_two_threads_answers_as_torch(banned):
+    """A row alone is searched in two halves at once: ties across the cut (24575 | 24576), the
+    maximum banned in either half, all -inf and NaN rows keep torch's first index."""
+    x = _wide_awkward_rows()
+    x[8] = -1.0
+    x[8, 24576] = x[8, 24575] = 3.0  # tied right at the cut: the first half's
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for r in range(x.shape[0]):
+                row = x[r : r + 1]
+                want = select(row, temperature=0.0, banned=banned)
+                assert torch.equal(layer.argmax(row, banned), want), (threads, r)
+                # the C pass itself, not torch after it: only the NaN row is handed back
+                out = torch.empty(1, dtype=torch.long)
+                fn = layer._c(False, "layer_argmax_bf16", row)
+                nans = fn(row.data_ptr(), 1, row.shape[1], -1 if banned is None else banned, out.data_ptr(), threads)
+                assert (nans, int(out[0])) == ((1, -1) if row.isnan().any() else (0, int(want[0]))), (threads, r)
+    finally:
+        torch.set_num_threads(before)

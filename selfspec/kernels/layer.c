@@ -198,31 +198,55 @@ static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *
     return m;
 }
 
-int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y) {
-    int64_t nans = 0;
-    for (int64_t r = 0; r < M; r++) {
-        const uint16_t *row = x + r * V;
+/* the largest key of row[a, b) and its first index, `banned` counting as -inf (a part that holds
+ * only the banned index answers it with -inf; an empty one answers -1) */
+static int64_t argmax_part(const uint16_t *row, int64_t a, int64_t b, int64_t banned, int32_t *key, int *nan) {
+    int32_t m = KEY_NEG_INF;
+    if (banned >= a && banned < b) {
+        m = key_max(row, a, banned, m, nan);
+        m = key_max(row, banned + 1, b, m, nan);
+    } else {
+        m = key_max(row, a, b, m, nan);
+    }
+    *key = m;
+    for (int64_t b0 = a; b0 < b; b0 += ARGMAX_BLOCK) {
+        int64_t b1 = b0 + ARGMAX_BLOCK < b ? b0 + ARGMAX_BLOCK : b;
+        int hit = 0;
+        for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
+        hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
+        if (!hit) continue;
+        for (int64_t i = b0; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) return i;
+    }
+    return -1;
+}
+
+/* Rows are shared out over the threads, and a lone row is cut in two halves (the head wrote each
+ * half's columns on one thread: each reads what its own cache holds). A row's answer is its
+ * halves' larger key, the first half's on a tie: the same index whatever the threads. */
+int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y, int64_t threads) {
+    int64_t S = M == 1 && threads > 1 ? 2 : 1, P = M * S, nans = 0;
+    int32_t keys[2];
+    int64_t found[2];
+    int bad[2] = {0, 0};
+    #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1) reduction(+ : nans)
+    for (int64_t p = 0; p < P; p++) {
+        int64_t r = p / S, h = p % S, a = V * h / S, b = V * (h + 1) / S;
         int nan = 0;
-        int32_t m = KEY_NEG_INF;
-        if (banned >= 0 && banned < V) {
-            m = key_max(row, 0, banned, m, &nan);
-            m = key_max(row, banned + 1, V, m, &nan);
+        int32_t key;
+        int64_t i = argmax_part(x + r * V, a, b, banned, &key, &nan);
+        if (S == 1) {
+            y[r] = nan ? -1 : i < 0 ? 0 : i;  /* all -inf: index 0, torch's answer */
+            nans += nan;
         } else {
-            m = key_max(row, 0, V, m, &nan);
+            keys[h] = key;
+            found[h] = i;
+            bad[h] = nan;
         }
-        if (nan) { y[r] = -1; nans++; continue; }
-        int64_t found = 0;  /* all -inf: index 0, torch's answer */
-        for (int64_t b0 = 0; b0 < V; b0 += ARGMAX_BLOCK) {
-            int64_t b1 = b0 + ARGMAX_BLOCK < V ? b0 + ARGMAX_BLOCK : V;
-            int hit = 0;
-            for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
-            hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
-            if (!hit) continue;
-            int64_t i = b0;
-            for (; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) break;
-            if (i < b1) { found = i; break; }
-        }
-        y[r] = found;
+    }
+    if (S == 2) {
+        if (bad[0] | bad[1]) { y[0] = -1; return 1; }
+        int second = found[1] >= 0 && (found[0] < 0 || keys[1] > keys[0]);
+        y[0] = second ? found[1] : found[0] < 0 ? 0 : found[0];
     }
     return nans;
 }

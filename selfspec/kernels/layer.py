@@ -27,7 +27,7 @@ _SIGS = {
     "layer_add_rms": [_P, _P, _I64, _I64, _P, _D, _P, _INT, _INT],
     "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
-    "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P],
+    "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P, _I64],
     "layer_gumbel_candidates": [_P, _INT, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
     "layer_uniforms": [ctypes.c_uint64, _I64, _P],
     "layer_set_par_min": [_I64],
@@ -182,7 +182,7 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
     M, V = logits.shape
     out = torch.empty(M, dtype=torch.long)
     # rows with a NaN, counted in C: a tensor test of `out` cost ~24 us right after the forward (~1% of an AR round)
-    if fn(logits.data_ptr(), M, V, -1 if banned is None else banned, out.data_ptr()):
+    if fn(logits.data_ptr(), M, V, -1 if banned is None else banned, out.data_ptr(), torch.get_num_threads()):
         bad = out < 0
         out[bad] = argmax(logits[bad], banned, fallback=True)
     return out
