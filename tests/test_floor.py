@@ -31,8 +31,7 @@ def _model_and_prompt():
     return m, prompt
 
 
-def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, drag=0.0, chains=None, funds=None,
-         wake=0.0):
+def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, drag=0.0, chains=None, funds=None):
     """(token ids, fake seconds) of one generation. `accept`: every drafted token is replaced by the
     reference's token at its position (True: always accepted) or by another one (False: never);
     `chains`: every context-lookup chain is the reference's next 10 tokens after a 3-token match
@@ -43,9 +42,7 @@ def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, d
     at the generation's start (a planner whose earlier answers left it none);
     `stall`: seconds the first forecast takes on top of its own (a garbage collection's pause);
     `learning`: seconds the planner takes to observe a round it forecast (AR mode's rounds do not);
-    `drag`: seconds a forward takes beyond its price when a forecast ran before it in its round;
-    `wake`: seconds each of the 3 one-token forwards after a wider round's (not a prefill's) takes
-    beyond its price."""
+    `drag`: seconds a forward takes beyond its price when a forecast ran before it in its round."""
     m.__dict__.pop("_selfspec_planners", None)  # a fresh planner: nothing learnt by another test
     dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
     clock = FakeClock()
@@ -111,20 +108,6 @@ def _run(m, prompt, cfg, reference=None, accept=None, stall=0.0, learning=0.0, d
 
         dec.planner.forecast = forecasting
         dec.bf = dec.stepper.bf = Dragged(dec.bf.bf, clock, CPU)
-    if wake:
-        class Waking(type(dec.bf)):
-            left = 0
-
-            def __call__(self, tokens, offsets, cache, rows, **kw):
-                if tokens.shape[1] == 1 and self.left:
-                    self.clock.t += wake
-                    self.left -= 1
-                elif tokens.shape[1] > 1 and not kw.get("causal"):
-                    self.left = 3
-                return super().__call__(tokens, offsets, cache, rows, **kw)
-
-        old = dec.bf
-        dec.bf = dec.stepper.bf = Waking(old.bf, clock, CPU)
     try:
         for _ in dec:
             pass
@@ -175,20 +158,6 @@ def test_a_forward_slowed_by_the_forecast_before_it_is_charged_to_speculation(se
     out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False, drag=drag)
     assert out == ar
     assert seconds <= 1.03 * ar_seconds, (seconds / ar_seconds, dict(st.plan_hist))
-
-
-@pytest.mark.parametrize("charged", [True, False])
-def test_the_ar_rounds_a_wide_round_slows_are_charged_to_it(setting, monkeypatch, charged):
-    # on a Xeon the one-token forwards right after a 16-token one ran +13-30%, +9%, +4%: bets that
-    # never pay, each slowing the 3 AR rounds after it by 80% of a round, stay within the floor only
-    # when the planner prices and charges that wake (uncharged, the test fails: `charged` False)
-    m, prompt, ar, ar_seconds = setting
-    if not charged:
-        monkeypatch.setattr(planner_mod.Planner, "wake_seconds", lambda self, *a: 0.0)
-    out, seconds, st = _run(m, prompt, DecodeConfig(max_new_tokens=N, block_length=8), ar, accept=False,
-                            wake=0.8 * CPU(1, 1, len(prompt)))
-    assert out == ar
-    assert (seconds <= 1.03 * ar_seconds) == charged, (seconds / ar_seconds, dict(st.plan_hist))
 
 
 def test_a_planner_that_ignores_its_losses_fails_the_floor(setting, monkeypatch):

@@ -26,9 +26,6 @@ PAUSE times the larger of its running estimate and PLAN_FIRST AR rounds. Charged
 stall in a 1k-token prompt's first lookup (6 ms AR rounds) cost 30 AR rounds and a forecast
 estimate of 36 ms: no bet for the next ~1,700 rounds, i.e. auto ran AR for the rest of a bench.
 
-A bet is also charged the time it costs the AR rounds after it: a wider forward slows the next few
-(its wake, `round_costs.RoundCosts.wake`, measured), which no bare round pays for.
-
 Lookup bets may also draw on `shadow`: what lookup bets the funds could not cover would have
 won, in hindsight (`shadow.py`: the row's own later tokens show how much of each chain a
 verification would have taken), up to `shadow_cap` AR rounds. A lookup bet that loses while the

@@ -92,7 +92,7 @@ class Planner(RoundCosts):
         self.settle()
         new = copy.copy(self)
         for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
-                     "rates", "ledger", "unsettled", "relative", "_waking"):
+                     "rates", "ledger", "unsettled", "relative"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
         new.shadows = {}
@@ -105,8 +105,6 @@ class Planner(RoundCosts):
         capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
         chat); the rate estimate and probe clock restart."""
         self.rates, self.since_probe, self.last_yields, self.trailing, self.shadows = {}, 0, [1.0], 0.0, {}
-        self.settle()
-        self._waking = None  # the rounds after the prompt's prefill are in its wake, not a bet's
         self.ledger.funds = max(self.ledger.funds, START_MIN)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
@@ -324,8 +322,6 @@ class Planner(RoundCosts):
         expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
             0.0 if seen.bare else self.ledger.plan_seconds)
         seconds = seen.seconds
-        if seen.option is not AR:  # what it will cost the AR rounds after it (measured on earlier ones)
-            seconds += self.wake_seconds(self._f(R, seen.width, seen.cache_len), R, seen.cache_len)
         if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning and
             # the forward's measured drag after it, smoothed. Its own measured time also held the forward's
             # noise, and one 2x stall (another process) put a 1k-token generation 1.1 AR rounds in debt

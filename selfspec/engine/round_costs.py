@@ -28,7 +28,6 @@ from selfspec.engine.rounds import Seen
 
 EMA = 0.1  # weight of a new observation in the smoothed time scales
 FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
-WAKE_ROUNDS = 3  # AR rounds after a wider round that may still run slow (its "wake", `RoundCosts.wake`)
 
 
 class RoundCosts:
@@ -45,14 +44,6 @@ class RoundCosts:
         self.scale: dict[str, float] = {}  # "ar": measured / predicted model time of bare AR rounds
         self.relative: dict[str, float] = {}  # other kinds: their measured / predicted over AR's scale then
         self.first_scale = 1.0  # before any bare AR round: the latest round's measured / predicted model time
-        # the time the WAKE_ROUNDS AR rounds after a wider round take beyond their own steady time, per second
-        # of model time the wider round took beyond an AR round's (one figure for every kind and width: a
-        # kind's first bet is priced by the others' wakes). On a 2-core Xeon the one-token forwards right
-        # after a 16-token one ran +13-30%, +9%, +4% (`benchmarks/forward_after.py`), and on chat prompts the
-        # forecast AR rounds right after a lookup +8-11% against +3.5% further on: uncharged, it made a
-        # losing lookup look like a win.
-        self.wake: float | None = None
-        self._waking: list | None = None  # [the wider round's extra seconds, the AR rounds' so far, how many]
 
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
@@ -64,15 +55,7 @@ class RoundCosts:
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
         fam = o.family
-        wake = 0.0 if o is AR else self.wake_seconds(s, rows, cache)
-        return width, s * self._scale(fam) + (self._overhead(fam) + self.draw * (o.nodes + 1)) * rows + wake
-
-    def wake_seconds(self, f: float, rows: int, cache: int) -> float:
-        """Seconds the AR rounds after a round whose forwards the cost model prices at `f` lose to
-        it (`wake`: in proportion to its model time beyond an AR round's), as measured."""
-        if not self.wake or self.wake <= 0:
-            return 0.0
-        return self.wake * max(0.0, f - self._f(rows, 1, cache)) * self._scale("ar")
+        return width, s * self._scale(fam) + (self._overhead(fam) + self.draw * (o.nodes + 1)) * rows
 
     def least_seconds(self, family: str, rows: int, nodes: int, cache: int) -> float:
         """A lower bound of `seconds` for every chain of this kind of 1 .. `nodes` nodes: the
@@ -81,8 +64,7 @@ class RoundCosts:
         f = self._memo.get(key)
         if f is None:
             f = self._memo[key] = min(self._padded(rows, k + 1, cache)[1] for k in range(1, max(1, nodes) + 1))
-        return (f * self._scale(family) + (self._overhead(family) + 2 * self.draw) * rows
-                + self.wake_seconds(f, rows, cache))
+        return f * self._scale(family) + (self._overhead(family) + 2 * self.draw) * rows
 
     def model_seconds(self, family: str, rows: int, width: int, cache: int) -> float:
         """Predicted model time of one forward of `rows` x `width` over `cache` tokens in a round
@@ -145,14 +127,7 @@ class RoundCosts:
         predicted = self._f(R, seen.width, seen.cache_len)
         if option.draft_pass:
             predicted += self._f(R, self.block_length, seen.cache_len)
-        in_wake = option is AR and self._waking is not None
-        if in_wake:
-            self._wake_round(seen, fam, predicted)
-        elif option is not AR:
-            self._end_wake()
-            self._waking = [(predicted - self._f(R, 1, seen.cache_len)) * self._scale("ar"), 0.0, 0]
-        steady = not in_wake or fam not in (self.scale if fam == "ar" else self.relative)
-        if seen.model_seconds > 0 and steady:  # a round in a wake is the wider round's, not its kind's
+        if seen.model_seconds > 0:
             ratio = seen.model_seconds / predicted
             if fam == "ar":
                 _smooth(self.scale, "ar", ratio)
@@ -176,24 +151,6 @@ class RoundCosts:
             for f, v in self.overhead.items():
                 if f not in (fam, "ar") and v > base:
                     self.overhead[f] = v - 0.05 * (v - base)
-
-
-    def _wake_round(self, seen: "Seen", fam: str, predicted: float) -> None:
-        """An AR round in the wake of a wider one: the seconds it took beyond its kind's steady time
-        (a stall counts as a round PAUSE times its prediction)."""
-        w, steady = self._waking, predicted * self._scale(fam)
-        w[1] += min(seen.model_seconds, PAUSE * steady) - steady
-        w[2] += 1
-        if w[2] >= WAKE_ROUNDS:
-            self._end_wake()
-
-    def _end_wake(self) -> None:
-        """The wake measured (`WAKE_ROUNDS` AR rounds, or fewer before the next wider round) into the
-        estimate, per second of the wider round's extra model time."""
-        w, self._waking = self._waking, None
-        if w is not None and w[2] and w[0] > 0:
-            sample = w[1] / w[0]
-            self.wake = sample if self.wake is None else self.wake + EMA * (sample - self.wake)
 
 
 def _smooth(table: dict[str, float], key: str, ratio: float) -> None:
