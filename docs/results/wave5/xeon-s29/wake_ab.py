@@ -56,5 +56,7 @@ for v in variants:
           f"chat {tot['ar']['chat']/t['chat']:.3f}x all {(tot['ar']['code']+tot['ar']['chat'])/(t['code']+t['chat']):.3f}x")
 for v in variants[1:]:
     for key, pl in stores[v].items():
-        print(v, "wake", None if getattr(pl, "wake", None) is None else round(pl.wake, 3), "relative", {k: round(x, 3) for k, x in pl.relative.items()},
+        w = getattr(pl, "wake", None)
+        print(v, "wake", w if not isinstance(w, (dict, float)) else round(w, 3) if isinstance(w, float)
+              else {k: round(x, 3) for k, x in sorted(w.items())}, "relative", {k: round(x, 3) for k, x in pl.relative.items()},
               "scale", {k: round(x, 3) for k, x in pl.scale.items()})
