@@ -1,6 +1,6 @@
 import torch
 
-from selfspec.drafting.tree import Tree, chain
+from selfspec.drafting.tree import Tree, chain, root_only
 from selfspec.drafting.verify import oracle_length, walk
 
 
@@ -26,6 +26,11 @@ def test_walk_on_a_chain_is_linear_acceptance():
     t = chain([1, 2, 3, 4])
     assert walk(t, torch.tensor([2, 3, 9, 9])) == ([0, 1, 2], 9)
     assert walk(t, torch.tensor([5, 3, 4, 8])) == ([0], 5)
+
+
+def test_walk_of_a_lone_root_emits_its_target_as_a_python_int():
+    path, bonus = walk(root_only(7), torch.tensor([42]))
+    assert path == [0] and bonus == 42 and type(bonus) is int
 
 
 def test_oracle_length_worked_example():

@@ -20,6 +20,8 @@ def walk(tree: Tree, targets: torch.Tensor) -> tuple[list[int], int]:
     root 7 -> target 12 -> child node 2 carries 12, accepted -> its target 9 matches no child,
     so the path is [0, 2] and the bonus is 9 (two tokens emitted: 12, 9).
     """
+    if tree.tokens.shape[0] == 1:  # the root alone (every AR round): its target is the bonus
+        return [0], int(targets[0])
     tok, par, tgt = tree.tokens.tolist(), tree.parents.tolist(), targets.tolist()
     children: dict[int, dict[int, int]] = {}
     for v in range(1, len(tok)):

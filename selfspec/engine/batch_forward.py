@@ -197,20 +197,17 @@ class BatchForward:
         ff = self.ff
         R, q = int(tokens.shape[0]), int(tokens.shape[1])
         starts = cache.lengths[rows]
-        lengths = torch.tensor(starts, dtype=torch.long)
-        if lengths.shape[0] != R:
-            raise ValueError(f"{R} token rows for {lengths.shape[0]} cache rows")
+        if len(starts) != R:
+            raise ValueError(f"{R} token rows for {len(starts)} cache rows")
         cache.reserve(max(starts) + q)  # a round wider than the rows' reserved scratch grows the cache first
-        positions = lengths[:, None] + offsets
+        # one row: its positions without a tensor of its length (a decode round's Python is ~8% of
+        # its time, most of it small torch calls like these)
+        positions = ((offsets + starts[0]).long() if R == 1 else
+                     torch.tensor(starts, dtype=torch.long)[:, None] + offsets)
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
         # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all
         use_causal = causal and R == 1 and starts[0] == 0 and not ff.exact
         no_mask = R == 1 and not causal and block is None
-        if block is None:
-            block = torch.zeros(q, q)
-            if causal:
-                block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
-            block = block.expand(R, q, q)
         masks = {}
         mask_dtype = torch.float64 if ff.exact else ff.dtype
 
@@ -218,11 +215,18 @@ class BatchForward:
             if dev not in masks:
                 if use_causal or no_mask:
                     masks[dev] = None
-                elif R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
-                    buf = _mask_buffer(cache, dev, mask_dtype, index)
-                    masks[dev] = buf.view(starts[0], block[0].to(dev, mask_dtype))
                 else:
-                    masks[dev] = batch_mask(lengths, block, mask_dtype).to(dev)
+                    full = block
+                    if full is None:
+                        full = torch.zeros(q, q)
+                        if causal:
+                            full = full.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
+                        full = full.expand(R, q, q)
+                    if R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
+                        buf = _mask_buffer(cache, dev, mask_dtype, index)
+                        masks[dev] = buf.view(starts[0], full[0].to(dev, mask_dtype))
+                    else:
+                        masks[dev] = batch_mask(torch.tensor(starts, dtype=torch.long), full, mask_dtype).to(dev)
             return masks[dev]
 
         def attend(i, dev, qs, ks, vs, fused=None):

@@ -123,15 +123,20 @@ class BatchKVCache:
             memo = self.scratch[("index", device)] = (key, idx.expand(R, kv, q, D))
         return memo[1]
 
-    @torch.inference_mode()
     def commit(self, row: int, accepted: list[int]) -> None:
-        """Keep row `row`'s new tokens at offsets `accepted` (ordered) after its length."""
+        """Keep row `row`'s new tokens at offsets `accepted` (ordered) after its length. Accepted
+        tokens that lie in place already (AR, a chain's prefix: most rounds) only move the length."""
         n, start = len(accepted), self.lengths[row]
         if n and list(accepted) != list(range(n)):
-            idx = torch.tensor(accepted, dtype=torch.long) + start
-            for buf in self._buffers():
-                buf[row, :, start : start + n] = buf[row].index_select(1, idx.to(buf.device))
+            self._gather(row, start, accepted)
         self.lengths[row] = start + n
+
+    @torch.inference_mode()
+    def _gather(self, row: int, start: int, accepted: list[int]) -> None:
+        n = len(accepted)
+        idx = torch.tensor(accepted, dtype=torch.long) + start
+        for buf in self._buffers():
+            buf[row, :, start : start + n] = buf[row].index_select(1, idx.to(buf.device))
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, *, keep: bool = False) -> None:
@@ -231,12 +236,15 @@ class BatchKVCache:
             kept.append(occupant)
         return live, kept
 
-    @torch.inference_mode()
     def reserve(self, capacity: int = 0, rows: int = 0) -> None:
         """At least `rows` rows of `capacity` slots: a larger allocation (capacity doubling, rows
-        exactly as asked: a decoder knows its most rows), the rows copied over."""
-        if capacity <= self.capacity and rows <= self.rows:
-            return
+        exactly as asked: a decoder knows its most rows), the rows copied over. Asked every
+        forward: the check runs before anything enters inference mode."""
+        if capacity > self.capacity or rows > self.rows:
+            self._grow(capacity, rows)
+
+    @torch.inference_mode()
+    def _grow(self, capacity: int, rows: int) -> None:
         cap = max(capacity, 2 * self.capacity) if capacity > self.capacity else self.capacity
         n = max(rows, self.rows)
         self.shape = (n, self.shape[1], cap, self.shape[3])
