@@ -294,6 +294,59 @@ def test_the_batch_bench_repeats_its_mirrored_block_and_sums_every_run(monkeypat
     assert by[("auto", 4)]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
 
 
+def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transformers_run(monkeypatch):
+    """The run after transformers' fp32 weights starts cold (ours 0.94x after an fp32 run): an untimed
+    AR decode of ours takes that start, not the next timed row."""
+    from types import SimpleNamespace
+
+    from selfspec.tools import bench_batch
+
+    events, clock = [], iter(range(1, 100))
+
+    def fake_run(model, prompts_ids, mode, B, t, *rest):
+        events.append(("timed", mode))
+        return [[1, 2, 3]] * len(prompts_ids), float(next(clock)), {}
+
+    def fake_decoder(model, prompts, cfg, **kw):
+        events.append(("untimed", cfg.mode))
+        return []
+
+    monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
+    monkeypatch.setattr("selfspec.tools.peers.causal_lm", lambda model: None)
+    monkeypatch.setattr("selfspec.engine.decoder.Decoder", fake_decoder)
+    model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
+    bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [2], ["ar", "auto"], max_new_tokens=3,
+                                temperatures=[0.0], peers=("hf",), progress=False)
+    assert [e[1] for e in events if e[0] == "timed"] == ["ar", "auto", "hf", "hf", "auto", "ar"]
+    after_hf = [events[i + 1] for i, e in enumerate(events) if e == ("timed", "hf")]
+    assert after_hf == [("untimed", "ar")] * 2
+
+
+def test_a_run_on_other_weights_is_followed_by_an_untimed_run_of_the_default_model(tiny_dir, prompts, tmp_path,
+                                                                                     monkeypatch):
+    """After the fp32 baseline's run the next run of ours went 0.94x (its weights push ours out of the
+    cache); in the mirrored order that run is always the same row, so a few untimed AR tokens of the
+    default model take the cold start instead."""
+    from selfspec.engine import decoder as decoder_mod
+    from selfspec.engine.forward import FastForward
+
+    events, Real = [], decoder_mod.Decoder
+
+    class Spy(Real):
+        def __init__(self, model, prompts, cfg, **kw):
+            events.append((FastForward.of(model).weights, cfg.mode, cfg.max_new_tokens))
+            super().__init__(model, prompts, cfg, **kw)
+
+    monkeypatch.setattr(decoder_mod, "Decoder", Spy)
+    assert main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--weights", "int8", "--modes", "ar",
+                 "auto", "--compare-weights", "fp32", "--temperatures", "0", "--max-new-tokens", "6", "--repeats", "2",
+                 "--out", str(tmp_path / "o")]) == 0
+    timed = [i for i, e in enumerate(events) if e[2] == 6]
+    assert [events[i][0] for i in timed] == ["int8", "int8", "fp32", "fp32", "int8", "int8"] * 2  # two prompts
+    after = [events[i + 1] for i in timed if events[i][0] == "fp32"]
+    assert after == [("int8", "ar", 8)] * 4
+
+
 def test_repeats_run_every_row_again_in_mirrored_order_and_sum_the_runs(tiny_dir, prompts, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--modes", "ar", "auto", "--peers",
