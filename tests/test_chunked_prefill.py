@@ -608,6 +608,47 @@ def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_no
     assert len(dec.scheduler.live) == 6 and not dec.scheduler.prefilling
 
 
+@pytest.mark.parametrize("fmt", ["int8", "w4a8"])  # chunks that could ride, and ones in forwards of their own
+def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spaced_like_autos(fmt, monkeypatch):
+    """Mode "ar" (no planner, no chunk given; the fixed piece made 32 tokens for the tiny model's 256
+    positions): a 150-token prompt joins two running rows on a fake clock (10 ms + 1 ms a token a
+    forward). Its pieces run in forwards of their own (in int8 too, where a chunk could ride: a
+    fixed piece in every round would make each of the rows' rounds that much wider), and the rows
+    run (1 - PREFILL_SHARE) / PREFILL_SHARE times a piece's time before the next (a 256-token piece
+    every turn had held 4 rows to a token per ~0.3 s while a 2,000-token prompt joined, w4a8); every
+    output equals AR."""
+    monkeypatch.setattr("selfspec.engine.prefill_pacing.PREFILL_CHUNK", 32)
+    m = _model(fmt)
+    m.__dict__.pop("_selfspec_planners", None)
+    cfg = DecodeConfig(mode="ar", max_new_tokens=60)
+    running, (long,) = _prompts((5, 6)), _prompts((150,), seed=7)
+    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[])
+    clock = FakeClock()
+    dec.stepper.clock = clock
+    dec.bf = dec.stepper.bf = PricedForward(dec.stepper.bf, clock, CostModel.linear(per_token=1e-3, fixed=0.01))
+    for _ in range(3):
+        dec.step()
+    seq = dec.add(long)
+    widths = Widths(dec)
+    own, spans = dec.stepper.prefill_chunk, []
+
+    def timed(*a):
+        t0 = clock.t
+        out = own(*a)
+        spans.append((t0, clock.t))
+        return out
+
+    dec.stepper.prefill_chunk = timed
+    while not seq.emitted:
+        dec.step()
+    assert widths.joined == 0 and widths.seen == [(1, 32)] * 4 + [(1, 22)]
+    wait = (1 - PREFILL_SHARE) / PREFILL_SHARE
+    assert all(b0 - a1 >= wait * (a1 - a0) - 1e-9 for (a0, a1), (b0, _) in zip(spans, spans[1:])), spans
+    while dec.busy:
+        dec.step()
+    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in running + [long]]
+
+
 def test_whole_prompts_counts_the_waiting_prompts_one_forward_prefills_padded_to_its_longest():
     ms = lambda c: c * 1e-3  # noqa: E731
     assert whole_prompts([30, 40, 200], ms, 0.1) == 2  # 2 x 40 tokens; 3 x 200 do not fit

@@ -294,7 +294,7 @@ class Decoder(PrefillPacing):
                 entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
-            elif sched.prefilling and not (sched.live and self.bf.joins):
+            elif sched.prefilling and not (sched.live and self.rides):
                 tokens = self._due_chunk()
                 if tokens:
                     t0 = self.stepper.clock()
@@ -304,7 +304,7 @@ class Decoder(PrefillPacing):
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
-            if sched.prefilling and self.bf.joins and not chunked:  # one chunk a turn
+            if sched.prefilling and self.rides and not chunked:  # one chunk a turn
                 join = (sched.prefilling, len(sched.live), self.chunk_tokens())
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
             self._since_chunk += rnd.seconds

@@ -16,16 +16,24 @@ class PrefillPacing:
     """The decoder's chunk pacing; reads its scheduler, stepper, planner, `prefill_chunk` and the
     chunk clock (`_since_chunk`, `_chunk_seconds`, `_chunk_scale`)."""
 
+    @property
+    def rides(self) -> bool:
+        """A waiting prompt's chunk rides in the live rows' round forward (`BatchForward.joins`), where
+        something prices it against their round: plan "auto"'s cost model, or a `prefill_chunk` the
+        caller chose. A fixed mode's default 256-token piece would make every round of the rows a
+        256-token forward: it runs in a forward of its own, spaced (`_due_chunk`)."""
+        return self.bf.joins and (self.planner is not None or self.prefill_chunk is not None)
+
     def _due_chunk(self) -> int:
         """The query tokens of the own-forward chunk this turn runs (`chunk_tokens`), 0 for none:
-        always with nothing running, a fixed `prefill_chunk` or no planner; under plan "auto" once
-        the rows have run their share since the last one (`chunks.chunk_due`: a long prompt's
-        pieces), or at once when it prefills short prompts whole (a free row waiting for its prompt
-        is lost time, the chunk costs the same later). Turns that wait between a long prompt's
-        pieces price nothing."""
+        always with nothing running or a fixed `prefill_chunk`; else once the rows have run their
+        share since the last one (`chunks.chunk_due`: a long prompt's pieces, under plan "auto" and
+        in the fixed modes alike: a 256-token piece every turn had held 4 running rows to one token
+        per ~0.3 s while a 2,000-token prompt joined, w4a8), or at once when it prefills short
+        prompts whole (a free row waiting for its prompt is lost time, the chunk costs the same
+        later). Turns that wait between a long prompt's pieces price nothing."""
         sched = self.scheduler
-        if (not sched.live or self.prefill_chunk is not None or self.planner is None
-                or chunk_due(self._since_chunk, self._chunk_seconds)):
+        if not sched.live or self.prefill_chunk is not None or chunk_due(self._since_chunk, self._chunk_seconds):
             return self.chunk_tokens()
         if sched.prefilling[0].stats.prefill_forwards:  # the first waiting prompt is part-way in (a copied
             return 0  # prefix, `share_prefixes`, is no chunk of its own)
