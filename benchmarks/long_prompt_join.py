@@ -11,11 +11,14 @@ Through the in-process `Decoder` (no HTTP), on this main thread, as the server's
 turns the long prompt (the same file's texts repeated up to `--prompt-tokens` tokens) is added
 (`Decoder.add`), and turns go on until its first token and `--tokens` turns more. A row's
 inter-token latency is the time between two of its successive commits (what a streaming client
-waits). Three runs, each on a fresh decoder: `baseline` (nobody joins, `--warmup + --tokens`
-turns), `chunked` (`prefill_chunk=--chunk`, default automatic) and `one_forward` (a chunk as long
-as the prompt: today's stall). Each reports p50 / p95 / max of the running rows' gaps (ms) over
-the measured turns and, for the joins, over the gaps that end between the add and the long
-prompt's first token, that time to first token and its prefill forwards. `--shared N`: the first
+waits). Three runs, each on a fresh decoder: `chunked` (`prefill_chunk=--chunk`, default
+automatic), `baseline` (nobody joins; as many turns as `chunked` took to the long prompt's first
+token, or `--tokens`) and `one_forward` (a chunk as long as the prompt: the stall chunking
+avoids). Each reports p50 / p95 / max of the running rows' gaps (ms) over the measured turns; the
+joins also over the gaps that end between the add and the long prompt's first token
+(`during_prefill`), that time to first token, its turns and prefill forwards; the baseline also
+over the same turns (`same_turns`: the rows' contexts grow a token or more a turn, so gaps at
+turn 1,000 are not gaps at turn 50), and `p95_during_vs_same_turns` is issue 37's ratio. `--shared N`: the first
 running row's prompt is the long prompt's first N tokens and a question of its own (one document
 asked twice), so the joining prompt copies those N tokens' K/V from that row and prefills only
 the rest. Prints one JSON record with the command.
@@ -52,22 +55,26 @@ def summary(gaps: list[float]) -> dict:
     return {"n": len(gaps), "p50_ms": pct(gaps, 0.5), "p95_ms": pct(gaps, 0.95), "max_ms": pct(gaps, 1.0)}
 
 
-def run(model, cfg, shorts, long, *, chunk, warmup: int, tokens: int, join: bool) -> dict:
+def run(model, cfg, shorts, long, *, chunk, warmup: int, tokens: int, join: bool, window: int = 0) -> dict:
+    """One decoder's gaps; `window` > 0 (the baseline): also the gaps of its first `window` turns after
+    the warm-up (`same_turns`), the turns a joining prompt's prefill took in the chunked run: the rows'
+    own contexts grow by a token or more a turn, so only those turns compare with `during_prefill`."""
     from selfspec.engine.decoder import Decoder
     from selfspec.engine.sequence import SamplingParams
 
     dec = Decoder(model, shorts, cfg, batch_size=len(shorts) + 1, eos_token_id=[], prefill_chunk=chunk)
     rows = set(range(len(shorts)))
     last: dict[int, float] = {}
-    gaps, during = [], []
+    gaps, during, same = [], [], []
     for _ in range(warmup):
         for row, _piece in dec.turn():
             last[row] = time.perf_counter()
-    seq, added, first, left = None, None, None, tokens
+    seq, added, first, left, turn, turns_first = None, None, None, max(tokens, window), 0, None
     if join:
         seq = dec.add(long, params=SamplingParams(max_new_tokens=8))
         added = time.perf_counter()
     while left > 0 and dec.busy:
+        turn += 1
         for row, piece in dec.turn():
             now = time.perf_counter()
             if row in rows and piece:
@@ -75,15 +82,20 @@ def run(model, cfg, shorts, long, *, chunk, warmup: int, tokens: int, join: bool
                     gaps.append(now - last[row])
                     if join and first is None:
                         during.append(now - last[row])
+                    if turn <= window:
+                        same.append(now - last[row])
                 last[row] = now
             elif seq is not None and row == seq.index and first is None:
-                first = now
+                first, turns_first = now, turn
         if not join or first is not None:
             left -= 1
     out = {"gaps": summary(gaps)}
+    if window:
+        out["same_turns"] = dict(summary(same), turns=window)
     if join:
         out.update(during_prefill=summary(during), ttft_ms=None if first is None else round(1e3 * (first - added), 3),
-                   prefill_forwards=seq.stats.prefill_forwards, chunk=chunk if chunk is not None else "auto")
+                   turns=turns_first, prefill_forwards=seq.stats.prefill_forwards,
+                   chunk=chunk if chunk is not None else "auto")
     return out
 
 
@@ -128,9 +140,11 @@ def main(argv=None) -> int:
     kw = dict(warmup=a.warmup, tokens=a.tokens)
     rec = {"command": "python " + " ".join([os.path.relpath(__file__, HERE)] + (argv if argv is not None else sys.argv[1:])),
            "rows": a.rows, "prompt_tokens": len(long), "shared_tokens": a.shared, "plan": cfg.plan, "mode": cfg.mode,
-           "baseline": run(model, cfg, shorts, long, chunk=a.chunk, join=False, **kw),
-           "chunked": run(model, cfg, shorts, long, chunk=a.chunk, join=True, **kw),
-           "one_forward": run(model, cfg, shorts, long, chunk=len(long), join=True, **kw)}
+           "chunked": run(model, cfg, shorts, long, chunk=a.chunk, join=True, **kw)}
+    rec["baseline"] = run(model, cfg, shorts, long, chunk=a.chunk, join=False, window=rec["chunked"]["turns"] or 0, **kw)
+    rec["one_forward"] = run(model, cfg, shorts, long, chunk=len(long), join=True, **kw)
+    same, during = rec["baseline"].get("same_turns", {}).get("p95_ms"), rec["chunked"]["during_prefill"]["p95_ms"]
+    rec["p95_during_vs_same_turns"] = round(during / same, 3) if same and during else None
     print(json.dumps(rec))
     return 0
 
