@@ -255,6 +255,20 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
     assert pick_chunk(CostModel.flat(), 3, 10, 0, 700) == 700  # a GPU's flat curve: the whole prompt
 
 
+def _chunk_spans(dec, clock) -> list:
+    """Wraps the decoder's own-forward chunk call: (start, end) on the fake clock of each, as they run."""
+    own, spans = dec.stepper.prefill_chunk, []
+
+    def timed(*a):
+        t0 = clock.t
+        out = own(*a)
+        spans.append((t0, clock.t))
+        return out
+
+    dec.stepper.prefill_chunk = timed
+    return spans
+
+
 def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_token: float = 1e-3):
     """Two rows run (plan auto); a `length`-token prompt joins. The cost model says a forward costs
     10 ms plus `per_token` a token; the truth is three times that. Returns (seconds each chunk stalled
@@ -276,16 +290,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
     for _ in range(3):
         dec.step()
     dec.add(_prompts((length,), seed=5)[0])
-    priced.prefills, spans = [], []
-    own = dec.stepper.prefill_chunk
-
-    def timed(*a):
-        t0 = clock.t
-        out = own(*a)
-        spans.append((t0, clock.t))
-        return out
-
-    dec.stepper.prefill_chunk = timed
+    priced.prefills, spans = [], _chunk_spans(dec, clock)
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
             dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
@@ -629,16 +634,7 @@ def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spa
     for _ in range(3):
         dec.step()
     seq = dec.add(long)
-    widths = Widths(dec)
-    own, spans = dec.stepper.prefill_chunk, []
-
-    def timed(*a):
-        t0 = clock.t
-        out = own(*a)
-        spans.append((t0, clock.t))
-        return out
-
-    dec.stepper.prefill_chunk = timed
+    widths, spans = Widths(dec), _chunk_spans(dec, clock)
     while not seq.emitted:
         dec.step()
     assert widths.joined == 0 and widths.seen == [(1, 32)] * 4 + [(1, 22)]
