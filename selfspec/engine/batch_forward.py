@@ -76,6 +76,15 @@ class Join(NamedTuple):
     rows: slice
 
 
+def own_block(R: int, q: int, causal: bool) -> torch.Tensor:
+    """[R, q, q] additive block of new tokens with no tree among them: all see each other, or
+    (causal) each sees itself and those before it. own_block(1, 2, True) -> [[[0, -inf], [0, 0]]]."""
+    block = torch.zeros(q, q)
+    if causal:
+        block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
+    return block.expand(R, q, q)
+
+
 def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
     """[R, 1, q, S] additive mask, S = max(lengths) + q: row r sees slots < lengths[r], its block at
     slots lengths[r] .. lengths[r]+q-1, nothing else."""
@@ -216,12 +225,7 @@ class BatchForward:
                 if use_causal or no_mask:
                     masks[dev] = None
                 else:
-                    full = block
-                    if full is None:
-                        full = torch.zeros(q, q)
-                        if causal:
-                            full = full.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
-                        full = full.expand(R, q, q)
+                    full = block if block is not None else own_block(R, q, causal)
                     if R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
                         buf = _mask_buffer(cache, dev, mask_dtype, index)
                         masks[dev] = buf.view(starts[0], full[0].to(dev, mask_dtype))

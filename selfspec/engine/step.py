@@ -225,8 +225,8 @@ class Stepper(PrefillSteps):
             start += len(r.tree)
             r.seq.stats.forwards += 1
             r.seq.stats.query_tokens += q
-        got = self.targets_of([(r.seq, r.logits, [r.emitted_before] if len(r.tree) == 1 else
-                                 (r.tree.depths + r.emitted_before).tolist()) for r in rnd.rows])
+        got = self.targets_of([(r.seq, r.logits, [d + r.emitted_before for d in r.tree.depths.tolist()])
+                               for r in rnd.rows])
         for r, t in zip(rnd.rows, got):
             r.targets = t
         rnd.target_seconds, rnd.target_rows = self.clock() - t0, start
@@ -243,7 +243,8 @@ class Stepper(PrefillSteps):
             r.next_marg = self.group_marginals(s, rnd.hidden[r.slot, N + j * G + skip : N + (j + 1) * G], rnd)
         self.cache.commit(r.slot, r.path)
         s.root, s.marg = r.bonus, r.next_marg
-        r.committed = s.emit((r.tree.tokens[r.path[1:]].tolist() if len(r.path) > 1 else []) + [r.bonus], self.eos)
+        tokens = r.tree.tokens.tolist()
+        r.committed = s.emit([tokens[v] for v in r.path[1:]] + [r.bonus], self.eos)
         r.forward_seconds = s.stats.forward_seconds - r.forward_before
         r.query_tokens = s.stats.query_tokens - r.query_before
 

@@ -1,15 +1,11 @@
 """auto where a bet that did not pay for the forecasts since the previous bet lengthens the planner's next rest
 (instead of halving it), against today's rule, each its own planners, against AR, one process (mirrored order):
 the tune prompts of KIND, 128 tokens, T. python roi_ab.py T REPEATS PLANNERS KIND"""
-import os, sys, time, collections
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "../../../.."))  # the checkout
+import sys
 from selfspec.engine import planner as P
 from selfspec.engine.layouts import AR
 from selfspec.loading import load
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig
-from selfspec.streaming import encode_prompt
-from selfspec.tools.bench_prompts import read_prompts
+from tune_ab import alternate, generate, tune_prompts
 T, reps, copies, kind = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else ""
 real_account, real_note = P.Planner._account, P.Planner.note_choice
 on = {"v": False}
@@ -31,28 +27,15 @@ def note(self, option):
     real_note(self, option)
 P.Planner._account, P.Planner.note_choice = account, note
 model, tok = load(None, progress=False)
-ps = [p for p in read_prompts(os.path.join(ROOT, "benchmarks/tune_prompts.jsonl")) if kind in p["id"]]
+ps = tune_prompts(kind)
 variants = ["ar"] + [f"{r}{i}" for i in range(copies) for r in ("head", "roi")]
 stores = {v: {} for v in variants}
 def run(v):
-    by = collections.Counter()
-    mode = "ar" if v == "ar" else "auto"
     on["v"] = v.startswith("roi")
     if v != "ar":
         model.__dict__["_selfspec_planners"] = stores[v]
-    for i, p in enumerate(ps):
-        ids = encode_prompt(tok, p.get("prompt") or p["messages"])
-        t0 = time.perf_counter()
-        for _ in Decoder(model, [ids], DecodeConfig(mode=mode, max_new_tokens=128, temperature=T), seeds=[i]):
-            pass
-        by["code" if "code" in p["id"] else "chat"] += time.perf_counter() - t0
-    return by
-for v in variants:
-    run(v)
-tot = {v: collections.Counter() for v in variants}
-for r in range(reps):
-    for v in (variants if r % 2 == 0 else variants[::-1]):
-        tot[v].update(run(v))
+    return generate(model, tok, ps, "ar" if v == "ar" else "auto", T)
+tot = alternate(run, variants, reps, T)
 for v in variants:
     t = tot[v]
     a = sum(tot["ar"].values()) / sum(t.values())
