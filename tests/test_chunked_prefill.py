@@ -613,9 +613,13 @@ def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_no
     assert len(dec.scheduler.live) == 6 and not dec.scheduler.prefilling
 
 
-@pytest.mark.parametrize("fmt", ["int8", "w4a8"])  # chunks that could ride, and ones in forwards of their own
-def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spaced_like_autos(fmt, monkeypatch):
-    """Mode "ar" (no planner, no chunk given; the fixed piece made 32 tokens for the tiny model's 256
+@pytest.mark.parametrize("fmt", ["fp32", *FORMATS])  # chunks that could ride (int8, int4, bf16) and ones that cannot
+@pytest.mark.parametrize("layout", [dict(mode="ar"), dict(mode="lookup"),
+                                    dict(mode="presto", schedule="one-pass", block_length=4, budget=6)],
+                         ids=["ar", "lookup", "presto"])
+def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spaced_like_autos(fmt, layout,
+                                                                                              monkeypatch):
+    """A fixed layout (no planner, no chunk given; the fixed piece made 32 tokens for the tiny model's 256
     positions): a 150-token prompt joins two running rows on a fake clock (10 ms + 1 ms a token a
     forward). Its pieces run in forwards of their own (in int8 too, where a chunk could ride: a
     fixed piece in every round would make each of the rows' rounds that much wider), and the rows
@@ -623,11 +627,12 @@ def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spa
     every turn had held 4 rows to a token per ~0.3 s while a 2,000-token prompt joined, w4a8); every
     output equals AR."""
     monkeypatch.setattr("selfspec.engine.prefill_pacing.PREFILL_CHUNK", 32)
-    m = _model(fmt)
+    m = tiny_model(seed=2, vocab_size=V) if fmt == "fp32" else _model(fmt)
     m.__dict__.pop("_selfspec_planners", None)
-    cfg = DecodeConfig(mode="ar", max_new_tokens=60)
+    cfg = DecodeConfig(max_new_tokens=60, **layout)
     running, (long,) = _prompts((5, 6)), _prompts((150,), seed=7)
-    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[])
+    long_rows = [SamplingParams(max_new_tokens=200)] * 2  # running through the whole prefill
+    dec = Decoder(m, running, cfg, batch_size=3, eos_token_id=[], params=long_rows)
     clock = FakeClock()
     dec.stepper.clock = clock
     dec.bf = dec.stepper.bf = PricedForward(dec.stepper.bf, clock, CostModel.linear(per_token=1e-3, fixed=0.01))
@@ -642,7 +647,8 @@ def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spa
     assert all(b0 - a1 >= wait * (a1 - a0) - 1e-9 for (a0, a1), (b0, _) in zip(spans, spans[1:])), spans
     while dec.busy:
         dec.step()
-    assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in running + [long]]
+    ar = [DecodeConfig(mode="ar", max_new_tokens=n) for n in (200, 200, 60)]
+    assert list(dec.outputs) == [generate_ids(m, p, c, eos_token_id=[])[0] for p, c in zip(running + [long], ar)]
 
 
 def test_whole_prompts_counts_the_waiting_prompts_one_forward_prefills_padded_to_its_longest():
