@@ -1,46 +1,12 @@
 """auto / AR decode time on tune prompts with a given cost model file (`Decoder(profile=)`): the one
 cached since an earlier session vs one measured now. One profile per process; alternate processes.
     python docs/results/wave5/xeon-s31/profile_ab.py PROFILE.json long|short"""
-import sys, time
-import torch
+import os, sys
 import selfspec
 from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig
-from selfspec.streaming import encode_prompt
-from selfspec.tools.bench_prompts import read_prompts, read_suite
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tune_runs  # noqa: E402
 path, suite = sys.argv[1], sys.argv[2]
 model, tok = selfspec.load(progress=False)
 prof = CostModel.load(path)
-if suite == "long":
-    prompts, temps, new, no_eos = [p for p in read_suite("long") if p["split"] == "tune"], [0.0], 96, {"eos_token_id": []}
-else:
-    prompts, temps, new, no_eos = read_prompts("benchmarks/tune_prompts.jsonl"), [0.0, 1.0], 64, {}
-def decode(ids, mode, t, seed):
-    gen = torch.Generator().manual_seed(seed)
-    dec = Decoder(model, [ids], DecodeConfig(mode=mode, max_new_tokens=new, temperature=t), generators=[gen],
-                  profile=prof if mode == "auto" else None, **no_eos)
-    first = None
-    for _ in dec:
-        first = first or time.perf_counter()
-    return list(dec.outputs[0]), time.perf_counter() - first, dec.stats[0]
-for t in temps:
-    tot, by, hist = {"ar": 0.0, "auto": 0.0}, {}, {}
-    for rep in range(2):
-        for i, p in enumerate(prompts):
-            ids = encode_prompt(tok, p["prompt"])
-            outs = {}
-            for mode in (("ar", "auto") if (i + rep) % 2 == 0 else ("auto", "ar")):
-                outs[mode], dt, st = decode(ids, mode, t, i)
-                tot[mode] += dt
-                key = p.get("length", p["id"].rstrip("0123456789"))
-                by.setdefault(key, {"ar": 0.0, "auto": 0.0})[mode] += dt
-                if mode == "auto":
-                    for k, v in st.plan_hist.items():
-                        hist[k] = hist.get(k, 0) + v
-            if t == 0 and outs["ar"] != outs["auto"]:
-                raise SystemExit(f"{p['id']}: auto's greedy output differs from AR's")
-    spec = sum(v for k, v in hist.items() if k != "ar")
-    print(f"{path.rsplit('/', 1)[-1]} {suite} T={t}: auto/AR {tot['ar'] / tot['auto']:.3f} " +
-          " ".join(f"{k} {v['ar'] / v['auto']:.3f}" for k, v in sorted(by.items())) +
-          f" | speculative rounds {spec} of {sum(hist.values())}", flush=True)
+tune_runs.run(model, tok, suite, path.rsplit("/", 1)[-1], reps=2, profile=prof, hist=True)
