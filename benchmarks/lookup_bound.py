@@ -3,6 +3,7 @@
     python benchmarks/lookup_bound.py                          # the default model's bench prompts, 64 tokens
     python benchmarks/lookup_bound.py --suite long             # the long-context suite (~1k and ~3k tokens), 96
     python benchmarks/lookup_bound.py --curve issue-38         # as if wide forwards cost what issue 38 asks
+    python benchmarks/lookup_bound.py --prompts my.jsonl --model DIR   # your prompts (the bench's JSONL), your model
 
 For each prompt: the greedy AR output (the tokens every mode must emit), then a replay of it with
 perfect hindsight. At each decode round's position the runtime's lookup index (prompt + output so
@@ -181,6 +182,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", choices=["default", "long"], default="default",
                     help="default: the model's bench prompts (prompts.jsonl); long: the shipped long-context suite")
+    ap.add_argument("--prompts", default=None,
+                    help='a JSONL file of {"prompt": ...} or {"messages": [...]} per line instead (as `selfspec bench`)')
+    ap.add_argument("--model", default=None, help="checkpoint directory or registered name (default: the shipped model)")
     ap.add_argument("--new", type=int, default=None, help="new tokens per prompt (default 64; 96 with --suite long)")
     ap.add_argument("--chain", type=int, default=10, help="longest lookup chain (the runtime's lookup_tokens: 10)")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts (of each length with --suite long)")
@@ -201,12 +205,23 @@ def main() -> None:
     from selfspec.streaming import encode_prompt
     from selfspec.tools.bench_prompts import read_prompts, read_suite
 
-    model, tok = selfspec.load(progress=False)
-    if a.suite == "long":
+    if a.prompts is not None and a.suite == "long":
+        raise SystemExit("error: --prompts and --suite long are two prompt sets; give one")
+    if a.prompts is not None:  # read before the model loads: a bad file fails first
+        try:
+            prompts = read_prompts(a.prompts)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: {e}") from None
+    elif a.suite == "long":
         prompts = read_suite("long", a.limit)
     else:
-        prompts = read_prompts(os.path.join(default_model_dir(), "prompts.jsonl"))
+        path = os.path.join(a.model or default_model_dir(), "prompts.jsonl")
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: {path} not found: give the prompts with --prompts FILE")
+        prompts = read_prompts(path)
+    if a.suite != "long":
         prompts = prompts[: a.limit] if a.limit else prompts
+    model, tok = selfspec.load(a.model, progress=False)
     cost = cost_model(model) if a.curve == "model" else None
     no_eos = {"eos_token_id": []} if a.suite == "long" else {}  # the long suite decodes every token, as the bench
 
@@ -259,8 +274,10 @@ def main() -> None:
     for r in rows:
         if "length" in r:  # the long suite: by length and split, by length and task
             keys = {f"{r['length']} {r['split']}", f"{r['length']} {r['task']}", r["length"], "all"}
-        else:  # the bench's prompts: code00, chat03, ...
+        elif a.prompts is None:  # the model's bench prompts: code00, chat03, ...
             keys = {r["id"].rstrip("0123456789"), "all"}
+        else:
+            keys = {"all"}
         for key in keys:
             g = groups.setdefault(key, [0.0, 0.0, 0.0, 0])
             g[0], g[1], g[2], g[3] = g[0] + r["ar_seconds"], g[1] + r["bound_seconds"], g[2] + r["calibrated_seconds"], g[3] + 1
