@@ -11,9 +11,10 @@ from selfspec.streaming import encode_prompt
 from selfspec.tools.bench_prompts import read_prompts, read_suite
 
 
-def run(model, tok, suite, label, *, reps=1, profile=None, hist=False):
-    if suite == "long":
-        prompts, temps, new, no_eos = [p for p in read_suite("long") if p["split"] == "tune"], [0.0], 96, {"eos_token_id": []}
+def run(model, tok, suite, label, *, reps=1, profile=None, hist=False, length=None):
+    if suite == "long":  # `length`: "1k" or "3k" only
+        prompts, temps, new, no_eos = [p for p in read_suite("long") if p["split"] == "tune"
+                                       and length in (None, p["length"])], [0.0], 96, {"eos_token_id": []}
     else:
         prompts, temps, new, no_eos = read_prompts("benchmarks/tune_prompts.jsonl"), [0.0, 1.0], 64, {}
 
