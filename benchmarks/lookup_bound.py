@@ -195,6 +195,11 @@ def main() -> None:
                          "1.25 f(1), f(16) = 1.6 f(1), linear between)")
     ap.add_argument("--repeats", type=int, default=7, help="timed calls per width (--curve forward / issue-38)")
     a = ap.parse_args()
+    for name in ("new", "chain", "repeats"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    if a.limit < 0:
+        ap.error("--limit must be 0 (all) or more")
     new = a.new or (96 if a.suite == "long" else 64)
 
     import selfspec
