@@ -3,7 +3,7 @@
     python benchmarks/lookup_bound.py                          # the default model's bench prompts, 64 tokens
     python benchmarks/lookup_bound.py --suite long             # the long-context suite (~1k and ~3k tokens), 96
     python benchmarks/lookup_bound.py --curve issue-38         # as if wide forwards cost what issue 38 asks
-    python benchmarks/lookup_bound.py --prompts my.jsonl --model DIR   # your prompts (the bench's JSONL), your model
+    python benchmarks/lookup_bound.py --prompts my.jsonl --model DIR --weights int8   # your prompts, model, format
 
 For each prompt: the greedy AR output (the tokens every mode must emit), then a replay of it with
 perfect hindsight. At each decode round's position the runtime's lookup index (prompt + output so
@@ -35,20 +35,6 @@ import sys
 import time
 
 
-def accepted(chain: list[int], rest: list[int]) -> int:
-    """Leading tokens of `chain` equal to `rest`: what a verifier of the greedy output accepts.
-
-    >>> accepted([5, 6, 7], [5, 6, 9, 7])
-    2
-    """
-    n = 0
-    for a, b in zip(chain, rest):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 def best_time(chains: list[tuple[int, int]], f, cached: list[int]) -> tuple[float, list[int]]:
     """Least decode time of n = len(chains) output positions (chains[i]: (chain length, accepted) at
     position i, cached[i] its cached tokens) and the tokens each chosen round emits, in order.
@@ -78,23 +64,22 @@ def best_time(chains: list[tuple[int, int]], f, cached: list[int]) -> tuple[floa
 
 
 def acceptance_table(chains: list[tuple[int, int, int]]) -> dict[int, list[float]]:
-    """{match length: P(chain token j accepted | tokens before it were)} over the given positions:
-    what a perfectly calibrated planner keyed by match length (as `auto`'s is) would believe.
+    """{match length: P(chain token j accepted | tokens before it were)} over the given positions,
+    for j below the match's longest chain (0.0 where none got that far): counted as `auto`'s lookup
+    calibration counts (`PositionCalibrator`, here without fading or prior, and keyed by the match
+    length alone where `auto` also keys by the row's run of whole chains).
 
     >>> acceptance_table([(2, 2, 3), (2, 0, 3), (1, 0, 1)])
     {3: [0.5, 1.0], 1: [0.0]}
     """
-    reached, taken = {}, {}
+    from selfspec.engine.calibration import PositionCalibrator
+
+    cal, longest = PositionCalibrator(positions=max((c[0] for c in chains), default=1), forget=1.0), {}
     for length, acc, match in chains:
-        r, t = reached.setdefault(match, []), taken.setdefault(match, [])
-        for j in range(length):
-            if j == len(r):
-                r.append(0)
-                t.append(0)
-            if acc >= j:
-                r[j] += 1
-                t[j] += acc > j
-    return {m: [t / r if r else 0.0 for t, r in zip(taken[m], reached[m])] for m in reached}
+        cal.update(length, acc, match)
+        longest[match] = max(longest.get(match, 0), length)
+    return {m: [t / r if r else 0.0 for r, t in zip(reached[: longest[m]], taken[: longest[m]])]
+            for m, (reached, taken) in cal.counts.items()}
 
 
 def calibrated_time(chains: list[tuple[int, int, int]], f, cached: list[int], table: dict[int, list[float]]):
@@ -142,6 +127,7 @@ def replay(prompt: list[int], out: list[int], chain: int, min_ngram: int = 1, ma
     [(4, 1, 3), (4, 0, 3)]
     """
     from selfspec.drafting.lookup import ContextIndex
+    from selfspec.engine.shadow import follow  # the runtime's own count of a chain's tokens a row bore out
 
     index = ContextIndex(prompt + out[:1], min_ngram=min_ngram, max_ngram=max_ngram)
     rows = []
@@ -150,7 +136,7 @@ def replay(prompt: list[int], out: list[int], chain: int, min_ngram: int = 1, ma
             index.extend(out[i - 1 : i])
         ctx = prompt + out[:i]
         c = index.propose(ctx[-max_ngram:], chain)
-        rows.append((len(c), accepted(c, out[i:]), index.match_length(ctx[-max_ngram:])))
+        rows.append((len(c), follow(c, 0, out[i:])[0], index.match_length(ctx[-max_ngram:])))
     return rows
 
 
@@ -179,12 +165,15 @@ def forward_curve(model, context: list[int], widths: range, repeats: int) -> dic
 
 
 def main() -> None:
+    from selfspec.tools.args import add_weights_args
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", choices=["default", "long"], default="default",
                     help="default: the model's bench prompts (prompts.jsonl); long: the shipped long-context suite")
     ap.add_argument("--prompts", default=None,
                     help='a JSONL file of {"prompt": ...} or {"messages": [...]} per line instead (as `selfspec bench`)')
     ap.add_argument("--model", default=None, help="checkpoint directory or registered name (default: the shipped model)")
+    add_weights_args(ap)
     ap.add_argument("--new", type=int, default=None, help="new tokens per prompt (default 64; 96 with --suite long)")
     ap.add_argument("--chain", type=int, default=10, help="longest lookup chain (the runtime's lookup_tokens: 10)")
     ap.add_argument("--limit", type=int, default=0, help="first N prompts (of each length with --suite long)")
@@ -226,7 +215,8 @@ def main() -> None:
         prompts = read_prompts(path)
     if a.suite != "long":
         prompts = prompts[: a.limit] if a.limit else prompts
-    model, tok = selfspec.load(a.model, progress=False)
+    model, tok = selfspec.load(a.model, weights=a.weights, dtype=a.dtype, kv_cache_dtype=a.kv_cache_dtype,
+                               progress=False)
     cost = cost_model(model) if a.curve == "model" else None
     no_eos = {"eos_token_id": []} if a.suite == "long" else {}  # the long suite decodes every token, as the bench
 
