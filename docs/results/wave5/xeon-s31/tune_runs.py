@@ -1,14 +1,77 @@
-"""The A/B scripts' shared loop (prior_ab.py, profile_ab.py): auto / AR decode time on tune prompts only, the
-long suite's tune half (eos off, 96 tokens, T = 0) or benchmarks/tune_prompts.jsonl (64 tokens, T = 0 and 1),
-AR and auto alternating per prompt, decode timed after the prefill's token as the bench does."""
+"""What this session's A/B and diagnosis scripts share (prior_ab.py, profile_ab.py, oracle_ab.py, round_kinds.py,
+oracle_rounds.py): the planner variants they try (`patch_planner`), a log of `auto`'s rounds by kind (`round_log`)
+and the loop (`run`): auto / AR decode time on tune prompts only, the long suite's tune half (eos off, 96 tokens,
+T = 0) or benchmarks/tune_prompts.jsonl (64 tokens, T = 0 and 1), AR and auto alternating per prompt, decode
+timed after the prefill's token as the bench does."""
+import collections
 import time
 
 import torch
 
+import selfspec.engine.planner as planner
+from selfspec.engine.calibration import PositionCalibrator
 from selfspec.engine.decoder import Decoder
+from selfspec.engine.ledger import Ledger
 from selfspec.engine.options import DecodeConfig
 from selfspec.streaming import encode_prompt
 from selfspec.tools.bench_prompts import read_prompts, read_suite
+
+# the lookup calibration's prior by match length tried ("new"): the tune prompts' rates, roughly
+PRIORS = {1: 0.3, 2: 0.5, 3: 0.8}
+# P(chain token j accepted | the ones before were) by match length ("oracle"): the long suite's ~1k tune prompts'
+# greedy outputs replayed (the lookup index as the runtime's, chains of up to 10)
+RATES = {1: [0.16, 0.23, 0.67, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+         2: [0.26, 0.53, 0.88, 0.71, 1.0, 1.0, 0.6, 1.0, 1.0, 1.0],
+         3: [0.83, 0.90, 0.90, 0.93, 0.93, 0.94, 0.97, 0.97, 0.97, 0.97]}
+
+
+class ByMatch(PositionCalibrator):
+    """The runtime's lookup calibration with a prior by match length (`PRIORS`) instead of 0.5 flat."""
+
+    def prob(self, n, match=1):
+        reached, accepted = self._get(match)
+        prior = PRIORS.get(match[0] if isinstance(match, tuple) else match, self.prior)
+        return [(accepted[i] + self.a * prior) / (reached[i] + self.a) for i in range(min(n, self.positions))]
+
+
+def patch_planner(variant):
+    """Diagnoses, not rules: the planner as it is ("old", "base") or with parts joined by "+": "new" (priors by
+    match length), "oracle" (the lookup calibration replaced by `RATES`), "funds" (every generation starts
+    with 2 AR rounds of funds), "free" (a ledger that allows every bet), "norest" (never rests from forecasting)."""
+    parts = set(variant.split("+"))
+    if parts & {"new", "oracle"}:
+        init = planner.Planner.__init__
+
+        def init_patched(self, *a, **k):
+            init(self, *a, **k)
+            if "new" in parts:
+                self.lookup_calibrator = ByMatch()
+            else:
+                self.lookup_calibrator.prob = lambda n, match=1: (
+                    RATES.get(match[0] if isinstance(match, tuple) else match, [0.0] * 64) + [0.97] * 64)[:n]
+
+        planner.Planner.__init__ = init_patched
+    if "funds" in parts:
+        planner.START_MIN = 2.0
+    if "free" in parts:
+        Ledger.may_bet = lambda self, loss, lookup=False: True
+    if "norest" in parts:
+        planner.Planner.note_choice = lambda self, option: None
+
+
+def round_log(cost=None):
+    """{kind: [(seconds, model seconds, planner seconds, tokens committed, cost model's seconds or None)]} of
+    every round `auto` observes from now on; kind: the layout, "/bare" for a round without a forecast."""
+    rows, real = collections.defaultdict(list), planner.Planner.observe
+
+    def observe(self, rnd):
+        kind = rnd.option.draft + "/" + str(rnd.option.nodes) + ("/bare" if rnd.bare else "")
+        rows[kind].append((rnd.seconds, rnd.model_seconds, rnd.plan_seconds, len(rnd.rows[0].committed),
+                           cost(1, rnd.width, rnd.cache_len) if cost else None))
+        return real(self, rnd)
+
+    planner.Planner.observe = observe
+    return rows
 
 
 def run(model, tok, suite, label, *, reps=1, profile=None, hist=False, length=None):
