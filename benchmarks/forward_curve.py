@@ -17,6 +17,30 @@ import sys
 import time
 
 
+def cached_row(model, context, room: int):
+    """(BatchForward, cache) of the model with one row holding `context` (token ids), `room` slots to spare."""
+    import torch
+
+    from selfspec.engine.batch_forward import BatchForward
+
+    bf = BatchForward.of(model)
+    cache = bf.new_cache(1, len(context) + room)
+    bf(torch.as_tensor(context)[None], torch.arange(len(context))[None], cache, slice(0, 1), causal=True)
+    cache.set_length(0, len(context))
+    return bf, cache
+
+
+def time_forward(bf, cache, tokens, positions) -> float:
+    """Seconds of one forward + output head of the row's new tokens (a causal block: a chain's verification)."""
+    import torch
+
+    w = len(tokens)
+    block = torch.full((w, w), float("-inf")).triu(1)[None]
+    t0 = time.perf_counter()
+    bf.logits(bf(torch.as_tensor(tokens)[None], torch.as_tensor(positions)[None], cache, slice(0, 1), block=block)[0])
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", nargs="+", default=["w4a8", "int4"])
@@ -28,31 +52,21 @@ def main() -> None:
     import torch
 
     import selfspec
-    from selfspec.engine.batch_forward import BatchForward
 
     torch.set_num_threads(a.threads)
     runs = {}
     for fmt in a.weights:
         model = selfspec.load(weights=fmt, progress=False)[0]
-        bf = BatchForward.of(model)
         for c in a.cached:
-            cache = bf.new_cache(1, c + max(a.widths) + 8)
-            ids = torch.arange(c) % 100 + 5
-            bf(ids[None], torch.arange(c)[None], cache, slice(0, 1), causal=True)
-            cache.set_length(0, c)
-            runs[fmt, c] = (bf, cache)
+            runs[fmt, c] = cached_row(model, torch.arange(c) % 100 + 5, max(a.widths) + 8)
     best = {}
     keys = list(runs)
     for rep in range(a.repeats):
         for fmt, c in keys if rep % 2 == 0 else keys[::-1]:
             bf, cache = runs[fmt, c]
             for w in a.widths:
-                toks, pos = (torch.arange(w) + 7)[None], torch.arange(w)[None]
-                block = torch.full((w, w), float("-inf")).triu(1)[None]
                 for _ in range(3):
-                    t0 = time.perf_counter()
-                    bf.logits(bf(toks, pos, cache, slice(0, 1), block=block)[0])
-                    dt = time.perf_counter() - t0
+                    dt = time_forward(bf, cache, torch.arange(w) + 7, torch.arange(w))
                     best[fmt, c, w] = min(best.get((fmt, c, w), float("inf")), dt)
     out = {"command": "python benchmarks/forward_curve.py " + " ".join(sys.argv[1:]), "threads": a.threads,
            "curves": []}

@@ -143,24 +143,14 @@ def replay(prompt: list[int], out: list[int], chain: int, min_ngram: int = 1, ma
 def forward_curve(model, context: list[int], widths: range, repeats: int) -> dict[int, float]:
     """{width: seconds} of one row's forward + output head of `width` new tokens (a causal block, as a
     lookup chain's verification) after `context` is cached: the median of `repeats` calls, after one."""
-    import torch
+    from forward_curve import cached_row, time_forward  # beside this file
 
-    from selfspec.engine.batch_forward import BatchForward
-
-    bf = BatchForward.of(model)
-    cache = bf.new_cache(1, len(context) + max(widths) + 8)
-    bf(torch.tensor(context)[None], torch.arange(len(context))[None], cache, slice(0, 1), causal=True)
-    cache.set_length(0, len(context))
+    bf, cache = cached_row(model, context, max(widths) + 8)
     out = {}
     for w in widths:
-        toks, pos = torch.tensor(context[-w:])[None], torch.arange(len(context), len(context) + w)[None]
-        block = torch.full((w, w), float("-inf")).triu(1)[None]
-        times = []
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            bf.logits(bf(toks, pos, cache, slice(0, 1), block=block)[0])
-            times.append(time.perf_counter() - t0)
-        out[w] = sorted(times[1:])[len(times[1:]) // 2]
+        toks, pos = context[-w:], range(len(context), len(context) + w)
+        times = sorted([time_forward(bf, cache, toks, list(pos)) for _ in range(repeats + 1)][1:])  # after one
+        out[w] = times[len(times) // 2]
     return out
 
 
