@@ -57,7 +57,12 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
                 ratios = {x["id"]: x["new_tokens"] / x["seconds"] / (y["new_tokens"] / y["seconds"])
                           for x, y in zip(recs, rows["ar", t]["records"])}
                 worst = min(ratios, key=ratios.get)
-                assert r["worst_vs_ar"] == {"id": worst, "speedup_vs_ar": pytest.approx(ratios[worst])}
+                w = r["worst_vs_ar"]
+                assert (w["id"], w["speedup_vs_ar"]) == (worst, pytest.approx(ratios[worst]))
+                rec = next(x for x in recs if x["id"] == worst)
+                if not lab.startswith("hf"):  # how many of its rounds ran AR: a loss with no bet placed
+                    assert (w["ar_rounds"], w["rounds"]) == (rec["plan_hist"].get("ar", 0), rec["rounds"])
+                assert r["speedup_vs_ar_repeats"] is None  # one run a prompt: no spread to show
             if lab.startswith("hf"):
                 assert r["tau"] is None  # peers report tokens/s only
                 continue
@@ -252,7 +257,7 @@ def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar
     floor = [line for line in out.splitlines() if line.startswith("auto / batched AR at B = ")]
     assert [line.split(":")[0] for line in floor] == ["auto / batched AR at B = 1, T = 0", "auto / batched AR at B = 3, T = 0"]
     for line, b in zip(floor, (1, 3)):  # each line carries that batch size's ratio from the results
-        assert line.endswith(f"{got[('auto', b)]['speedup_vs_batched_ar']:.2f}x")
+        assert f": {got[('auto', b)]['speedup_vs_batched_ar']:.2f}x, per run " in line
     assert floor[0] in (tmp_path / "o" / "table.md").read_text()
 
 
@@ -292,6 +297,16 @@ def test_the_batch_bench_repeats_its_mirrored_block_and_sums_every_run(monkeypat
     assert calls == [(4, m) for m in ["ar", "auto", "auto", "ar"] * 3]
     assert by[("ar", 4)]["seconds"] == 1 + 4 + 5 + 8 + 9 + 12 and by[("ar", 4)]["runs"] == 6
     assert by[("auto", 4)]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
+
+
+def test_the_batch_floor_line_shows_auto_over_ar_run_by_run(monkeypatch):
+    """Runs ar 1 s, auto 2 s, auto 3 s, ar 4 s (6 tokens each): pairs 0.5x and 1.33x, summed 1.0x."""
+    from selfspec.tools.bench_batch import batch_floor_lines
+
+    _, by = _fake_batch_runs(monkeypatch, [4])
+    assert by[("auto", 4)]["speedup_vs_batched_ar_runs"] == pytest.approx([1 / 2, 4 / 3])
+    assert by[("ar", 4)]["speedup_vs_batched_ar_runs"] is None
+    assert batch_floor_lines(list(by.values())) == ["auto / batched AR at B = 4, T = 0: 1.00x, per run 0.50-1.33x"]
 
 
 def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transformers_run(monkeypatch):
@@ -358,7 +373,9 @@ def test_repeats_run_every_row_again_in_mirrored_order_and_sum_the_runs(tiny_dir
             assert x["repeats"] == 2 and x["repeats_agree"]  # greedy: the same tokens both times
             assert x["new_tokens"] == 2 * len(x["token_ids"]) and sum(x["plan_hist"].values()) == x["rounds"]
     assert rows["auto"]["matches_ar"] == 2
-    capsys.readouterr()
+    assert len(rows["auto"]["speedup_vs_ar_repeats"]) == 2  # auto over AR in each repeat, the floor line's spread
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("auto / AR")][0].count(
+        "per repeat") == 1
     assert main(["bench", "--model", str(tiny_dir), "--repeats", "0"]) == 2
 
 

@@ -77,20 +77,22 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
             for mode in (runs + runs[::-1]) * repeats:
                 outs, dt, extra = _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profile, lm,
                                              eos, pad, mask_id)
-                first = timed.setdefault(mode, [outs, 0.0, 0, extra])
+                first = timed.setdefault(mode, [outs, 0.0, 0, extra, []])
                 first[1] += dt
                 first[2] += sum(len(o) for o in outs)
+                first[4].append((sum(len(o) for o in outs), dt))
                 bar.update(1)
                 if mode == "hf":  # untimed, a few AR tokens of ours: the run after transformers' fp32 weights
                     for _ in Decoder(model, prompts_ids[:2], warm):  # starts cold (0.94x, `run_bench`)
                         pass
             for mode in runs:
-                outs, dt, n, extra = timed[mode]
+                outs, dt, n, extra, each = timed[mode]
                 if mode == "ar" and B == 1:
                     ar_ref[t] = outs
                 label = "hf-generate (left padding)" if mode == "hf" else mode
                 rows.append(_row(label, mode, B, t, outs, dt, ar_ref.get(t) if t == 0 else None, tokens=n,
-                                 runs=2 * repeats, **extra))
+                                 runs=2 * repeats, run_tokens=[x[0] for x in each],
+                                 run_seconds=[round(x[1], 4) for x in each], **extra))
     bar.close()
     for r in rows:
         ar = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == r["batch_size"]
@@ -100,6 +102,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
         hf = next((x for x in rows if x["mode"] == "hf" and x["batch_size"] == r["batch_size"]
                    and x["temperature"] == r["temperature"]), None)
         r["speedup_vs_batched_ar"] = r["tokens_per_second"] / ar["tokens_per_second"] if ar else None
+        r["speedup_vs_batched_ar_runs"] = run_speedups(r, ar) if ar and r is not ar else None
         r["speedup_vs_ar_b1"] = r["tokens_per_second"] / ar1["tokens_per_second"] if ar1 else None
         r["speedup_vs_hf"] = r["tokens_per_second"] / hf["tokens_per_second"] if hf else None
     return rows
@@ -136,6 +139,17 @@ def _row(label, mode, B, t, outs, seconds, ref, *, tokens: int, runs: int = 2, *
             "rows": len(outs), **extra, "token_ids": outs}
 
 
+def run_speedups(row: dict, ar: dict) -> list[float] | None:
+    """The row's tok/s over batched AR's run by run: run j of each (A B B A: run j of one beside run j
+    of the other), so their spread shows what the machine's drift does to one pair; None for a single
+    pair or runs without time."""
+    pairs = list(zip(row.get("run_tokens", []), row.get("run_seconds", []), ar.get("run_tokens", []),
+                     ar.get("run_seconds", [])))
+    if len(pairs) < 2 or not all(s > 0 and a_s > 0 and a_n > 0 for _, s, a_n, a_s in pairs):
+        return None
+    return [(n / s) / (a_n / a_s) for n, s, a_n, a_s in pairs]
+
+
 def batch_table(rows: list[dict]) -> str:
     head = "| row | T | tokens/s | x batched AR | x AR B=1 | x HF | rows = AR | tau | plan |\n|---|---|---|---|---|---|---|---|---|"
     lines = [head]
@@ -155,8 +169,9 @@ def batch_floor_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if r["mode"] == "auto" and r.get("speedup_vs_batched_ar") is not None:
+            each = r.get("speedup_vs_batched_ar_runs")
             out.append(f"auto / batched AR at B = {r['batch_size']}, T = {r['temperature']:g}: "
-                       f"{r['speedup_vs_batched_ar']:.2f}x")
+                       f"{r['speedup_vs_batched_ar']:.2f}x" + (f", per run {min(each):.2f}-{max(each):.2f}x" if each else ""))
     return out
 
 

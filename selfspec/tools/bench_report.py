@@ -80,7 +80,11 @@ def _worst(rows: list[dict]) -> None:
                   if x["seconds"] > 0 and ar_tps.get(x["id"])]
         if ratios:
             v, pid = min(ratios)
+            rec = next(x for x in r["records"] if x["id"] == pid)
             r["worst_vs_ar"] = {"id": pid, "speedup_vs_ar": v}
+            if rec.get("rounds") and rec.get("plan_hist"):  # a loss with every round AR is no bet lost
+                r["worst_vs_ar"].update(ar_rounds=rec["plan_hist"].get("ar", 0), rounds=rec["rounds"])
+        r["speedup_vs_ar_repeats"] = repeat_speedups(r["records"], ar["records"])
 
 
 def floor_lines(rows: list[dict]) -> list[str]:
@@ -91,10 +95,21 @@ def floor_lines(rows: list[dict]) -> list[str]:
             continue
         kinds = ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in r.get("by_kind", {}).items()
                           if v.get("speedup_vs_ar") is not None)
-        w = r.get("worst_vs_ar")
-        out.append(f"auto / AR at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x" + (f" ({kinds})" if kinds else "")
-                   + (f"; worst prompt {w['id']} {w['speedup_vs_ar']:.2f}x" if w else ""))
+        reps = r.get("speedup_vs_ar_repeats")
+        spread = f", per repeat {min(reps):.2f}-{max(reps):.2f}x" if reps else ""
+        out.append(f"auto / AR at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x{spread}"
+                   + (f" ({kinds})" if kinds else "") + _worst_text(r.get("worst_vs_ar")))
     return out
+
+
+def _worst_text(w: dict | None) -> str:
+    """"; worst prompt chat01 0.93x (held-out; AR in 377 of 378 rounds)": its split where the row
+    has splits, and how many of its rounds auto ran AR."""
+    if not w:
+        return ""
+    notes = ([w["split"]] if w.get("split") else []) + (
+        [f"AR in {w['ar_rounds']} of {w['rounds']} rounds"] if w.get("rounds") else [])
+    return f"; worst prompt {w['id']} {w['speedup_vs_ar']:.2f}x" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _summed(runs: list[dict]) -> dict:
@@ -113,6 +128,33 @@ def _summed(runs: list[dict]) -> dict:
     if len(runs) > 1:
         out["repeats"] = len(runs)
         out["repeats_agree"] = all(rec["token_ids"] == runs[0]["token_ids"] for rec in runs)
+        # each repeat's own, in run order: a row's speedup per repeat (`repeat_speedups`)
+        out["repeat_new_tokens"] = [rec.get("new_tokens", 0) for rec in runs]
+        out["repeat_seconds"] = [rec.get("seconds", 0.0) for rec in runs]
+    return out
+
+
+def repeat_speedups(records: list[dict], ar_records: list[dict]) -> list[float] | None:
+    """A row's tok/s over AR's, once per repeat: repeat k of every prompt the two rows share, summed
+    (the mirrored order runs a prompt's rows side by side, so repeat k of one and of the other ran
+    close in time). Their spread is what the machine's drift does to one run's ratio; None without
+    repeats.
+
+    Example: prompts a and b, two repeats each; AR 10 tokens in 1.0 / 1.0 s on a, 1.0 / 1.2 s on b;
+    auto 1.0 / 0.8 s on a, 1.2 / 1.0 s on b -> repeat 1: (20 / 2.2) / (20 / 2.0) = 0.91, repeat 2:
+    (20 / 1.8) / (20 / 2.2) = 1.22."""
+    ar = {x["id"]: x for x in ar_records if "repeat_seconds" in x}
+    pairs = [(x, ar[x["id"]]) for x in records if "repeat_seconds" in x and x["id"] in ar
+             and len(x["repeat_seconds"]) == len(ar[x["id"]]["repeat_seconds"])]
+    if not pairs or len({len(x["repeat_seconds"]) for x, _ in pairs}) != 1:
+        return None
+    out = []
+    for k in range(len(pairs[0][0]["repeat_seconds"])):
+        tok, sec = (sum(x[key][k] for x, _ in pairs) for key in ("repeat_new_tokens", "repeat_seconds"))
+        ar_tok, ar_sec = (sum(a[key][k] for _, a in pairs) for key in ("repeat_new_tokens", "repeat_seconds"))
+        if not (sec > 0 and ar_sec > 0 and ar_tok > 0):
+            return None
+        out.append((tok / sec) / (ar_tok / ar_sec))
     return out
 
 
@@ -210,9 +252,11 @@ def long_floor_lines(rows: list[dict]) -> list[str]:
         _by_kind(sub)
         _worst(sub)
         autos = [r for r in sub if r["mode"] == "auto"]
-        for line, r in zip(floor_lines(sub), [r for r in autos if r.get("speedup_vs_ar") is not None]):
+        for r in autos:
             w = r.get("worst_vs_ar")
-            split = next((x.get("split") for x in r["records"] if w and x["id"] == w["id"]), None)
-            line = f"~{length} tokens: {line}" + (f" ({split})" if split else "")
-            out.append(line + (f"; decode {r['decode_vs_ar']:.2f}x" if r.get("decode_vs_ar") is not None else ""))
+            if w:
+                w["split"] = next((x.get("split") for x in r["records"] if x["id"] == w["id"]), None)
+        for line, r in zip(floor_lines(sub), [r for r in autos if r.get("speedup_vs_ar") is not None]):
+            out.append(f"~{length} tokens: {line}"
+                       + (f"; decode {r['decode_vs_ar']:.2f}x" if r.get("decode_vs_ar") is not None else ""))
     return out
