@@ -77,22 +77,17 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
             for mode in (runs + runs[::-1]) * repeats:
                 outs, dt, extra = _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profile, lm,
                                              eos, pad, mask_id)
-                first = timed.setdefault(mode, [outs, 0.0, 0, extra, []])
-                first[1] += dt
-                first[2] += sum(len(o) for o in outs)
-                first[4].append((sum(len(o) for o in outs), dt))
+                timed.setdefault(mode, [outs, extra, []])[2].append((sum(len(o) for o in outs), dt))
                 bar.update(1)
                 if mode == "hf":  # untimed, a few AR tokens of ours: the run after transformers' fp32 weights
                     for _ in Decoder(model, prompts_ids[:2], warm):  # starts cold (0.94x, `run_bench`)
                         pass
             for mode in runs:
-                outs, dt, n, extra, each = timed[mode]
+                outs, extra, each = timed[mode]
                 if mode == "ar" and B == 1:
                     ar_ref[t] = outs
                 label = "hf-generate (left padding)" if mode == "hf" else mode
-                rows.append(_row(label, mode, B, t, outs, dt, ar_ref.get(t) if t == 0 else None, tokens=n,
-                                 runs=2 * repeats, run_tokens=[x[0] for x in each],
-                                 run_seconds=[round(x[1], 4) for x in each], **extra))
+                rows.append(_row(label, mode, B, t, outs, each, ar_ref.get(t) if t == 0 else None, **extra))
     bar.close()
     for r in rows:
         ar = next((x for x in rows if x["mode"] == "ar" and x["batch_size"] == r["batch_size"]
@@ -130,11 +125,14 @@ def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profi
     return dec.outputs, dt, {"tau": sum(acc) / len(acc) if acc else None, "plan_hist": dict(hist)}
 
 
-def _row(label, mode, B, t, outs, seconds, ref, *, tokens: int, runs: int = 2, **extra) -> dict:
-    """`seconds` and `tokens` over every run of the mode; `outs` (and `extra`) from its first."""
+def _row(label, mode, B, t, outs, each: list[tuple[int, float]], ref, **extra) -> dict:
+    """`each`: (tokens, seconds) of every run of the mode, in run order (summed for its tok/s, kept
+    for `run_speedups`); `outs` (and `extra`) from its first."""
+    tokens, seconds = sum(n for n, _ in each), sum(s for _, s in each)
     return {"label": f"{label} B={B}", "mode": mode, "batch_size": B, "temperature": t,
-            "new_tokens": sum(len(o) for o in outs), "runs": runs,
+            "new_tokens": sum(len(o) for o in outs), "runs": len(each),
             "seconds": round(seconds, 3), "tokens_per_second": tokens / seconds,
+            "run_tokens": [n for n, _ in each], "run_seconds": [round(s, 4) for _, s in each],
             "rows_equal_ar": None if ref is None else sum(o == r for o, r in zip(outs, ref)),
             "rows": len(outs), **extra, "token_ids": outs}
 

@@ -70,7 +70,8 @@ def _failed(row: dict) -> str:
 
 def _worst(rows: list[dict]) -> None:
     """Each row's prompt with the lowest speedup vs AR (same temperature, same prompt): a floor
-    that holds on average can still lose on one kind of text."""
+    that holds on average can still lose on one kind of text. With it, how many of that prompt's
+    rounds ran AR, and the row's speedup per repeat (`repeat_speedups`)."""
     for r in rows:
         ar = next((x for x in rows if x["mode"] == "ar" and x["temperature"] == r["temperature"]), None)
         if ar is None or r is ar:
@@ -144,18 +145,17 @@ def repeat_speedups(records: list[dict], ar_records: list[dict]) -> list[float] 
     auto 1.0 / 0.8 s on a, 1.2 / 1.0 s on b -> repeat 1: (20 / 2.2) / (20 / 2.0) = 0.91, repeat 2:
     (20 / 1.8) / (20 / 2.2) = 1.22."""
     ar = {x["id"]: x for x in ar_records if "repeat_seconds" in x}
-    pairs = [(x, ar[x["id"]]) for x in records if "repeat_seconds" in x and x["id"] in ar
-             and len(x["repeat_seconds"]) == len(ar[x["id"]]["repeat_seconds"])]
-    if not pairs or len({len(x["repeat_seconds"]) for x, _ in pairs}) != 1:
+    pairs = [(x, ar[x["id"]]) for x in records if "repeat_seconds" in x and x["id"] in ar]
+    if not pairs or len({len(y["repeat_seconds"]) for pair in pairs for y in pair}) != 1:
         return None
-    out = []
-    for k in range(len(pairs[0][0]["repeat_seconds"])):
-        tok, sec = (sum(x[key][k] for x, _ in pairs) for key in ("repeat_new_tokens", "repeat_seconds"))
-        ar_tok, ar_sec = (sum(a[key][k] for _, a in pairs) for key in ("repeat_new_tokens", "repeat_seconds"))
-        if not (sec > 0 and ar_sec > 0 and ar_tok > 0):
-            return None
-        out.append((tok / sec) / (ar_tok / ar_sec))
-    return out
+
+    def tokens_per_second(recs, k):
+        sec = sum(x["repeat_seconds"][k] for x in recs)
+        return sum(x["repeat_new_tokens"][k] for x in recs) / sec if sec > 0 else 0.0
+
+    mine, theirs = [x for x, _ in pairs], [a for _, a in pairs]
+    out = [(tokens_per_second(mine, k), tokens_per_second(theirs, k)) for k in range(len(mine[0]["repeat_seconds"]))]
+    return [m / a for m, a in out] if all(m > 0 and a > 0 for m, a in out) else None
 
 
 def prompt_kind(prompt_id: str) -> str:
