@@ -263,6 +263,35 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])
 
 
+def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_one():
+    """Mode "auto" keeps the room its usual rounds take (a lookup chain, a probe's group, a draft
+    pass), not the widest round it may choose; on flat costs it lays out trees with a group on
+    every node, wider than that, the forward grows the cache first, and the tokens are AR's."""
+    from selfspec.engine.request import ROUND_SCRATCH, round_room, scratch
+
+    assert (round_room(DecodeConfig()), round_room(DecodeConfig(mode="ar")), round_room(DecodeConfig(mode="lookup"))) == (
+        17, 1, 11)
+    one_pass = DecodeConfig(mode="presto", schedule="one-pass")
+    assert round_room(one_pass) == ROUND_SCRATCH < scratch(one_pass)
+    m = tiny_model(vocab_size=V)
+    cfg = DecodeConfig(mode="auto", max_new_tokens=12, block_length=6, budget=8)
+    prompts = _prompts((5, 9))
+    dec = Decoder(m, prompts, cfg, batch_size=2, eos_token_id=[], profile=CostModel.flat())
+    dec.planner.ledger.may_bet = lambda loss, lookup=False: True  # every round planned (not the floor's test)
+    dec.planner.note_choice = lambda option: None
+    dec.start()
+    before = dec.cache.capacity
+    assert before == 9 + 12 + round_room(cfg) + 1 and round_room(cfg) == 11 < scratch(cfg)
+    assert dec.planner.max_width == round_room(cfg)  # no round padded past the room: its own width only grows it
+    widths = []
+    dec.on_round = lambda info: widths.append(info["query_tokens"])
+    for _ in dec:
+        pass
+    assert max(widths) > round_room(cfg) and dec.cache.capacity > before
+    assert dec.outputs == [generate_ids(m, p, DecodeConfig(mode="ar", max_new_tokens=12), eos_token_id=[])[0]
+                           for p in prompts]
+
+
 def test_auto_prefills_a_mask_group_on_flat_costs_and_not_where_it_costs_many_ar_steps():
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(mode="auto", max_new_tokens=8, block_length=6, budget=8)

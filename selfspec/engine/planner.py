@@ -41,7 +41,7 @@ from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, l
                                     round_value)
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import EPS, START_MIN, Ledger
-from selfspec.engine.request import scratch
+from selfspec.engine.request import round_room
 from selfspec.engine.round_costs import RoundCosts
 from selfspec.engine.rounds import Seen
 from selfspec.engine.sequence import draft_tree, lookup_chain
@@ -63,8 +63,9 @@ class Planner(RoundCosts):
     cfg.group)."""
 
     def __init__(self, cost, cfg, *, budgets: list[int] | None = None, group_sizes: list[int] | None = None):
-        # a round is never padded beyond what its cache rows hold
-        RoundCosts.__init__(self, cost, block_length=cfg.block_length, max_width=scratch(cfg))
+        # a round is never padded beyond the room its cache rows keep (`request.round_room`): past it the
+        # forward grows the cache first
+        RoundCosts.__init__(self, cost, block_length=cfg.block_length, max_width=round_room(cfg))
         self.cfg = cfg
         self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
         g = cfg.group

@@ -108,8 +108,21 @@ def cache_bytes(bf, rows: int, capacity: int, limit: int | None = None) -> int:
 ROUND_SCRATCH = 64  # slots a row keeps for a round's query tokens; a wider round grows the cache
 
 
+def round_room(cfg: DecodeConfig) -> int:
+    """Slots a row keeps past its text for a round's query tokens; a wider round grows the cache
+    before it writes (`BatchForward._segment`). A fixed layout keeps its own rounds' (`scratch`),
+    up to ROUND_SCRATCH. Mode "auto" keeps what its usual rounds take (a lookup chain and its root,
+    a probe's mask group on the root, a draft pass of block_length), not the widest round it may
+    choose: slots past what a round reads still slow every forward over the rows (8 rows, 60 cached
+    tokens, one token a row: 175 slots a row against 112 cost 0.4-3%, and `auto` had reserved 63
+    more than AR), and on a CPU's cost curve its rounds are 17 tokens wide at most.
+
+    Example (defaults): AR 1, lookup 11, a fixed one-pass PRESTO tree 64 (of 561), auto 17."""
+    if cfg.mode == "auto":
+        return min(scratch(cfg), max(cfg.block_length, cfg.group + 1, cfg.lookup_tokens + 1), ROUND_SCRATCH)
+    return min(scratch(cfg), ROUND_SCRATCH)
+
+
 def row_capacity(prompts_ids, cfg: DecodeConfig, params=None) -> int:
-    """Cache slots per row: the longest prompt, its new tokens and a round's scratch (up to
-    ROUND_SCRATCH: plan "auto" may lay out 561 query tokens a row, but on a CPU's cost curve it
-    almost never does, and a float64 cache of that much room costs seconds to allocate)."""
-    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + min(scratch(cfg), ROUND_SCRATCH) + 1
+    """Cache slots per row: the longest prompt, its new tokens and a round's room (`round_room`)."""
+    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + round_room(cfg) + 1
