@@ -301,3 +301,49 @@ def test_hindsight_that_real_bets_do_not_bear_out_costs_at_most_twice_its_cap(se
     assert out == ar
     bound = 1.03 * ar_seconds + 2 * ledger_mod.SHADOW_CAP * CPU(1, 1, len(prompt) + N)
     assert seconds <= bound, (seconds / ar_seconds, dict(st.plan_hist))
+
+
+def _after_switch(m, prompt, cfg, switch: float, reference=None):
+    """(tokens, fake seconds a token after `switch`, the planner) of one generation on a machine that runs every
+    forward at 2x its price until `switch` fake seconds and at its price after; with `reference`,
+    every lookup chain is its next tokens before the switch (a text that repeats itself) and other
+    tokens after."""
+    m.__dict__.pop("_selfspec_planners", None)
+    dec = Decoder(m, [prompt], cfg, eos_token_id=[], profile=CPU)
+    clock = FakeClock()
+    dec.stepper.clock = clock
+    dec.bf = dec.stepper.bf = PricedForward(dec.stepper.bf, clock,
+                                            lambda R, q, c: CPU(R, q, c) * (2.0 if clock.t < switch else 1.0))
+    if reference is not None:
+        ref = reference + [5] * 64
+
+        def chain(seq, cfg, room):
+            seq.match = 3
+            right = ref[len(seq.emitted): len(seq.emitted) + min(10, room - 1)]
+            return right if clock.t < switch else [5 + (t - 4) % 11 for t in right]
+
+        planner_mod.lookup_chain = chain
+    at = None
+    try:
+        for _ in dec:
+            if at is None and clock.t >= switch:
+                at = (clock.t, len(dec.outputs[0]))
+    finally:
+        planner_mod.lookup_chain = lookup_chain
+    return dec.outputs[0], (clock.t - at[0]) / (len(dec.outputs[0]) - at[1]), dec.planner
+
+
+def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_behind():
+    """Only bare AR rounds measure AR's time now, the floor's reference. Chains right while the
+    machine runs at half speed: auto bets round after round, and runs no bare round; then the
+    machine runs at full speed and the chains are wrong. A reference left at the slow speed priced
+    the wrong chains as wins (0.86x AR after the switch); refreshed while betting (and the kinds'
+    scales measured against the stale one re-based), auto stays within 5% of AR, and the lookup
+    rounds' scale ends where the clock prices them: at AR's."""
+    m, prompt = _model_and_prompt()
+    n = 400
+    ar, ar_after, _ = _after_switch(m, prompt, DecodeConfig(mode="ar", max_new_tokens=n), 1.5)
+    out, auto_after, planner = _after_switch(m, prompt, DecodeConfig(mode="auto", max_new_tokens=n), 1.5, reference=ar)
+    assert out == ar
+    assert ar_after / auto_after >= 0.95
+    assert planner.scale["ar"] == pytest.approx(1.0, abs=0.05) and planner.relative["lookup"] == pytest.approx(1.0, abs=0.05)

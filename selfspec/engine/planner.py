@@ -42,7 +42,7 @@ from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, l
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import EPS, START_MIN, Ledger
 from selfspec.engine.request import round_room
-from selfspec.engine.round_costs import RoundCosts
+from selfspec.engine.round_costs import REFRESH_MOVE, RoundCosts
 from selfspec.engine.rounds import Seen
 from selfspec.engine.sequence import draft_tree, lookup_chain
 from selfspec.engine.shadow import Shadow, follow
@@ -52,6 +52,9 @@ SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time 
 RUN_KEYS = 2  # lookup chains are calibrated apart after 0, 1 and 2+ chains of the row borne out whole (a text
 # that repeats itself keeps doing so: chains of a model's loop were right ~every time, the others ~a third)
 REST_MAX = 32  # the longest rest (AR rounds with nothing forecast) after a run of 8 AR choices
+REFRESH_AR = 32  # rounds after which a bare AR round runs even while the planner bets: only bare rounds measure AR's
+# time now (the floor's reference), and a machine that got 2x faster during a streak of bets had the stale AR time
+# price wrong chains as wins (fake clock: 0.86x AR, 186 of 187 rounds bets; `round_costs.REFRESH_EMA`)
 
 
 class Planner(RoundCosts):
@@ -77,6 +80,7 @@ class Planner(RoundCosts):
         self.last_yields: list[float] = [1.0]  # of the latest tree forecast, for rounds without one
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
+        self.since_bare = 0  # rounds since the latest bare AR round (`REFRESH_AR`)
         self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
         self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`ledger.py`)
         self.probe_loss = 0.0  # AR rounds the latest losing probe lost, with the rounds its marginals led to
@@ -93,7 +97,7 @@ class Planner(RoundCosts):
         self.settle()
         new = copy.copy(self)
         for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
-                     "rates", "ledger", "unsettled", "relative"):
+                     "rates", "ledger", "unsettled", "relative", "since_ar"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
         new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
         new.shadows = {}
@@ -136,16 +140,19 @@ class Planner(RoundCosts):
         elif self._settle_due():  # what the rest's rounds measured, before anything is weighed
             self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        if not (resting or unmeasured):
+        refresh = (not (resting or unmeasured) and "ar" in self.scale and all(r.marg is None for r in rnd.rows)
+                   and (self.since_bare >= REFRESH_AR or self.refresh_moved > REFRESH_MOVE))  # the reference, again
+        self.refresh_moved = 0.0 if refresh else self.refresh_moved
+        if not (resting or unmeasured or refresh):
             loss = (self.ledger.plan_seconds + self.forecast_drag(len(rnd.rows), rnd.cache_len)) / self.seconds(
                 AR, len(rnd.rows), rnd.cache_len)[1]
             if not self.ledger.may_bet(loss):  # the forecast is a bet too: rest until the funds cover it
                 # (they grow by EPS an AR round), its rounds settled in one batch then
                 self.dormant = max(0, math.ceil((loss - self.ledger.funds) / EPS) - 1)
                 resting = True
-        if resting or unmeasured:
+        if resting or unmeasured or refresh:
             self.predicted = None  # a bare AR round: nothing forecast
-            rnd.bare = True
+            rnd.bare, rnd.refresh = True, refresh
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
@@ -285,12 +292,13 @@ class Planner(RoundCosts):
             self._observe_two_pass(yields)
         if rnd.join_tokens:  # a prompt's chunk shared the forward: its time is not this round's option's
             return
+        self.since_bare = 0 if rnd.bare else self.since_bare + 1
         rooms, trailing, self.trailing = [r.room for r in rnd.rows], self.trailing, 0.0
         seen = Seen(rnd.option, len(rnd.rows), rnd.width, rnd.cache_len, rnd.model_seconds, rnd.seconds + trailing,
                     rnd.plan_seconds + trailing, rnd.bare, rnd.draining,
                     round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining)),
                     rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows), rnd.target_seconds,
-                    rnd.target_rows)
+                    rnd.target_rows, getattr(rnd, "refresh", False))
         self.unsettled.append(seen)
         if not (rnd.bare and self.dormant > 0) and self._settle_due():
             self.settle()
@@ -304,7 +312,8 @@ class Planner(RoundCosts):
         settling cost 34 us a round one at a time, 18 four at a time, default model, 2-core CPU)."""
         if len(self.unsettled) >= SETTLE_AFTER or (self.unsettled and self.marg_gain is not None):
             return True
-        return bool(self.unsettled) and (self.unsettled[-1].option is not AR or self.unsettled[-1].marginals)
+        last = self.unsettled[-1] if self.unsettled else None
+        return last is not None and (last.option is not AR or last.marginals or last.refresh)
 
     def settle(self) -> None:
         """Rounds observed but not yet timed and accounted, in order. A resting round (bare, more

@@ -15,6 +15,11 @@ relative scales do not drift back towards AR's while a kind does not run: measur
 lookup rounds really take 1.2-1.35x the cost model's prediction, and forgetting it between bets
 lost 5% at T = 0 (`benchmarks/planner_ab.py`).
 
+AR's scale is measured by bare AR rounds only, and a streak of bets runs none: the planner then runs
+one every `planner.REFRESH_AR` rounds, weighted REFRESH_EMA, again at once while one moves the scale by
+more than REFRESH_MOVE, and the kinds measured against the stale scale meanwhile are re-based on the
+new one (a machine 2x faster by then had priced wrong chains as wins: 0.86x AR on a fake clock).
+
 Example: f(1, 1, 64) = 3.0 ms from the cost model and AR rounds measured at 3.3 ms of model time
 give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5 ms) not yet run is priced with AR's
 scale, 4.95 ms, plus its overhead and four draws a row.
@@ -27,6 +32,10 @@ from selfspec.engine.ledger import PAUSE
 from selfspec.engine.rounds import Seen
 
 EMA = 0.1  # weight of a new observation in the smoothed time scales
+REFRESH_MOVE = 0.1  # a refresh that moved AR's scale by more than this share is followed by another at once
+REFRESH_EMA = 0.5  # weight of AR's time measured after a streak of bets (`planner.REFRESH_AR`): one sample in dozens
+# of rounds, when the machine's speed may have moved by a third; the sample is clipped to within 2x of the scale, so
+# one stall moves it 1.5x at most (and the follow-up refresh measures again)
 FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
 
 
@@ -43,6 +52,8 @@ class RoundCosts:
         self._recent: dict[str, list[float]] = {}
         self.scale: dict[str, float] = {}  # "ar": measured / predicted model time of bare AR rounds
         self.relative: dict[str, float] = {}  # other kinds: their measured / predicted over AR's scale then
+        self.since_ar: set[str] = set()  # kinds whose relative scale was measured since AR's latest sample
+        self.refresh_moved = 0.0  # how far the latest refresh moved AR's scale (a share): another one follows
         self.first_scale = 1.0  # before any bare AR round: the latest round's measured / predicted model time
 
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
@@ -129,10 +140,22 @@ class RoundCosts:
             predicted += self._f(R, self.block_length, seen.cache_len)
         if seen.model_seconds > 0:
             ratio = seen.model_seconds / predicted
-            if fam == "ar":
+            if fam == "ar" and seen.refresh and "ar" in self.scale:
+                # after a streak of bets: the kinds measured meanwhile were measured against a stale AR speed,
+                # re-based on the new one (a kind's own cost is relative to AR's at the same moment)
+                old = self.scale["ar"]
+                _smooth(self.scale, "ar", min(max(ratio, old / 2), 2 * old), REFRESH_EMA)
+                for k in self.since_ar:
+                    self.relative[k] *= old / self.scale["ar"]
+                self.refresh_moved = abs(self.scale["ar"] / old - 1.0)
+                if self.refresh_moved <= REFRESH_MOVE:  # settled: the next refreshes follow at once until then
+                    self.since_ar.clear()
+            elif fam == "ar":
                 _smooth(self.scale, "ar", ratio)
+                self.since_ar.clear()
             elif "ar" in self.scale:  # against AR's speed now: a drift of the machine's moves both alike
                 _smooth(self.relative, fam, ratio / self.scale["ar"])
+                self.since_ar.add(fam)
             else:  # before the first bare AR round (`Planner.plan` runs one early) every kind reads this clock
                 self.first_scale = ratio
         recent = self._recent.setdefault(fam, [])
@@ -153,11 +176,11 @@ class RoundCosts:
                     self.overhead[f] = v - 0.05 * (v - base)
 
 
-def _smooth(table: dict[str, float], key: str, ratio: float) -> None:
-    """table[key] moved towards `ratio` by EMA (set by the first); a stall (`ledger.PAUSE`) moves
+def _smooth(table: dict[str, float], key: str, ratio: float, weight: float = EMA) -> None:
+    """table[key] moved towards `ratio` by `weight` (set by the first); a stall (`ledger.PAUSE`) moves
     it as a round PAUSE x slower would."""
     old = table.get(key)
-    table[key] = ratio if old is None else old + EMA * (min(ratio, PAUSE * old) - old)
+    table[key] = ratio if old is None else old + weight * (min(ratio, PAUSE * old) - old)
 
 
 def _per_kind(table: dict[str, float], family: str, default: float) -> float:

@@ -92,6 +92,7 @@ class Round:
     target_rows: int = 0  # how many (each row's tree nodes and root)
     seconds: float = 0.0
     bare: bool = False  # plan "auto": an AR round the planner forecast nothing for (its floor's reference)
+    refresh: bool = False  # a bare round run to measure AR's time again while the planner bets (`planner.REFRESH_AR`)
     join_tokens: int = 0  # query tokens of a joining prompt's chunk that ran in this round's forward
     joined: tuple = (0, [])  # (n, first chunks) of the sequences whose prompts that chunk completed
 
@@ -117,6 +118,7 @@ class Seen(NamedTuple):
     marginals: bool = False  # a probe, or a round with marginals at hand: the probe's bet (`close_episode`)
     target_seconds: float = 0.0  # drawing the target's tokens (`Round.target_seconds`)
     target_rows: int = 0
+    refresh: bool = False  # `Round.refresh`: AR's time after a streak of bets (`round_costs.REFRESH_EMA`)
 
 
 def stats_observer(stats):
