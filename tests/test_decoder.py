@@ -18,6 +18,7 @@ from selfspec.engine.step import Stepper
 from conftest import tiny_model
 
 from test_batch import MODES, V
+from test_invariance import FORMATS, set_weights
 
 LAYOUTS = {**MODES, "auto": dict(mode="auto", block_length=6, budget=8)}
 
@@ -263,7 +264,8 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])
 
 
-def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_one():
+@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_one(fmt):
     """Mode "auto" keeps the room its usual rounds take (a lookup chain, a probe's group, a draft
     pass), not the widest round it may choose; on flat costs it lays out trees with a group on
     every node, wider than that, the forward grows the cache first, and the tokens are AR's."""
@@ -273,7 +275,7 @@ def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_on
         17, 1, 11)
     one_pass = DecodeConfig(mode="presto", schedule="one-pass")
     assert round_room(one_pass) == ROUND_SCRATCH < scratch(one_pass)
-    m = tiny_model(vocab_size=V)
+    m = set_weights(tiny_model(vocab_size=V), fmt)
     cfg = DecodeConfig(mode="auto", max_new_tokens=12, block_length=6, budget=8)
     prompts = _prompts((5, 9))
     dec = Decoder(m, prompts, cfg, batch_size=2, eos_token_id=[], profile=CostModel.flat())

@@ -16,6 +16,7 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import lookup_chain
 
 from conftest import FakeClock, PricedForward, tiny_model
+from test_invariance import FORMATS, set_weights
 
 # a CPU: 2 query tokens cost 1.15 AR steps, 5 cost 2, a mask group of 8 with its tree ~3-4
 CPU = CostModel.one_row((1, 2, 4, 5, 8, 16, 64, 256), ((1e-2, 1.15e-2, 1.3e-2, 2e-2, 2.5e-2, 3.5e-2, 9e-2, 0.3),))
@@ -333,7 +334,8 @@ def _after_switch(m, prompt, cfg, switch: float, reference=None):
     return dec.outputs[0], (clock.t - at[0]) / (len(dec.outputs[0]) - at[1]), dec.planner
 
 
-def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_behind():
+@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_behind(fmt):
     """Only bare AR rounds measure AR's time now, the floor's reference. Chains right while the
     machine runs at half speed: auto bets round after round, and runs no bare round; then the
     machine runs at full speed and the chains are wrong. A reference left at the slow speed priced
@@ -341,6 +343,7 @@ def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_be
     scales measured against the stale one re-based), auto stays within 5% of AR, and the lookup
     rounds' scale ends where the clock prices them: at AR's."""
     m, prompt = _model_and_prompt()
+    m = set_weights(m, fmt)
     n = 400
     ar, ar_after, _ = _after_switch(m, prompt, DecodeConfig(mode="ar", max_new_tokens=n), 1.5)
     out, auto_after, planner = _after_switch(m, prompt, DecodeConfig(mode="auto", max_new_tokens=n), 1.5, reference=ar)

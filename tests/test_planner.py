@@ -176,7 +176,8 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
         for pl in (at_once, resting):
             rnd = SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
                                   width=1, cache_len=40, model_seconds=0.8 * t, seconds=t, plan_seconds=0.0,
-                                  bare=True, draining=False, join_tokens=0, target_seconds=0.0, target_rows=0)
+                                  bare=True, draining=False, join_tokens=0, refresh=False, target_seconds=0.0,
+                                  target_rows=0)
             pl.observe(rnd)
     assert len(resting.unsettled) == 4 and not at_once.unsettled
     assert resting.ledger.rounds == 0.0 and "ar" not in resting.scale
@@ -185,8 +186,8 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
     for pl in (at_once, resting):
         pl.observe(SimpleNamespace(option=AR, rows=[SimpleNamespace(nodes=0, committed=[7], room=64, marg=None)],
                                    width=1, cache_len=40, model_seconds=0.8 * times[-1], seconds=times[-1],
-                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0, target_seconds=0.0,
-                                   target_rows=0))
+                                   plan_seconds=0.0, bare=True, draining=False, join_tokens=0, refresh=False,
+                                   target_seconds=0.0, target_rows=0))
         pl.settle()  # plain AR rounds settle SETTLE_AFTER at a time: the fifth waits
     state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
     assert state(resting) == state(at_once) and not resting.unsettled
@@ -206,8 +207,9 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
     pl.forecast = lambda r: forecast_at.append(len(waiting)) or Forecast()
     for _ in range(n + 4):
         row = SimpleNamespace(marg=None, room=64, committed=[7], nodes=0, drafted=None)
-        rnd = SimpleNamespace(rows=[row], cache_len=10, draining=False, bare=False, join_tokens=0, width=1,
-                              model_seconds=0.1, seconds=0.1, plan_seconds=0.0, target_seconds=0.0, target_rows=0)
+        rnd = SimpleNamespace(rows=[row], cache_len=10, draining=False, bare=False, join_tokens=0, refresh=False,
+                              width=1, model_seconds=0.1, seconds=0.1, plan_seconds=0.0, target_seconds=0.0,
+                              target_rows=0)
         rnd.option = pl.plan(rnd)
         pl.observe(rnd)
         waiting.append(len(pl.unsettled))
@@ -347,7 +349,7 @@ def _observe(pl, option, seconds, rows=4, width=None, marginals=False, committed
     row = SimpleNamespace(nodes=0, committed=[7] * committed, room=64, marg=object() if marginals else None)
     rnd = SimpleNamespace(option=option, rows=[row] * rows, width=width or option.width, cache_len=0,
                           model_seconds=seconds, seconds=seconds + plan, plan_seconds=plan, bare=bare,
-                          draining=False, join_tokens=0, target_seconds=0.0, target_rows=0)
+                          draining=False, join_tokens=0, refresh=False, target_seconds=0.0, target_rows=0)
     pl.observe(rnd)
 
 
@@ -410,7 +412,7 @@ def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_pric
                                                                                 marg=None)],
                                            width=option.width, cache_len=0, model_seconds=0.01,
                                            seconds=0.01 + 0.001 + draw * rows, plan_seconds=0.0, bare=False,
-                                           draining=False, join_tokens=0, target_seconds=draw * rows,
+                                           draining=False, join_tokens=0, refresh=False, target_seconds=draw * rows,
                                            target_rows=rows))
         return pl
 
@@ -431,7 +433,7 @@ def test_a_batched_round_fades_old_evidence_once_not_once_per_row():
                           seq=SimpleNamespace(lookup_run=0, done=False))
     pl.observe(SimpleNamespace(option=Option("lookup", 2), rows=[row] * 16, width=3, cache_len=0, model_seconds=1.0,
                                seconds=1.0, plan_seconds=0.0, bare=False, draining=False, join_tokens=0,
-                               target_seconds=0.0, target_rows=0))
+                               refresh=False, target_seconds=0.0, target_rows=0))
     assert pl.lookup_calibrator.counts[(3, 0)][0][0] == pytest.approx(before * pl.lookup_calibrator.forget + 16)
 
 

@@ -140,9 +140,8 @@ class Planner(RoundCosts):
         elif self._settle_due():  # what the rest's rounds measured, before anything is weighed
             self.settle()
         unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        refresh = (not (resting or unmeasured) and "ar" in self.scale and all(r.marg is None for r in rnd.rows)
-                   and (self.since_bare >= REFRESH_AR or self.refresh_moved > REFRESH_MOVE))  # the reference, again
-        self.refresh_moved = 0.0 if refresh else self.refresh_moved
+        refresh = (not (resting or unmeasured) and (self.since_bare >= REFRESH_AR or self.refresh_moved > REFRESH_MOVE)
+                   and "ar" in self.scale and all(r.marg is None for r in rnd.rows))  # the reference, again
         if not (resting or unmeasured or refresh):
             loss = (self.ledger.plan_seconds + self.forecast_drag(len(rnd.rows), rnd.cache_len)) / self.seconds(
                 AR, len(rnd.rows), rnd.cache_len)[1]
@@ -153,6 +152,8 @@ class Planner(RoundCosts):
         if resting or unmeasured or refresh:
             self.predicted = None  # a bare AR round: nothing forecast
             rnd.bare, rnd.refresh = True, refresh
+            if refresh:  # this round measures AR's time again; its settling says how far that moved it
+                self.refresh_moved = 0.0
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
@@ -298,7 +299,7 @@ class Planner(RoundCosts):
                     rnd.plan_seconds + trailing, rnd.bare, rnd.draining,
                     round_value([len(r.committed) for r in rnd.rows], rooms, last_rows(rooms, rnd.draining)),
                     rnd.option.groups > 0 or any(r.marg is not None for r in rnd.rows), rnd.target_seconds,
-                    rnd.target_rows, getattr(rnd, "refresh", False))
+                    rnd.target_rows, rnd.refresh)
         self.unsettled.append(seen)
         if not (rnd.bare and self.dormant > 0) and self._settle_due():
             self.settle()
