@@ -109,6 +109,7 @@ def test_chat_prompts_are_accepted_by_the_reader(tmp_path):
     (["--batch-sizes", "0"], "integers >= 1"),
     (["--batch-sizes", "2", "--modes", "hybrid"], "unknown mode 'hybrid' for batches"),
     (["--batch-sizes", "2", "--peers", "hf-lookup"], "unknown peer 'hf-lookup' for batches"),
+    (["--control", "--modes", "auto"], "--control runs the AR row a second time"),
 ])
 def test_bench_bad_input_fails_before_model_work(extra, match, prompts, tmp_path, capsys):
     args = ["bench", "--model", "/nonexistent/model", "--prompts", str(prompts), "--out", str(tmp_path / "o")]
@@ -309,6 +310,19 @@ def test_the_batch_floor_line_shows_auto_over_ar_run_by_run(monkeypatch):
     assert batch_floor_lines(list(by.values())) == ["auto / batched AR at B = 4, T = 0: 1.00x, per run 0.50-1.33x"]
 
 
+def test_the_batch_control_runs_ar_again_in_the_mirrored_block_with_its_own_floor_line(monkeypatch):
+    """--control: A B C C B A with C the second AR. AR's runs take 1 s and 6 s, auto's 2 and 5, the
+    control's 3 and 4: both 1.00x summed, run by run 0.50x / 1.20x and 0.33x / 1.50x; its line under auto's."""
+    from selfspec.tools.bench_batch import batch_floor_lines
+
+    calls, by = _fake_batch_runs(monkeypatch, [4], control=True)
+    assert calls == [(4, m) for m in ["ar", "auto", "ar (control)", "ar (control)", "auto", "ar"]]
+    assert by[("ar (control)", 4)]["seconds"] == 3 + 4 and by[("ar (control)", 4)]["label"] == "ar (control) B=4"
+    assert batch_floor_lines(list(by.values())) == [
+        "auto / batched AR at B = 4, T = 0: 1.00x, per run 0.50-1.20x",
+        "control AR / batched AR at B = 4, T = 0: 1.00x, per run 0.33-1.50x"]
+
+
 def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transformers_run(monkeypatch):
     """The run after transformers' fp32 weights starts cold (ours 0.94x after an fp32 run): an untimed
     AR decode of ours takes that start, not the next timed row."""
@@ -335,6 +349,26 @@ def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transforme
     assert [e[1] for e in events if e[0] == "timed"] == ["ar", "auto", "hf", "hf", "auto", "ar"]
     after_hf = [events[i + 1] for i, e in enumerate(events) if e == ("timed", "hf")]
     assert after_hf == [("untimed", "ar")] * 2
+
+
+def test_the_control_row_runs_ar_again_equal_to_it_with_its_line_under_auto_s(tiny_dir, prompts, tmp_path,
+                                                                            capsys):
+    out = tmp_path / "o"
+    assert main(["bench", "--model", str(tiny_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--peers",
+                 "--control", "--repeats", "2", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out.splitlines()
+    floor = [line for line in stdout if " / AR at T = " in line]
+    assert [line.split(":")[0] for line in floor] == ["auto / AR at T = 0", "control AR / AR at T = 0",
+                                                      "auto / AR at T = 1", "control AR / AR at T = 1"]
+    assert all("per repeat" in line for line in floor)
+    res = json.loads((out / "results.json").read_text())
+    rows = {(r["label"], r["temperature"]): r for r in res["rows"]}
+    for t in (0.0, 1.0):
+        control, ar = rows["ar (control)", t], rows["ar", t]
+        assert [x["token_ids"] for x in control["records"]] == [x["token_ids"] for x in ar["records"]]
+        assert control["speedup_vs_ar"] == pytest.approx(control["tokens_per_second"] / ar["tokens_per_second"])
+    assert rows["ar (control)", 0.0]["matches_ar"] == 2
+    assert floor[1] in (out / "table.md").read_text()
 
 
 def test_a_run_on_other_weights_is_followed_by_an_untimed_run_of_the_default_model(tiny_dir, prompts, tmp_path,

@@ -175,6 +175,20 @@ def test_the_floor_lines_are_one_per_length_from_that_lengths_prompts():
     assert f": {three:.2f}x" in lines[1] and f"0.86x (tune); decode {40 / 7 / 5:.2f}x" in lines[1]
 
 
+def test_with_a_control_row_each_length_has_its_line_under_auto_s_with_its_decode_and_worst_split():
+    """The control (AR again) decodes each prompt in 2.5 s, its 3k held-out chat prompt (no. 8) in 2.0 s."""
+    rows = _rows()
+    control = [_rec(x["id"], x["length"], x["split"], x["ttft_seconds"], 2.0 if x["id"] == "chat08" else 2.5)
+               for x in rows[0]["records"]]
+    lines = long_floor_lines(rows + [{"label": "ar (control)", "mode": "ar (control)", "temperature": 0.0,
+                                      "records": control}])
+    assert [line.split(":")[0] for line in lines] == ["~1k tokens", "~1k tokens", "~3k tokens", "~3k tokens"]
+    assert lines[1].startswith(f"~1k tokens: control AR / AR at T = 0: {4 * 3.0 / (4 * 3.5):.2f}x (chat ")
+    assert lines[1].endswith(f"(tune); decode {2.0 / 2.5:.2f}x")  # worst: the first 1k prompt, its split named
+    assert lines[3].endswith(f"chat06 {6.0 / 6.5:.2f}x (tune); decode {4 * 2.0 / (3 * 2.5 + 2.0):.2f}x")
+    assert "AR in" not in lines[1] + lines[3]
+
+
 # -- peers ---------------------------------------------------------------------------------------
 def test_llama_cpp_lookup_without_its_package_is_one_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # absent even where it is installed

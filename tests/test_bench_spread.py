@@ -49,3 +49,31 @@ def test_the_floor_line_shows_the_spread_over_repeats_and_the_worst_prompt_s_ar_
     (line,) = floor_lines(rows)
     assert line == ("auto / AR at T = 0: 1.05x, per repeat 0.91-1.22x; worst prompt code00 1.00x "
                     "(AR in 10 of 12 rounds)")
+
+
+def _with_control(control_seconds):
+    """`_rows` plus the control row (AR again: 10 tokens a run) at T = 0, its seconds per prompt per repeat."""
+    rows = _rows()
+    control = {"mode": "ar (control)", "temperature": 0.0,
+               "records": [_runs(pid, s, ar_rounds=6) for pid, s in control_seconds.items()]}
+    tok, sec = sum(x["new_tokens"] for x in control["records"]), sum(x["seconds"] for x in control["records"])
+    control["tokens_per_second"] = tok / sec
+    control["speedup_vs_ar"] = control["tokens_per_second"] / rows[0]["tokens_per_second"]
+    rows.insert(1, control)  # before auto's row: the line still follows auto's
+    _worst(rows)
+    return rows
+
+
+def test_the_control_row_s_line_follows_auto_s_and_reads_as_ar_against_ar():
+    """AR again, 1.0 / 1.0 s on chat00 and 1.2 / 1.2 s on code00 (AR's 4.2 s against 4.4): per repeat
+    (20 / 2.2) / (20 / 2.0) and (20 / 2.2) / (20 / 2.2); its worst prompt code00 (2.2 s against 2.4), and
+    no AR rounds named (every round of both rows is AR)."""
+    rows = _with_control({"chat00": [1.0, 1.0], "code00": [1.2, 1.2]})
+    auto_line, control_line = floor_lines(rows)
+    assert auto_line.startswith("auto / AR at T = 0: 1.05x")
+    assert control_line == ("control AR / AR at T = 0: 0.95x, per repeat 0.91-1.00x; worst prompt code00 0.92x")
+
+
+def test_a_control_row_without_an_auto_row_still_has_its_line():
+    rows = [r for r in _with_control({"chat00": [1.0, 1.0], "code00": [1.0, 1.2]}) if r["mode"] != "auto"]
+    assert floor_lines(rows) == ["control AR / AR at T = 0: 1.00x, per repeat 1.00-1.00x; worst prompt chat00 1.00x"]

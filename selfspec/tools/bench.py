@@ -16,50 +16,25 @@ import time
 from dataclasses import replace
 
 from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
-from selfspec.engine.layouts import config_label, layout_label
-from selfspec.tools.bench_report import (_by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
+from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
                                          long_floor_lines, long_report, long_table, markdown_table,
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
+from selfspec.tools.bench_grid import grid, label  # noqa: F401  (read from here)
 from selfspec.tools.bench_prompts import META, read_prompts, read_suite
 from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available, llama_cpp_crash
 
 PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
-def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:
-    out = []
-    if "ar" in modes:
-        out.append(DecodeConfig(**{**base, "mode": "ar", "schedule": "two-pass"}))
-    if "auto" in modes:
-        out.append(DecodeConfig(**{**base, "mode": "auto"}))
-    if "lookup" in modes:
-        out.append(DecodeConfig(**{**base, "mode": "lookup"}))
-    if "linear" in modes:  # a linear chain has fixed schedules only
-        out.extend(DecodeConfig(**{**base, "mode": "linear", "schedule": s})
-                   for s in [s for s in schedules if s != "auto"] or ["two-pass"])
-    for s in schedules:
-        s = None if s == "auto" else s  # PRESTO laid out per round as this device affords
-        if "presto" in modes:
-            out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b, "lookup": False})
-                       for b in budgets)
-        if "hybrid" in modes:  # PRESTO with each path's context continuations among the candidates
-            out.extend(DecodeConfig(**{**base, "mode": "presto", "schedule": s, "budget": b, "lookup": True})
-                       for b in budgets)
-    return out
-
-
-def label(cfg: DecodeConfig) -> str:
-    """The engine's label of the setting; PRESTO with context candidates is the row "hybrid"."""
-    if cfg.mode == "presto" and cfg.lookup:
-        return layout_label("hybrid", schedule=cfg.schedule or "auto", nodes=cfg.budget)
-    return config_label(cfg)
 
 
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
               profile=None, gguf: str | None = None, baselines: dict | None = None, repeats: int = 1,
-              ignore_eos: bool = False) -> list[dict]:
+              ignore_eos: bool = False, control: bool = False) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
     `baselines` ({weight format: model}) add a greedy AR row in each of those formats
     (the transformers peers then run on the fp32 one when given: the checkpoint's own weights).
+    `control`: each AR config runs twice, as two rows ("ar" the reference, `CONTROL` a row like
+    any other), so the run shows what its own noise does to a ratio of two identical settings.
 
     Runs are interleaved by prompt (every row on prompt 1, then every row on prompt 2, ...), so
     a machine that slows down or speeds up during the run shifts all rows alike. Each record has
@@ -79,6 +54,7 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     temps = sorted({c.temperature for c in configs})
     base = configs[0]
     runners = [("cfg", (model, c, None)) for c in configs]
+    runners += [("cfg", (model, c, CONTROL)) for c in configs if control and c.mode == "ar"]
     for fmt, m in (baselines or {}).items():
         runners.append(("cfg", (m, DecodeConfig(**{**base.__dict__, "mode": "ar", "plan": None, "temperature": 0.0}), fmt)))
     for name in peers:
@@ -159,10 +135,13 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         if kind == "cfg":
             m, r, fmt = r
             mode = "hybrid" if r.mode == "presto" and r.lookup else r.mode
-            meta = {"label": label(r) + (f" [{fmt}]" if fmt else ""), "mode": f"{mode} [{fmt}]" if fmt else mode,
-                    "weights": fmt or FastForward.of(m).weights,
-                    "schedule": None if r.mode in ("ar", "auto", "lookup") else (r.schedule or "auto"),
-                    "budget": r.budget if r.mode == "presto" else None, "temperature": r.temperature, "config": r.__dict__}
+            if fmt == CONTROL:
+                meta = {"label": CONTROL, "mode": CONTROL, "weights": FastForward.of(m).weights}
+            else:
+                meta = {"label": label(r) + (f" [{fmt}]" if fmt else ""), "mode": f"{mode} [{fmt}]" if fmt else mode,
+                        "weights": fmt or FastForward.of(m).weights}
+            meta.update(schedule=None if r.mode in ("ar", "auto", "lookup") else (r.schedule or "auto"),
+                        budget=r.budget if r.mode == "presto" else None, temperature=r.temperature, config=r.__dict__)
         else:
             meta = {"label": r[0].label(), "mode": r[0].label(), "schedule": None, "budget": None,
                     "temperature": r[1], "config": {"peer": r[0].label(), "temperature": r[1]}}
@@ -229,6 +208,8 @@ def cmd_bench(a) -> int:
             raise ValueError(f"unknown mode {m!r}{' for batches' if batch else ''}; expected some of {allowed}")
     if batch and "ar" not in a.modes:
         a.modes = ["ar"] + list(a.modes)  # the reference every row is checked against
+    if a.control and "ar" not in a.modes:
+        raise ValueError("--control runs the AR row a second time: it needs ar among --modes")
     if a.schedules is None:
         a.schedules = ["auto", "two-pass", "one-pass"] if a.full else ["auto"]
     for s in a.schedules:
@@ -317,7 +298,7 @@ def cmd_bench(a) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
-                     baselines=baselines, repeats=a.repeats, ignore_eos=bool(suite))
+                     baselines=baselines, repeats=a.repeats, ignore_eos=bool(suite), control=a.control)
     if suite:  # per length and split: time to first token, decode tok/s, greedy equality; floor per length
         table, floor = long_table(rows), long_floor_lines(rows)
     else:
@@ -391,6 +372,11 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="run every row this many times per prompt, in mirrored order (A B C C B A), times summed: "
                         "single runs of 64 tokens vary by +-20%% on a 2-core machine (default 1); with "
                         "--batch-sizes, the mirrored block of each batch size (A B B A) this many times")
+    b.add_argument("--control", action="store_true",
+                   help="run the AR row a second time as a row of its own, 'ar (control)', interleaved like every "
+                        "row, and print its ratio to AR under auto's: two identical settings, so how far this run's "
+                        "noise alone moves a ratio (on a busy 2-core machine single runs of AR against AR read "
+                        "0.6-1.2x); with --suite and --batch-sizes too")
     b.add_argument("--batch-sizes", nargs="+", type=int, default=None,
                    help="batched decoding instead: each mode (default ar auto) and transformers' batched generate "
                         "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "

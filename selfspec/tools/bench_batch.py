@@ -16,6 +16,7 @@ import time
 import torch
 
 from selfspec.engine.options import DecodeConfig
+from selfspec.tools.bench_report import CONTROL
 
 
 def hf_batched(lm, prompts: list[list[int]], B: int, *, max_new_tokens: int, temperature: float, eos: set[int],
@@ -46,10 +47,11 @@ def hf_batched(lm, prompts: list[list[int]], B: int, *, max_new_tokens: int, tem
 
 def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_sizes: list[int], modes: list[str],
                     *, max_new_tokens: int, temperatures: list[float], peers: tuple[str, ...] = ("hf",), seed: int = 0,
-                    progress: bool = True, profile=None, base: dict | None = None, repeats: int = 1) -> list[dict]:
+                    progress: bool = True, profile=None, base: dict | None = None, repeats: int = 1,
+                    control: bool = False) -> list[dict]:
     """One row per (mode or peer, B, temperature): tokens/s, rows equal to batch-1 AR (T = 0),
     tau and plan_hist summed over the rows (of a mode's first run: each runs 2 x `repeats` times,
-    see below)."""
+    see below). `control`: AR again as a row of its own (`CONTROL`), timed like the others."""
     from tqdm import tqdm
 
     from selfspec.engine.decoder import Decoder
@@ -61,7 +63,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     mask_id = int(model.config.mask_token_id)
     pad = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     lm = causal_lm(model) if "hf" in peers else None
-    runs = list(modes) + (["hf"] if "hf" in peers else [])
+    runs = list(modes) + ([CONTROL] if control else []) + (["hf"] if "hf" in peers else [])
     n_runs = 2 * repeats * len(temperatures) * len(batch_sizes) * len(runs)
     bar = tqdm(total=n_runs, desc="bench (batches)", file=sys.stderr, disable=not progress)
     rows, ar_ref = [], {}
@@ -113,7 +115,8 @@ def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profi
         outs, dt = hf_batched(lm, prompts_ids, B, max_new_tokens=max_new_tokens, temperature=t, eos=eos, pad=pad,
                               mask_id=mask_id, seed=seed)
         return outs, dt, {}
-    cfg = DecodeConfig(**{**base, "mode": mode, "max_new_tokens": max_new_tokens, "temperature": t})
+    cfg = DecodeConfig(**{**base, "mode": "ar" if mode == CONTROL else mode, "max_new_tokens": max_new_tokens,
+                          "temperature": t})
     dec = Decoder(model, prompts_ids, cfg, batch_size=B, seeds=[seed + i for i in range(len(prompts_ids))],
                   profile=profile if cfg.plan == "auto" else None)
     t0 = time.perf_counter()
@@ -163,12 +166,14 @@ def batch_table(rows: list[dict]) -> str:
 
 def batch_floor_lines(rows: list[dict]) -> list[str]:
     """One line per batch size and temperature: plan auto against batched AR (a batch is timed
-    whole, so there is no worst prompt to name; the rows' greedy equality is in the table)."""
+    whole, so there is no worst prompt to name; the rows' greedy equality is in the table), and
+    under it the control row's (AR again) against the same AR runs."""
     out = []
     for r in rows:
-        if r["mode"] == "auto" and r.get("speedup_vs_batched_ar") is not None:
+        name = {"auto": "auto / batched AR", CONTROL: "control AR / batched AR"}.get(r["mode"])
+        if name and r.get("speedup_vs_batched_ar") is not None:
             each = r.get("speedup_vs_batched_ar_runs")
-            out.append(f"auto / batched AR at B = {r['batch_size']}, T = {r['temperature']:g}: "
+            out.append(f"{name} at B = {r['batch_size']}, T = {r['temperature']:g}: "
                        f"{r['speedup_vs_batched_ar']:.2f}x" + (f", per run {min(each):.2f}-{max(each):.2f}x" if each else ""))
     return out
 
@@ -190,7 +195,7 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
     t0 = time.time()
     rows = run_batch_bench(model, encoded, [p["id"] for p in prompts], a.batch_sizes, a.modes,
                            max_new_tokens=a.max_new_tokens, temperatures=temps, peers=tuple(a.peers), seed=a.seed,
-                           profile=a.profile, base=base, repeats=a.repeats)
+                           profile=a.profile, base=base, repeats=a.repeats, control=a.control)
     table = batch_table(rows)
     floor = batch_floor_lines(rows)
     print(table + "\n\n" + "\n".join(floor))

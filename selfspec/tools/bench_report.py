@@ -88,19 +88,41 @@ def _worst(rows: list[dict]) -> None:
         r["speedup_vs_ar_repeats"] = repeat_speedups(r["records"], ar["records"])
 
 
+CONTROL = "ar (control)"  # the AR row run a second time (`bench --control`): what the run's noise alone does
+
+
 def floor_lines(rows: list[dict]) -> list[str]:
-    """One line per temperature: plan auto against AR overall, per prompt kind and on its worst prompt."""
-    out = []
+    """One line per temperature: plan auto against AR overall, per prompt kind and on its worst
+    prompt; after it, with `--control`, the second AR row against the first in the same terms (an
+    identical setting's ratio: how far this run's noise moves one)."""
+    return [line for _, line in _floor_rows(rows)]
+
+
+def _floor_rows(rows: list[dict]) -> list[tuple[dict, str]]:
+    """(row, its floor line) for auto's rows, each followed by the control row of its temperature;
+    control rows without an auto row after those."""
+    lines, done = [], set()
     for r in rows:
-        if r["mode"] != "auto" or r.get("speedup_vs_ar") is None:
-            continue
-        kinds = ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in r.get("by_kind", {}).items()
-                          if v.get("speedup_vs_ar") is not None)
-        reps = r.get("speedup_vs_ar_repeats")
-        spread = f", per repeat {min(reps):.2f}-{max(reps):.2f}x" if reps else ""
-        out.append(f"auto / AR at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x{spread}"
-                   + (f" ({kinds})" if kinds else "") + _worst_text(r.get("worst_vs_ar")))
-    return out
+        if r["mode"] == "auto" and r.get("speedup_vs_ar") is not None:
+            lines.append((r, _floor_line("auto / AR", r)))
+            for c in rows:
+                if c["mode"] == CONTROL and c["temperature"] == r["temperature"] and id(c) not in done:
+                    done.add(id(c))
+                    lines += [(c, _floor_line("control AR / AR", c))] if c.get("speedup_vs_ar") is not None else []
+    return lines + [(c, _floor_line("control AR / AR", c)) for c in rows if c["mode"] == CONTROL
+                    and id(c) not in done and c.get("speedup_vs_ar") is not None]
+
+
+def _floor_line(name: str, r: dict) -> str:
+    kinds = ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in r.get("by_kind", {}).items()
+                      if v.get("speedup_vs_ar") is not None)
+    reps = r.get("speedup_vs_ar_repeats")
+    spread = f", per repeat {min(reps):.2f}-{max(reps):.2f}x" if reps else ""
+    worst = r.get("worst_vs_ar")
+    if worst and r["mode"] == CONTROL:  # every round of either row is AR: no rounds to name
+        worst = {k: v for k, v in worst.items() if k not in ("ar_rounds", "rounds")}
+    return (f"{name} at T = {r['temperature']:g}: {r['speedup_vs_ar']:.2f}x{spread}" + (f" ({kinds})" if kinds else "")
+            + _worst_text(worst))
 
 
 def _worst_text(w: dict | None) -> str:
@@ -251,12 +273,11 @@ def long_floor_lines(rows: list[dict]) -> list[str]:
         sub = _subrows(rows, lambda x: x.get("length", "-") == length)
         _by_kind(sub)
         _worst(sub)
-        autos = [r for r in sub if r["mode"] == "auto"]
-        for r in autos:
+        for r in sub:
             w = r.get("worst_vs_ar")
-            if w:
+            if w and r["mode"] in ("auto", CONTROL):
                 w["split"] = next((x.get("split") for x in r["records"] if x["id"] == w["id"]), None)
-        for line, r in zip(floor_lines(sub), [r for r in autos if r.get("speedup_vs_ar") is not None]):
+        for r, line in _floor_rows(sub):
             out.append(f"~{length} tokens: {line}"
                        + (f"; decode {r['decode_vs_ar']:.2f}x" if r.get("decode_vs_ar") is not None else ""))
     return out
