@@ -295,9 +295,33 @@ def test_the_batch_bench_runs_every_mode_twice_in_mirrored_order_and_times_both(
 def test_the_batch_bench_repeats_its_mirrored_block_and_sums_every_run(monkeypatch):
     """--repeats N: A B B A, N times over, per batch size; a row's time and tokens are all its runs'."""
     calls, by = _fake_batch_runs(monkeypatch, [4], repeats=3)
-    assert calls == [(4, m) for m in ["ar", "auto", "auto", "ar"] * 3]
+    assert calls == [(4, m) for m in ["ar", "auto", "auto", "ar"] * 3] + [(1, "ar")]  # then the greedy reference
     assert by[("ar", 4)]["seconds"] == 1 + 4 + 5 + 8 + 9 + 12 and by[("ar", 4)]["runs"] == 6
     assert by[("auto", 4)]["tokens_per_second"] == 6 * 6 / (2 + 3 + 6 + 7 + 10 + 11)
+
+
+def test_a_batch_grid_without_batch_size_1_still_checks_every_greedy_row_against_batch_1_ar(monkeypatch):
+    """--batch-sizes 4 8 once checked nothing (the reference was the timed B = 1 AR row's outputs): now one
+    untimed batch-1 AR decode is the reference. Here it differs from every batched row on the second prompt."""
+    from types import SimpleNamespace
+
+    from selfspec.tools import bench_batch
+
+    calls = []
+
+    def fake_run(model, prompts_ids, mode, B, t, *rest):
+        calls.append((B, mode, t))
+        return ([[1, 2, 3], [1, 2, 4]] if B == 1 else [[1, 2, 3]] * len(prompts_ids)), 1.0, {}
+
+    monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
+    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
+    model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
+    rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [8, 4], ["ar", "auto"], max_new_tokens=3,
+                                       temperatures=[0.0, 1.0], peers=(), progress=False)
+    assert calls[-1] == (1, "ar", 0.0) and sum(c[0] == 1 for c in calls) == 1
+    assert [(r["batch_size"], r["temperature"], r["rows_equal_ar"]) for r in rows] == [
+        (8, 0.0, 1), (8, 0.0, 1), (4, 0.0, 1), (4, 0.0, 1), (8, 1.0, None), (8, 1.0, None), (4, 1.0, None),
+        (4, 1.0, None)]
 
 
 def test_the_batch_floor_line_shows_auto_over_ar_run_by_run(monkeypatch):
@@ -316,7 +340,7 @@ def test_the_batch_control_runs_ar_again_in_the_mirrored_block_with_its_own_floo
     from selfspec.tools.bench_batch import batch_floor_lines
 
     calls, by = _fake_batch_runs(monkeypatch, [4], control=True)
-    assert calls == [(4, m) for m in ["ar", "auto", "ar (control)", "ar (control)", "auto", "ar"]]
+    assert calls == [(4, m) for m in ["ar", "auto", "ar (control)", "ar (control)", "auto", "ar"]] + [(1, "ar")]
     assert by[("ar (control)", 4)]["seconds"] == 3 + 4 and by[("ar (control)", 4)]["label"] == "ar (control) B=4"
     assert batch_floor_lines(list(by.values())) == [
         "auto / batched AR at B = 4, T = 0: 1.00x, per run 0.50-1.20x",
@@ -346,7 +370,8 @@ def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transforme
     model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
     bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [2], ["ar", "auto"], max_new_tokens=3,
                                 temperatures=[0.0], peers=("hf",), progress=False)
-    assert [e[1] for e in events if e[0] == "timed"] == ["ar", "auto", "hf", "hf", "auto", "ar"]
+    # (the last: batch-1 AR, the greedy rows' reference, when the grid has no batch size 1)
+    assert [e[1] for e in events if e[0] == "timed"] == ["ar", "auto", "hf", "hf", "auto", "ar", "ar"]
     after_hf = [events[i + 1] for i, e in enumerate(events) if e == ("timed", "hf")]
     assert after_hf == [("untimed", "ar")] * 2
 
