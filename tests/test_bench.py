@@ -463,3 +463,20 @@ def test_a_peer_s_run_is_followed_by_an_untimed_run_of_ours_before_the_next_time
     timed = events[events.index(("peer",)) + 1:]  # after the warm-up's first peer run
     after = [timed[i + 1] for i, e in enumerate(timed) if e == ("peer",) and i + 1 < len(timed)]
     assert after and all(e == ("ours", "ar", 8) for e in after)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "int4", "w4a8"])
+def test_the_control_row_and_the_batch_reference_hold_in_every_weight_format(weights, tiny_dir, tmp_path):
+    """--control's row and `auto`'s equal AR's tokens, and a batch grid without B = 1 checks every greedy row
+    against batch-1 AR, whatever weights the bench runs."""
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n" * (1 + i % 3)}) + "\n"
+                         for i in range(4)))
+    common = ["bench", "--model", str(tiny_dir), "--prompts", str(p), "--weights", weights, "--max-new-tokens", "6",
+              "--peers", "--control"]
+    assert main(common + ["--compare-weights", "--temperatures", "0", "--out", str(tmp_path / "a")]) == 0
+    rows = {r["label"]: r for r in json.loads((tmp_path / "a" / "results.json").read_text())["rows"]}
+    assert rows["ar (control)"]["matches_ar"] == rows["auto"]["matches_ar"] == 4
+    assert main(common + ["--batch-sizes", "3", "--out", str(tmp_path / "b")]) == 0
+    rows = json.loads((tmp_path / "b" / "results.json").read_text())["rows"]
+    assert [(r["mode"], r["rows_equal_ar"]) for r in rows] == [("ar", 4), ("auto", 4), ("ar (control)", 4)]

@@ -123,6 +123,12 @@ def round_room(cfg: DecodeConfig) -> int:
     return min(scratch(cfg), ROUND_SCRATCH)
 
 
+def row_slots(tokens: int, cfg: DecodeConfig) -> int:
+    """Cache slots of a row that holds `tokens` tokens of text: those, a round's room (`round_room`)
+    and the root's slot."""
+    return tokens + round_room(cfg) + 1
+
+
 def row_capacity(prompts_ids, cfg: DecodeConfig, params=None) -> int:
-    """Cache slots per row: the longest prompt, its new tokens and a round's room (`round_room`)."""
-    return max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens + round_room(cfg) + 1
+    """Cache slots per row: the longest prompt and its new tokens (`row_slots`)."""
+    return row_slots(max(len(p) for p in prompts_ids) + (params or cfg).max_new_tokens, cfg)

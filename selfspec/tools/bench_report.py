@@ -101,16 +101,14 @@ def floor_lines(rows: list[dict]) -> list[str]:
 def _floor_rows(rows: list[dict]) -> list[tuple[dict, str]]:
     """(row, its floor line) for auto's rows, each followed by the control row of its temperature;
     control rows without an auto row after those."""
-    lines, done = [], set()
+    controls = {c["temperature"]: c for c in rows if c["mode"] == CONTROL and c.get("speedup_vs_ar") is not None}
+    lines = []
     for r in rows:
         if r["mode"] == "auto" and r.get("speedup_vs_ar") is not None:
             lines.append((r, _floor_line("auto / AR", r)))
-            for c in rows:
-                if c["mode"] == CONTROL and c["temperature"] == r["temperature"] and id(c) not in done:
-                    done.add(id(c))
-                    lines += [(c, _floor_line("control AR / AR", c))] if c.get("speedup_vs_ar") is not None else []
-    return lines + [(c, _floor_line("control AR / AR", c)) for c in rows if c["mode"] == CONTROL
-                    and id(c) not in done and c.get("speedup_vs_ar") is not None]
+            if (c := controls.pop(r["temperature"], None)) is not None:
+                lines.append((c, _floor_line("control AR / AR", c)))
+    return lines + [(c, _floor_line("control AR / AR", c)) for c in controls.values()]
 
 
 def _floor_line(name: str, r: dict) -> str:

@@ -224,14 +224,14 @@ def server_memory(model, cfg, rows: int, max_tokens: int, max_context: int | Non
     """`memory_plan` for a loaded model served with `cfg` on `rows` rows (`max_tokens`: the
     default answer length; `max_context`: tokens per request, prompt + answer, when given)."""
     from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.request import MAX_CACHE_BYTES, lookahead, round_room, row_capacity
+    from selfspec.engine.request import MAX_CACHE_BYTES, lookahead, row_capacity, row_slots
     from selfspec.engine.sequence import SamplingParams
     from selfspec.serving.openai_api.service import RESERVED_PROMPT
 
     bf = BatchForward.of(model)
     per_token = bf.cache_bytes(1, 1)
     # the longest request: prompt + answer + lookahead = the model's context; its row holds prompt + answer + scratch
-    full = model.config.max_position_embeddings - lookahead(cfg) + round_room(cfg) + 1
+    full = row_slots(model.config.max_position_embeddings - lookahead(cfg), cfg)
     least = row_capacity([[0] * RESERVED_PROMPT], cfg, SamplingParams(max_new_tokens=max_tokens))
     if max_context is not None:
         limit = model.config.max_position_embeddings - lookahead(cfg)
@@ -239,7 +239,7 @@ def server_memory(model, cfg, rows: int, max_tokens: int, max_context: int | Non
             raise ValueError(f"--max-context {max_context:,} is over the model's context: max_position_embeddings "
                              f"{model.config.max_position_embeddings:,}, less {lookahead(cfg)} positions for drafting, "
                              f"leaves at most {limit:,} tokens per request")
-        full = max_context + round_room(cfg) + 1  # row_capacity of max_context tokens
+        full = row_slots(max_context, cfg)
     device = model.get_input_embeddings().weight.device
     return memory_plan(per_token, rows, full, min(least, full), ceiling=MAX_CACHE_BYTES,
                        available=available_memory(device), max_context=max_context)
