@@ -281,3 +281,81 @@ def test_compat_presto_spec_generate_refuses_bad_options(kwargs, match):
     m = tiny_model()
     with pytest.raises(ValueError, match=match):
         m.presto_spec_generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, block_length=4, **kwargs)
+
+
+# -- tokenizer files: missing or corrupt, for both kinds a checkpoint may carry ----------------
+
+def _hf_tokenizer(path) -> None:
+    """A transformers tokenizer (tokenizer.json + tokenizer_config.json), the default model's kind."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "x": 5, "def": 6}, unk_token="<unk>"))
+    words.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="</s>").save_pretrained(str(path))
+
+
+TOKENIZER_KINDS = {"sentencepiece": "tokenizer.model", "transformers": "tokenizer.json"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_ckpts(tmp_path_factory):
+    """(kind, damage) -> a copy of the shipped model whose tokenizer file is gone or cut short,
+    and the file's path; the copies link the weights (only the tokenizer differs)."""
+    from conftest import SHIPPED
+    from selfspec.checkpoint.tokenizer import load_tokenizer
+
+    root, out = tmp_path_factory.mktemp("tokenizers"), {}
+    for kind, name in TOKENIZER_KINDS.items():
+        for damage in ("intact", "missing", "corrupt"):
+            path = root / f"{kind}-{damage}"
+            shutil.copytree(SHIPPED, path, ignore=shutil.ignore_patterns("model.safetensors"))
+            os.symlink(os.path.join(SHIPPED, "model.safetensors"), path / "model.safetensors")
+            if kind == "transformers":
+                os.remove(path / "tokenizer.model")
+                _hf_tokenizer(path)
+            fp = path / name
+            if damage == "missing":
+                os.remove(fp)
+            elif damage == "corrupt":
+                fp.write_bytes(fp.read_bytes()[:500])
+            out[kind, damage] = str(path), str(fp)
+    for kind in TOKENIZER_KINDS:  # the intact ones load: the damage alone makes the error
+        assert load_tokenizer(out[kind, "intact"][0]).encode("def x")
+    return out
+
+
+TOKENIZER_CASES = [(k, d) for k in TOKENIZER_KINDS for d in ("missing", "corrupt")]
+TOKENIZER_ERRORS = {"missing": (FileNotFoundError, "not found"), "corrupt": (ValueError, "is corrupt")}
+
+
+@pytest.mark.parametrize("kind, damage", TOKENIZER_CASES)
+def test_load_with_a_missing_or_corrupt_tokenizer_file_raises_naming_it(kind, damage, tokenizer_ckpts, no_model_work):
+    path, fp = tokenizer_ckpts[kind, damage]
+    exc, words = TOKENIZER_ERRORS[damage]
+    with pytest.raises(exc) as e:
+        selfspec.load(path)
+    assert type(e.value) is exc and f"tokenizer file {fp} {words}" in str(e.value)
+
+
+@pytest.mark.parametrize("kind, damage", TOKENIZER_CASES)
+def test_a_missing_or_corrupt_tokenizer_file_is_one_line_exit_2_from_each_command(kind, damage, tokenizer_ckpts,
+                                                                                 tmp_path):
+    """The real command, in a process of its own: exactly one `error:` line naming the file, exit 2."""
+    import subprocess
+    import sys
+
+    path, fp = tokenizer_ckpts[kind, damage]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x"}) + "\n")
+    command = {("sentencepiece", "missing"): ["generate", "--prompt", "x"],
+               ("sentencepiece", "corrupt"): ["bench", "--prompts", str(prompts), "--out", str(tmp_path / "o")],
+               ("transformers", "missing"): ["serve", "--port", "0"],
+               ("transformers", "corrupt"): ["chat"]}[kind, damage]
+    r = subprocess.run([sys.executable, "-m", "selfspec", *command, "--model", path], input="hi\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    assert f"tokenizer file {fp} {TOKENIZER_ERRORS[damage][1]}" in r.stderr and r.stdout == ""

@@ -7,10 +7,14 @@ exactly: no dummy prefix, no whitespace folding, byte fallback for anything unse
 
 from __future__ import annotations
 
+import json
 import os
 
 SPECIALS = {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4}
 SP_FILE = "tokenizer.model"
+HF_FILE = "tokenizer.json"
+HF_CONFIG = "tokenizer_config.json"
+SLOW_FILES = ("vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
 
 
 def text_chunks(texts, max_chars: int = 4000):
@@ -68,7 +72,11 @@ class SentencePieceTokenizer:
 
         if not os.path.isfile(model_file):
             raise FileNotFoundError(f"tokenizer file {model_file} not found")
-        self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=model_file)
+        except (RuntimeError, OSError) as e:  # sentencepiece's own "could not parse ModelProto"
+            raise ValueError(f"tokenizer file {model_file} is corrupt or not a sentencepiece model "
+                             f"({_first_line(e)})") from None
         self.model_file = model_file
         self.bos_token_id = self.sp.bos_id()
         self.eos_token_id = self.sp.eos_id()
@@ -170,12 +178,52 @@ def _as(ids: list[int], return_tensors: str | None):
 
 
 def load_tokenizer(path: str):
-    """The checkpoint's own tokenizer: sentencepiece file if present, else `AutoTokenizer`."""
-    if os.path.isfile(os.path.join(path, SP_FILE)) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return SentencePieceTokenizer.from_pretrained(path)
+    """The checkpoint's own tokenizer: sentencepiece file if present (and no tokenizer.json), else
+    `AutoTokenizer`. A missing tokenizer file is a FileNotFoundError naming it, a corrupt one a
+    ValueError naming it (not what sentencepiece or transformers say about them)."""
+    sp, hf = os.path.join(path, SP_FILE), os.path.join(path, HF_FILE)
+    if os.path.isfile(sp) and not os.path.isfile(hf):
+        return SentencePieceTokenizer(sp)
+    if not os.path.isfile(hf) and not os.path.isfile(os.path.join(path, HF_CONFIG)):
+        # selfspec's own checkpoints (the shipped one, `selfspec.training`) carry tokenizer.model alone
+        raise FileNotFoundError(f"tokenizer file {sp} not found (the checkpoint {path} has neither {SP_FILE} "
+                                f"nor {HF_FILE})")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers' errors about these files never name them
+        raise _hf_file_error(path, e) from None
+
+
+def _hf_file_error(path: str, error: Exception) -> Exception:
+    """What made `AutoTokenizer` fail, in terms of the checkpoint's files; `error` itself when no
+    file is missing or unreadable."""
+    hf, cfg = os.path.join(path, HF_FILE), os.path.join(path, HF_CONFIG)
+    if os.path.isfile(cfg):
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                json.load(f)
+        except (ValueError, OSError) as e:
+            return ValueError(f"tokenizer file {cfg} is corrupt or not JSON ({_first_line(e)})")
+    if not os.path.isfile(hf):
+        if any(os.path.isfile(os.path.join(path, f)) for f in SLOW_FILES):
+            return error  # a slow tokenizer's files are there: transformers' word is the one to read
+        return FileNotFoundError(f"tokenizer file {hf} not found ({HF_CONFIG} names a transformers tokenizer, "
+                                 f"whose vocabulary is in {HF_FILE})")
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(hf)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+        return ValueError(f"tokenizer file {hf} is corrupt or not a tokenizers file ({_first_line(e)})")
+    return error
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    line = lines[0]
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 class IncrementalDetokenizer:
