@@ -91,13 +91,15 @@ def _post(server, path, body):
     return httpx.post(server.url + path, json={"model": "pystdlib-nld-9m", **body}, timeout=60)
 
 
-@pytest.mark.parametrize("body", [{"prompt": [5] * 60, "max_tokens": 10}, {"prompt": [5] * 64},
-                                  {"prompt": [5] * 55, "max_tokens": 10}])
-def test_a_request_longer_than_max_context_is_a_400_naming_it(server, body):
+@pytest.mark.parametrize("body, param", [({"prompt": [5] * 60, "max_tokens": 10}, "max_tokens"),
+                                         ({"prompt": [5] * 64}, "prompt"),
+                                         ({"prompt": [5] * 55, "max_tokens": 10}, "max_tokens")])
+def test_a_request_longer_than_max_context_is_a_400_naming_it(server, body, param):
+    """The param is the field that is over: max_tokens where the prompt alone fits."""
     r = _post(server, "/v1/completions", body)
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert err["code"] == "context_length_exceeded" and err["param"] == param
     assert "maximum context is 64 tokens per request" in err["message"] and "--max-context" in err["message"]
 
 

@@ -475,7 +475,7 @@ def test_the_api_key_is_required_everywhere_but_health(own_server):
     ({"n": 2}, 400, "n"),
     ({"model": "gpt-4o"}, 404, "model"),
     ({"max_tokens": -1}, 400, "max_tokens"),
-    ({"max_tokens": 10**9}, 400, "prompt"),
+    ({"max_tokens": 10**9}, 400, "max_tokens"),
     ({"logprobs": 3}, 400, "logprobs"),
     ({"temperature": "hot"}, 400, "temperature"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),

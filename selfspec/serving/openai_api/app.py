@@ -7,8 +7,9 @@
 
 Every failure is an OpenAI-shaped JSON error (`errors.ApiError`), unknown paths and methods
 included; a failure after a stream has started is an `error` event followed by `[DONE]`. With an
-API key every path but /health needs `Authorization: Bearer <key>` (health stays open so a load
-balancer or a supervisor can probe it without the secret; it reveals counts and the model name).
+API key every path but /health needs `Authorization: Bearer <key>`, the scheme in any case (health
+stays open so a load balancer or a supervisor can probe it without the secret; it reveals counts
+and the model name).
 A client that goes away, before or during its answer, cancels its row at the next turn.
 """
 
@@ -85,15 +86,18 @@ async def on_crash(request, e: Exception):
 
 
 class RequireKey:
-    """ASGI middleware: `Authorization: Bearer <key>` on every path but /health, else a 401."""
+    """ASGI middleware: `Authorization: Bearer <key>` on every path but /health, else a 401. The
+    scheme is case-insensitive (RFC 9110: "bearer" and "BEARER" are "Bearer")."""
 
     def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.expected = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):  # constant time: no key by timing
+            scheme, _, token = given.partition(b" ")
+            right = hmac.compare_digest(token.strip(b" "), self.expected)  # constant time: no key by timing
+            if not (right and scheme.lower() == b"bearer"):
                 await error_response(errors.unauthorized())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -136,8 +140,9 @@ async def _generate(request: Request, kind: str):
     with service.engine.reading():
         req = parse_request(kind, parse_json(await _body(request)))
         service.check_model(req.model)
-        ids, params = service.encode(req)
-        job = service.open(req, ids, params)
+        with service.admitting():  # counted against --max-batch / --max-queue before it is tokenized
+            ids, params = await service.encode(req)
+            job = service.open(req, ids, params)
     handed_over = False
     try:
         first = await _unless_gone(request, service.next_event(job))

@@ -34,6 +34,7 @@ class GenerationRequest:
     model: str
     prompt: object  # text, a list of token ids, or chat messages [{"role", "content"}]
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field max_tokens came in (chat: or max_completion_tokens)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -68,8 +69,9 @@ def parse_request(kind: str, body: dict) -> GenerationRequest:
     prompt = _messages(body.get("messages")) if chat else _prompt(body.get("prompt"))
     _n(body.get("n"))
     stream = _typed(body, "stream", bool) or False
+    max_tokens, max_tokens_param = _max_tokens(body, chat)
     return GenerationRequest(
-        kind=kind, model=model, prompt=prompt, max_tokens=_max_tokens(body, chat),
+        kind=kind, model=model, prompt=prompt, max_tokens=max_tokens, max_tokens_param=max_tokens_param,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_top_p(body), top_k=_top_k(body),
         seed=_seed(body), stop=_stop(body.get("stop")), stream=stream,
         include_usage=_stream_options(body.get("stream_options"), stream),
@@ -180,7 +182,8 @@ def _top_k(body: dict) -> int | None:
     return None if v is None else max(v, 0)
 
 
-def _max_tokens(body: dict, chat: bool) -> int | None:
+def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str]:
+    """The answer's length limit, if given, and the field it came in."""
     names = ["max_completion_tokens", "max_tokens"] if chat else ["max_tokens"]
     given = {n: _typed(body, n, int) for n in names if body.get(n) is not None}
     if len(set(given.values())) > 1:
@@ -188,8 +191,8 @@ def _max_tokens(body: dict, chat: bool) -> int | None:
     for name, v in given.items():
         if v < 1:
             raise invalid(f"{name} must be at least 1, got {v}", name)
-        return v
-    return None
+        return v, name
+    return None, "max_tokens"
 
 
 def _seed(body: dict) -> int | None:

@@ -1,9 +1,12 @@
 """The asyncio side of the server: admission, prompt encoding and the drain at shutdown.
 
 Everything here runs on the event loop (one thread), so the count of admitted requests needs no
-lock. A request is admitted while fewer than `max_batch + max_queue` are running or waiting
-(`--max-batch` cache rows, then a bounded queue); one more is a 429 at once, never an unbounded
-wait. The decoder itself lives in the engine thread (`engine.Engine`).
+lock. A request is admitted while fewer than `max_batch + max_queue` are running, waiting or being
+tokenized (`--max-batch` cache rows, then a bounded queue); one more is a 429 at once, before its
+prompt is tokenized, never an unbounded wait. A text prompt is sized before it is tokenized (one
+that cannot fit is refused unread, `prompt_size`) and a long one is tokenized in a worker thread,
+so that no request stalls the loop the other streams are written from. The decoder itself lives in
+the engine thread (`engine.Engine`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import asyncio
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from selfspec.engine.decoder import Decoder
@@ -21,11 +26,13 @@ from selfspec.engine.sequence import SamplingParams
 from selfspec.serving.openai_api import errors
 from selfspec.serving.openai_api.defaults import Defaults
 from selfspec.serving.openai_api.engine import GATHER_WINDOW, STREAM_INTERVAL, Engine, Failed, Finished, Job
+from selfspec.serving.openai_api.prompt_size import prompt_bytes, text_bytes_per_token
 from selfspec.serving.openai_api.protocol import GenerationRequest
 from selfspec.streaming import encode_prompt
 
 log = logging.getLogger("selfspec.serve")
 RESERVED_PROMPT = 128  # prompt tokens per row the cache holds from startup (longer prompts grow it once)
+INLINE_BYTES = 4096  # a prompt of at most this much text is tokenized on the loop (a thread hop costs more)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,13 @@ class Service:
 
         self.engine = Engine(make_decoder, tokenizer, window=options.burst_window)
         self.active: set[Job] = set()
+        self.pending = 0  # requests admitted (`admitting`) whose job is not open yet: tokenizing
+        # the most prompt tokens a request may have (one more token must fit), and the most bytes
+        # of text they can stand for (None: the tokenizer may fold text, no bound before tokenizing)
+        self.max_prompt_tokens = min(limit, options.max_context or limit) - 1
+        self.bytes_per_token = None if tokenizer is None else text_bytes_per_token(tokenizer)
+        self.max_prompt_bytes = None if self.bytes_per_token is None else self.bytes_per_token * self.max_prompt_tokens
+        self._tokenizing = ThreadPoolExecutor(2, thread_name_prefix="selfspec-tokenize")
         self.draining = False
         self.created = int(time.time())
 
@@ -111,23 +125,45 @@ class Service:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.engine.stop, 30.0)
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
 
     # -- one request -------------------------------------------------------------------------------
     def check_model(self, name: str) -> None:
         if name != self.options.model_id and name not in self.options.aliases:
             raise errors.model_not_found(name, self.options.model_id)
 
-    def encode(self, req: GenerationRequest) -> tuple[list[int], SamplingParams]:
+    @contextmanager
+    def admitting(self):
+        """Around a request's tokenizing and `open`: it counts against the capacity from here on,
+        so a 429 (or a 503 while draining) comes before any expensive work."""
+        if self.draining:
+            raise errors.shutting_down()
+        if len(self.active) + self.pending >= self.capacity:
+            raise errors.queue_full(self.capacity)
+        self.pending += 1
+        try:
+            yield
+        finally:
+            self.pending -= 1
+
+    async def encode(self, req: GenerationRequest) -> tuple[list[int], SamplingParams]:
         """The prompt's ids and the sampling parameters, checked against the model (400 on any
-        problem; a prompt over the context is code "context_length_exceeded")."""
+        problem; a prompt over the context is code "context_length_exceeded"), a long text
+        prompt tokenized in a worker thread."""
+        where = "messages" if req.kind == "chat" else "prompt"
         if req.kind == "chat" and not getattr(self.tok, "chat_template", None):
             raise errors.invalid("this model's tokenizer has no chat template; use /v1/completions with a text "
                                  "prompt", "messages", "no_chat_template")
+        size = prompt_bytes(req.prompt)  # a 400 for text UTF-8 cannot encode (a lone surrogate)
+        self._check_size(size, where)
         try:
-            ids = encode_prompt(self.tok, req.prompt)
+            if size <= INLINE_BYTES:
+                ids = encode_prompt(self.tok, req.prompt)
+            else:
+                ids = await asyncio.get_running_loop().run_in_executor(self._tokenizing, encode_prompt, self.tok,
+                                                                       req.prompt)
         except Exception as e:  # noqa: BLE001 - a chat template refuses messages with its own exception type
-            raise errors.invalid(f"the prompt cannot be encoded: {e}", "messages" if req.kind == "chat" else "prompt",
-                                 "invalid_prompt") from None
+            raise errors.invalid(f"the prompt cannot be encoded: {e}", where, "invalid_prompt") from None
         params = self._params(req, len(ids))
         try:
             check_request(self.model, ids, self.cfg, params)
@@ -135,6 +171,15 @@ class Service:
             raise errors.invalid(str(e), "prompt", "invalid_prompt") from None
         self._check_cache(len(ids), params)
         return ids, params
+
+    def _check_size(self, size: int, where: str) -> None:
+        """A text of more bytes than the context's tokens can stand for is refused unread."""
+        if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
+            raise errors.invalid(
+                f"the prompt is {size:,} bytes of text, more than this server's context can hold: a prompt may have "
+                f"{self.max_prompt_tokens:,} tokens and no token of this tokenizer stands for more than "
+                f"{self.bytes_per_token} bytes ({self.max_prompt_bytes:,} bytes at most): shorten the prompt",
+                where, "context_length_exceeded")
 
     def _check_cache(self, n_prompt: int, params: SamplingParams) -> None:
         """The KV cache grows to the longest request's room on every row: one request may not
@@ -152,29 +197,29 @@ class Service:
         if cap is not None:
             room = min(room, cap - n_prompt)  # startup checked cap + lookahead <= limit
         want = req.max_tokens if req.max_tokens is not None else min(d.max_new_tokens, room)
+        # the prompt alone fits: the answer's length is what is over, and the error names its field
+        where = "messages" if req.kind == "chat" else "prompt"
+        param = req.max_tokens_param if room >= 1 and req.max_tokens is not None else where
         if cap is not None and (want > room or room < 1):
             raise errors.invalid(
                 f"this server's maximum context is {cap} tokens per request (prompt + max_tokens, --max-context); the "
                 f"prompt has {n_prompt} and {want if req.max_tokens is not None else 'at least 1'} more were asked "
-                f"for: shorten the prompt or lower max_tokens",
-                "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+                f"for: shorten the prompt or lower max_tokens", param, "context_length_exceeded")
         if want > room or room < 1:
             raise errors.invalid(
                 f"this model's maximum context length is {limit} tokens; the prompt has {n_prompt} and "
                 f"{want if req.max_tokens is not None else 'at least 1'} more were asked for "
                 f"(+{lookahead(self.cfg)} for drafting): shorten the prompt or lower max_tokens",
-                "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+                param, "context_length_exceeded")
         return SamplingParams(max_new_tokens=want,
                               temperature=d.temperature if req.temperature is None else req.temperature,
                               top_k=d.top_k if req.top_k is None else req.top_k,
                               top_p=d.top_p if req.top_p is None else req.top_p)
 
     def open(self, req: GenerationRequest, ids: list[int], params: SamplingParams) -> Job:
-        """Admit a request (503 while draining, 429 when full) and hand it to the engine."""
+        """Hand an admitted request (`admitting`) to the engine (503 if a drain began meanwhile)."""
         if self.draining:
             raise errors.shutting_down()
-        if len(self.active) >= self.capacity:
-            raise errors.queue_full(self.capacity)
         job = Job(ids, params, req.stop, req.seed, asyncio.get_running_loop(), arrived=time.perf_counter(),
                   interval=self.options.stream_interval if req.stream else math.inf)
         self.active.add(job)
