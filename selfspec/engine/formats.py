@@ -127,6 +127,17 @@ def choose(model, probe_ids: torch.Tensor, *, progress: bool = True, candidates=
     return _pick(report)
 
 
+def cached_choice(model) -> tuple[str | None, str]:
+    """(the format `choose` would take from its cache for `model` with the kernels as they load
+    now, the cache file); None where it is not measured yet. Measures nothing."""
+    path = _cache_path(model)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return _pick(json.load(f)["formats"]), path
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, path
+
+
 def _pick(report: dict) -> str:
     """The fastest exact format that passes the quality check; fp32 when none does."""
     ok = [f for f, r in report.items() if passes(r)]

@@ -281,6 +281,9 @@ def cmd_bench(a) -> int:
         raise ValueError(f"output folder {out} cannot be written: {e}") from None
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
                       kv_cache_dtype=a.kv_cache_dtype)
+    from selfspec.kernels import build as kernels_build
+
+    print("bench: " + kernels_build.summary(), file=sys.stderr)  # whether the C kernels run (results.json too)
     if batch:
         from selfspec.tools.bench_batch import cmd_batch_bench
 
@@ -318,7 +321,7 @@ def cmd_bench(a) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
         "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts), "wall_seconds": round(time.time() - t0, 1),
-        "rows": rows, "plots": pngs, "notes": notes,
+        "rows": rows, "plots": pngs, "notes": notes, "kernels": kernels_build.state(),
     }
     if suite:
         result["suite"] = {"name": suite, "eos": "off: every row decodes max_new_tokens", "groups": long_report(rows)}

@@ -195,6 +195,7 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
 
     import transformers
 
+    from selfspec.kernels import build as kernels_build
     from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tok, p["prompt"]) for p in prompts]
@@ -215,7 +216,7 @@ def cmd_batch_bench(a, model, tok, prompts: list[dict], out: str, prompts_path: 
                            "python": platform.python_version()},
               "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
               "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts),
-              "wall_seconds": round(time.time() - t0, 1), "rows": rows}
+              "wall_seconds": round(time.time() - t0, 1), "rows": rows, "kernels": kernels_build.state()}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "table.md"), "w") as f:

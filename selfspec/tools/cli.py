@@ -1,4 +1,4 @@
-"""Command line: `python -m selfspec generate | chat | serve | bench | trace | profile | convert ...`."""
+"""Command line: `python -m selfspec generate | chat | serve | bench | trace | profile | convert | info ...`."""
 
 from __future__ import annotations
 
@@ -34,10 +34,13 @@ def _read_prompt(a):
 
 
 def _record(a, gen) -> dict:
+    from selfspec.kernels import build
+
     cfg = gen.decoder.cfg
     rec = {"text": gen.text, "token_ids": gen.token_ids, **gen.stats.as_dict(), "mode": cfg.mode, "plan": cfg.plan,
            "schedule": None if cfg.mode in ("ar", "auto", "lookup") else (cfg.schedule or "auto"), "block_length": a.block_length,
-           "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "finish_reason": gen.finish_reason}
+           "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "finish_reason": gen.finish_reason,
+           "kernels": build.state()}
     if cfg.mode in ("presto", "auto"):
         rec.update(budget=a.budget, rho=a.rho, lam=a.lam, tree_top_k=a.tree_top_k)
     return rec
@@ -168,6 +171,9 @@ def main(argv=None) -> int:
     from selfspec.tools.chat import add_chat_parser
 
     add_chat_parser(sub, add_common_args)
+    from selfspec.tools.info import add_info_parser
+
+    add_info_parser(sub)
     from selfspec.tools.serve_cli import add_serve_parser
 
     add_serve_parser(sub)
