@@ -288,7 +288,7 @@ def _build(name: str) -> ctypes.CDLL | None:
         except OSError as e:
             return _fail(name, f"the cached {so} {why} and cannot be removed ({e.strerror or e})",
                          f"remove {so} by hand")
-    elif not _failed_once:
+    elif not _failed_once and folder == kernel_dir():  # a private folder's line was said by _folder
         print(f"selfspec: building the {name} kernel with {os.path.basename(cc)} (once per machine)", file=sys.stderr)
     try:
         record = _compile(name, cc, sets, so)
