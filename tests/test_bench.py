@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from selfspec.kernels import build as kernels_build
 from selfspec.tools.bench import prompt_kind, read_prompts
 from selfspec.tools.cli import main
 
@@ -28,6 +29,7 @@ def test_bench_on_a_tiny_model_writes_consistent_results(tiny_dir, prompts, tmp_
     res = json.loads((out / "results.json").read_text())
     assert summary["n_prompts"] == res["n_prompts"] == 2
     assert {"torch", "transformers"} <= set(res["versions"])
+    assert res["kernels"] == kernels_build.state()  # which C kernels ran
     rows = {(r["label"], r["temperature"]): r for r in res["rows"]}
     labels = {"ar", "auto", "linear/two-pass", "linear/one-pass", "presto/two-pass/N=2", "presto/two-pass/N=6",
               "presto/one-pass/N=2", "presto/one-pass/N=6", "hf-generate", "hf-generate/lookup=10", "lookup",
@@ -247,6 +249,7 @@ def test_bench_batch_sizes_rows_per_mode_and_b_with_every_row_checked_against_ar
     assert main(["bench", "--model", str(tiny_dir), "--prompts", str(p), "--max-new-tokens", "6",
                  "--batch-sizes", "1", "3", "--modes", "auto", "--out", str(tmp_path / "o")]) == 0
     res = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert res["kernels"] == kernels_build.state()
     got = {(r["mode"], r["batch_size"]): r for r in res["rows"]}
     assert set(got) == {(m, b) for m in ("ar", "auto", "hf") for b in (1, 3)}
     for r in res["rows"]:

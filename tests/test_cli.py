@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ def test_generate_json_record_has_the_documented_fields(tiny_dir, capsys):
     assert rc == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("text", "token_ids", "new_tokens", "rounds", "forwards", "tau", "tpf", "seconds",
-                "tokens_per_second", "mode", "schedule", "budget", "rho", "lam", "oracle_tau"):
+                "tokens_per_second", "mode", "schedule", "budget", "rho", "lam", "oracle_tau", "kernels"):
         assert key in rec, key
     assert rec["new_tokens"] == len(rec["token_ids"]) <= 12
 
@@ -63,3 +64,31 @@ def test_bad_options_fail_before_the_model_is_loaded(args, match, capsys):
 def test_missing_model_directory_is_a_clear_error(capsys):
     assert main(["generate", "--model", "/nonexistent/model", "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_info_says_what_a_bug_report_needs_and_measures_nothing(tiny_dir, capsys, monkeypatch, tmp_path):
+    """Versions, CPU, each kernel's state, caches; the weight format "auto" picks only where it was
+    measured before (a report written here stands in for a measurement, labelled simulated)."""
+    import selfspec
+    from selfspec.checkpoint.model import load
+    from selfspec.engine import formats
+    from selfspec.kernels import build
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("SELFSPEC_WEIGHTS", raising=False)
+    assert main(["info", "--model", str(tiny_dir), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["versions"]["selfspec"] == selfspec.__version__ and info["versions"]["torch"] == torch.__version__
+    assert set(info["kernels"]) == set(build.names()) and info["kernels"] == build.state()
+    assert info["weights"]["chosen"] is None and "not measured yet" in info["weights"]["note"]
+    assert info["caches"]["kernels"] == build.kernel_dir() and not os.path.exists(tmp_path / "profiles")
+    model, _ = load(str(tiny_dir), dtype=torch.float32, draft_lora=False)
+    simulated = {"invariant": True, "agreement": 1.0, "kl": 0.0}  # simulated report: int4 the faster
+    os.makedirs(os.path.dirname(formats._cache_path(model)))
+    with open(formats._cache_path(model), "w") as f:
+        json.dump({"formats": {"int4": {**simulated, "seconds": 1.0}, "w4a8": {**simulated, "seconds": 2.0}}}, f)
+    assert main(["info", "--model", str(tiny_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "-> int4" in text and "KV cache: int16" in text
+    for name in build.names():
+        assert f"  {name} " in text
