@@ -179,3 +179,35 @@ def test_every_kernel_compiles_for_aarch64_and_other_cpus(tmp_path, name):
     for i, flags in enumerate(sets):
         err = build.compile_c(AARCH64, os.path.join(build.HERE, f"{name}.c"), str(tmp_path / f"{name}{i}.so"), flags)
         assert err is None, (flags, err)
+
+
+def test_which_cache_folders_are_trusted(tmp_path):
+    from selfspec.kernels.cache import unsafe_folder
+
+    d = tmp_path / "kernels"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    assert unsafe_folder(str(d)) is None and unsafe_folder(str(d / "not yet made")) is None
+    os.chmod(d, 0o777)
+    assert "can be written by every user" in unsafe_folder(str(d / "not yet made"))
+    os.chmod(d, 0o1777)  # sticky, as /tmp: others cannot rename or remove what is yours
+    assert unsafe_folder(str(d)) is None
+    if os.getuid() == 0:
+        os.chown(d, -1, 65534)
+        os.chmod(d, 0o775)
+        assert "members of group 65534" in unsafe_folder(str(d))
+        os.chown(d, 65534, -1)
+        os.chmod(d, 0o755)
+        assert "belongs to uid 65534" in unsafe_folder(str(d))
+
+
+def test_a_cache_that_cannot_be_written_gives_a_private_folder_and_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "file"))  # a folder under a file: never writable
+    monkeypatch.setattr(build, "_private", {})
+    folder = build._folder()
+    assert build._folder() == folder and os.path.isdir(folder) and not folder.startswith(str(tmp_path))
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "cannot be written" in err[0] and "SELFSPEC_CACHE" in err[0], err
+    shutil.rmtree(folder)

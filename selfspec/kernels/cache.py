@@ -57,8 +57,8 @@ def unsafe_folder(path: str) -> str | None:
     while True:
         try:
             why = _not_trusted(os.stat(p))
-        except FileNotFoundError:
-            why = None  # made later, as this user
+        except OSError:
+            why = None  # made later, as this user (or never: then it cannot be written)
         if why:
             return f"folder {p} {why}"
         parent = os.path.dirname(p)
