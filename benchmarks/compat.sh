@@ -6,6 +6,7 @@
 # Venvs and logs go under $SCRATCH (default: a new temporary dir); prints one PASS/FAIL line per
 # release and exits non-zero if any release fails. Needs PyPI (transformers) and the torch pin.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | grep '^#' | cut -c3-; exit 0;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OLDEST=5.4.0    # = TRANSFORMERS_MIN in selfspec/checkpoint/versions.py
 NEWEST=5.24.0   # the newest release below TRANSFORMERS_BELOW

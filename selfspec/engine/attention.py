@@ -37,7 +37,7 @@ exactness. 2 bytes a value plus 1 a token and head (against 8 as float64); the o
 127): integers again) and V as int8 times a power of two, 1 byte a value.
 
 Cost: the two matmuls run in float64 on small tensors, about what bf16 SDPA costs at one query
-row on a CPU, more for wide rounds (`benchmarks/formats.py`).
+row on a CPU, more for wide rounds (`python -m selfspec bench quality`).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class PrefillSteps:
 
         The groups are priced by tokens (`chunks.token_price`) in every mode: priced by plan
         "auto"'s cost model (its steady-state f(rows, width), which overrates a wide forward run
-        once), the tune prompts (`benchmarks/tune_prompts.jsonl`) prefilled 8 / 16 at a time took
+        once), the tune prompts (`git show a547250:benchmarks/tune_prompts.jsonl`) prefilled 8 / 16 at a time took
         1.08x / 1.03x the time in more, narrower forwards, and `auto` would prefill slower than AR."""
         self._share_prefixes(seqs, slot, donors or [])
         lengths = self.cache.lengths

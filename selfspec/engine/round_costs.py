@@ -13,7 +13,7 @@ AR's for every later generation on that planner, which then never looked anythin
 token source file to edit: tau 1.0 after the warm-up, 2.4 without it). Unlike the overheads, the
 relative scales do not drift back towards AR's while a kind does not run: measured beside AR,
 lookup rounds really take 1.2-1.35x the cost model's prediction, and forgetting it between bets
-lost 5% at T = 0 (`benchmarks/planner_ab.py`).
+lost 5% at T = 0 (`git show a547250:benchmarks/planner_ab.py`).
 
 AR's scale is measured by bare AR rounds only, and a streak of bets runs none: the planner then runs
 one every `planner.REFRESH_AR` rounds, weighted REFRESH_EMA, again at once while one moves the scale by
