@@ -339,7 +339,7 @@ def cmd_bench(a) -> int:
 
 
 def add_bench_parser(sub, add_common_args) -> None:
-    b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file")
+    b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file (or: bench compare | quality)")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
     b.add_argument("--suite", default=None, choices=["long"],
@@ -386,3 +386,15 @@ def add_bench_parser(sub, add_common_args) -> None:
                         "twice in mirrored order (A B C C B A) against drift; "
                         "--profile then takes a batch cost profile")
     b.set_defaults(func=cmd_bench, max_new_tokens=None, temperature=None)  # max_new_tokens: 64 (--suite: 96)
+    add_bench_subcommands(b)
+
+
+def add_bench_subcommands(b) -> None:
+    """`bench compare | quality | serve`: the other measurements, one command family (issue 76)."""
+    from selfspec.tools.bench_compare import add_compare_parser
+    from selfspec.tools.bench_quality import add_quality_parser
+
+    sub = b.add_subparsers(dest="bench_cmd", metavar="{compare,quality}", required=False,
+                           help="another measurement instead of the decode grid (each has --help)")
+    add_compare_parser(sub)
+    add_quality_parser(sub)

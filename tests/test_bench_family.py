@@ -1,0 +1,101 @@
+"""The bench family's subcommands: `bench compare` on synthetic results (labelled as such) and
+`bench quality` end to end on the shipped 9M model."""
+
+import json
+import os
+
+import pytest
+
+from selfspec.tools.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NLD9M = os.path.join(ROOT, "models", "pystdlib-nld-9m")
+
+
+def _results(path, rows):
+    """A synthetic results.json: only the fields `bench compare` reads (not a measurement)."""
+    path.write_text(json.dumps({"command": "synthetic", "rows": rows}))
+    return str(path)
+
+
+def _row(label, tps, t=0.0, mode=None):
+    return {"label": label, "mode": mode or label, "temperature": t, "tokens_per_second": tps}
+
+
+def test_compare_prints_each_ratio_the_control_spread_and_rows_of_one_file(tmp_path, capsys):
+    a = _results(tmp_path / "a.json", [_row("ar", 100.0), _row("ar (control)", 95.0), _row("auto", 120.0),
+                                       _row("lookup", 80.0)])
+    b = _results(tmp_path / "b.json", [_row("ar", 110.0), _row("ar (control)", 112.2), _row("auto", 150.0),
+                                       _row("presto/auto/N=8", 70.0)])
+    assert main(["bench", "compare", a, b, "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    res = json.loads(out[-1])
+    rows = {r["label"]: r for r in res["rows"]}
+    assert rows["auto"]["ratio"] == pytest.approx(1.25) and rows["ar"]["ratio"] == pytest.approx(1.1)
+    assert rows["auto"]["control_a"] == pytest.approx(0.95) and rows["auto"]["control_b"] == pytest.approx(1.02)
+    assert rows["auto"]["spread"] == pytest.approx(0.05)  # the larger of the two runs' control spreads
+    assert rows["auto"]["beyond_spread"] is True and rows["ar (control)"]["beyond_spread"] is True
+    only = {(r["label"], r["only_in"]) for r in res["only"]}
+    assert only == {("lookup", "A"), ("presto/auto/N=8", "B")}
+    table = "\n".join(out)
+    assert "| auto | 0.0 | 120.0 | 150.0 | 1.25x | 0.95 | 1.02 | yes |" in table
+    assert "| lookup | 0.0 | only in A |" in table and "| presto/auto/N=8 | 0.0 | only in B |" in table
+
+
+def test_compare_marks_a_ratio_inside_the_spread_as_noise_and_says_when_no_control_ran(tmp_path, capsys):
+    a = _results(tmp_path / "a.json", [_row("ar", 100.0), _row("ar (control)", 90.0), _row("auto", 100.0)])
+    b = _results(tmp_path / "b.json", [_row("ar", 100.0), _row("auto", 105.0)])
+    main(["bench", "compare", a, b, "--json"])
+    rows = {r["label"]: r for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]}
+    assert rows["auto"]["beyond_spread"] is False  # 5% inside A's 10%
+    c = _results(tmp_path / "c.json", [_row("ar", 100.0), _row("auto", 100.0)])
+    main(["bench", "compare", c, b])
+    assert "no --control row" in capsys.readouterr().out
+
+
+def test_compare_pairs_rows_by_temperature_and_batch_controls_by_batch_size(tmp_path, capsys):
+    rows_a = [_row("ar", 10.0, 1.0), _row("ar B=4", 40.0, mode="ar"), _row("ar (control) B=4", 44.0, mode="ar (control)")]
+    for r in rows_a[1:]:
+        r["batch_size"] = 4
+    a = _results(tmp_path / "a.json", rows_a)
+    b = _results(tmp_path / "b.json", [_row("ar", 20.0, 1.0), {**rows_a[1], "tokens_per_second": 60.0}])
+    main(["bench", "compare", a, b, "--json"])
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
+    rows = {(r["label"], r["temperature"]): r for r in res["rows"]}
+    assert rows["ar", 1.0]["ratio"] == pytest.approx(2.0) and rows["ar", 1.0]["control_a"] is None
+    assert rows["ar B=4", 0.0]["control_a"] == pytest.approx(1.1)
+    assert {(r["label"], r["only_in"]) for r in res["only"]} == {("ar (control) B=4", "A")}
+
+
+@pytest.mark.parametrize("text, match", [("{", "not a JSON file"), ('{"rows": 3}', "not a bench results.json")])
+def test_compare_refuses_a_file_that_is_not_a_results_json_before_printing(text, match, tmp_path, capsys):
+    good = _results(tmp_path / "a.json", [_row("ar", 1.0)])
+    bad = tmp_path / "b.json"
+    bad.write_text(text)
+    assert main(["bench", "compare", good, str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and match in err
+    assert main(["bench", "compare", good, str(tmp_path / "none.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_quality_end_to_end_on_the_9m_model(tmp_path, capsys):
+    out = tmp_path / "q"
+    rc = main(["bench", "quality", "--model", NLD9M, "--limit", "1", "--tokens", "6", "--formats", "bf16", "int4",
+               "--kv-cache", "--transformers", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in res["rows"]}
+    assert set(rows) == {"bf16", "bf16 [kv int8]", "int4", "int4 [kv int8]", "transformers"}
+    assert all(r["positions"] == 6 and 0 <= r["agreement"] <= 1 and r["kl"] >= -1e-6 for r in rows.values())
+    assert rows["int4"]["kl"] > rows["bf16"]["kl"]  # 4-bit weights move the logits more than bf16's rounding
+    assert rows["transformers"]["agreement"] == 1.0 and rows["transformers"]["max_abs_logit_diff"] < 1e-3
+    assert res["n_prompts"] == 1 and res["command"].startswith("python -m selfspec bench quality")
+    assert "| int4 [kv int8] | int8 | 6 |" in capsys.readouterr().out
+
+
+def test_quality_refuses_fp32_and_unknown_formats_before_loading(tmp_path, capsys):
+    for fmt in ("fp32", "int3"):
+        assert main(["bench", "quality", "--formats", fmt, "--out", str(tmp_path / fmt)]) == 2
+        assert "bench quality" in capsys.readouterr().err
+        assert not (tmp_path / fmt).exists()
