@@ -99,3 +99,40 @@ def test_quality_refuses_fp32_and_unknown_formats_before_loading(tmp_path, capsy
         assert main(["bench", "quality", "--formats", fmt, "--out", str(tmp_path / fmt)]) == 2
         assert "bench quality" in capsys.readouterr().err
         assert not (tmp_path / fmt).exists()
+
+
+def test_serve_bench_end_to_end_on_the_9m_model(tmp_path, capsys):
+    out = tmp_path / "s"
+    rc = main(["bench", "serve", "--model", NLD9M, "--mode", "ar", "--limit", "1", "--max-new-tokens", "4",
+               "--repeats", "1", "--clients", "2", "--max-batch", "2", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in res["rows"]}
+    assert list(rows) == ["in-process", "served", "served (stream)", "served x2 concurrent (stream)"]
+    assert [rows[k]["new_tokens"] for k in rows] == [4, 4, 4, 8]  # every request decoded its tokens, none lost
+    assert rows["in-process"]["vs_in_process"] == 1.0 and rows["served x2 concurrent (stream)"]["lost"] == 0
+    assert res["server_exit_code"] == 0 and rows["served x2 concurrent (stream)"]["ttft_p50_seconds"] > 0
+    assert "| served (stream) | 4 |" in capsys.readouterr().out
+
+
+def test_serve_bench_refuses_bad_counts_before_starting_anything(tmp_path, capsys):
+    assert main(["bench", "serve", "--clients", "0", "--out", str(tmp_path / "x")]) == 2
+    assert ">= 1" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_decode_grid_takes_a_thread_count_and_records_it(tmp_path, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    out = tmp_path / "t"
+    try:
+        rc = main(["bench", "--model", NLD9M, "--limit", "1", "--threads", "1", "--modes", "ar", "lookup",
+                   "--temperature", "0", "--max-new-tokens", "8", "--peers", "--compare-weights", "--out", str(out)])
+    finally:
+        torch.set_num_threads(before)
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["machine"]["threads"] == 1 and res["n_prompts"] == 1
+    assert [r["label"] for r in res["rows"]] == ["ar", "lookup"] and res["rows"][1]["matches_ar"] == 1
+    assert main(["bench", "--threads", "0", "--out", str(tmp_path / "z")]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err

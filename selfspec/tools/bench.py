@@ -189,6 +189,10 @@ def cmd_bench(a) -> int:
     from selfspec.loading import load
 
     batch, suite = bool(a.batch_sizes), a.suite
+    if a.threads is not None:  # a thread sweep is one run per count, read side by side with `bench compare`
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
     if suite and (batch or a.prompts):
         raise ValueError("--suite runs its own prompts one at a time (not with --prompts or --batch-sizes)")
     if a.max_new_tokens is None:
@@ -339,7 +343,9 @@ def cmd_bench(a) -> int:
 
 
 def add_bench_parser(sub, add_common_args) -> None:
-    b = sub.add_parser("bench", help="compare AR, linear and PRESTO on a prompt file (or: bench compare | quality)")
+    # allow_abbrev off: a subcommand's flag (serve's --mode) is not read as a prefix of the grid's
+    b = sub.add_parser("bench", allow_abbrev=False,
+                       help="compare AR, linear and PRESTO on a prompt file (or: bench compare | quality | serve)")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
     b.add_argument("--suite", default=None, choices=["long"],
@@ -371,6 +377,7 @@ def add_bench_parser(sub, add_common_args) -> None:
                    help="use the first N prompts (default 8, half code and half chat on the default model: under 5 min "
                         "on 2 CPU cores; --full: 32; --suite: all, N = the first N of each length; 0 = all)")
     b.add_argument("--out", default=None, help="output folder (default bench_out/<time>)")
+    b.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's)")
     b.add_argument("--repeats", type=int, default=1,
                    help="run every row this many times per prompt, in mirrored order (A B C C B A), times summed: "
                         "single runs of 64 tokens vary by +-20%% on a 2-core machine (default 1); with "
@@ -393,8 +400,10 @@ def add_bench_subcommands(b) -> None:
     """`bench compare | quality | serve`: the other measurements, one command family (issue 76)."""
     from selfspec.tools.bench_compare import add_compare_parser
     from selfspec.tools.bench_quality import add_quality_parser
+    from selfspec.tools.bench_serve import add_serve_bench_parser
 
-    sub = b.add_subparsers(dest="bench_cmd", metavar="{compare,quality}", required=False,
+    sub = b.add_subparsers(dest="bench_cmd", metavar="{compare,quality,serve}", required=False,
                            help="another measurement instead of the decode grid (each has --help)")
     add_compare_parser(sub)
     add_quality_parser(sub)
+    add_serve_bench_parser(sub)
