@@ -136,3 +136,19 @@ def test_the_decode_grid_takes_a_thread_count_and_records_it(tmp_path, capsys):
     assert [r["label"] for r in res["rows"]] == ["ar", "lookup"] and res["rows"][1]["matches_ar"] == 1
     assert main(["bench", "--threads", "0", "--out", str(tmp_path / "z")]) == 2
     assert "--threads must be >= 1" in capsys.readouterr().err
+
+
+def test_profile_measures_a_curve_of_its_own_and_prints_it(tmp_path, capsys):
+    out = tmp_path / "curve.json"
+    assert main(["profile", "--model", NLD9M, "--widths", "1", "4", "--cache", "16", "--table", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| cached | rows | w=1 | w=4 |" and lines[2].startswith("| 16 | 1 | ")
+    assert "(1.00x)" in lines[2]  # f(1, 1, cache) over itself
+    saved = json.loads(out.read_text())
+    assert saved["widths"] == [1, 4] and saved["cache"] == [16]
+    assert json.loads(lines[-1])["path"] == str(out)
+
+
+def test_a_profile_curve_of_its_own_never_replaces_the_cached_cost_model(tmp_path, capsys):
+    assert main(["profile", "--model", NLD9M, "--widths", "1", "4"]) == 2
+    assert "--out" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """The subcommands beside `generate`: `trace` (one HTML page of the draft trees) and `profile`
-(this device's forward-cost curve)."""
+(this device's forward-cost curve; `--widths/--cache/--table`: a curve of one's own, printed)."""
 
 from __future__ import annotations
 
@@ -70,12 +70,21 @@ def cmd_profile(a) -> int:
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
+    custom = a.widths is not None or a.cache is not None
+    if any(v < 1 for v in a.widths or []) or any(v < 0 for v in a.cache or []):
+        raise ValueError("--widths take integers >= 1 and --cache integers >= 0")
+    if custom and a.out is None:
+        raise ValueError("--widths / --cache measure a curve of their own: name where it goes with --out "
+                         "(the cached cost model keeps the planner's full grid)")
     model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
     t0 = time.time()
     rows = tuple(r for r in ROWS if r < a.batch_size) + (next((r for r in ROWS if r >= a.batch_size), ROWS[-1]),)
-    prof = measure(model, rows=rows)
+    prof = measure(model, rows=rows, widths=sorted(set(a.widths)) if a.widths else None,
+                   cache=sorted(set(a.cache)) if a.cache else None)
     path = a.out or default_path(model)
     prof.save(path)
+    if a.table:  # the forward curve f(rows, width, cache), in ms and over f(1, 1, cache)
+        print(curve_table(prof))
     c0 = prof.cache[0]
     f1 = prof(1, 1, c0)
     print(json.dumps({"path": path, "device": prof.device, "dtype": prof.dtype, "weights": prof.weights,
@@ -83,6 +92,18 @@ def cmd_profile(a) -> int:
                       "relative": {str(r): {str(w): round(prof(r, w, c0) / f1, 2) for w in prof.widths if r * w <= 256}
                                    for r in prof.rows}}))
     return 0
+
+
+def curve_table(prof) -> str:
+    """One Markdown row per (cached tokens, rows): f(rows, width, cache) in ms and over f(1, 1, cache)."""
+    lines = ["| cached | rows | " + " | ".join(f"w={w}" for w in prof.widths) + " |",
+             "|---|---|" + "---|" * len(prof.widths)]
+    for c in prof.cache:
+        f1 = prof(1, 1, c)
+        for r in prof.rows:
+            cells = [f"{1e3 * prof(r, w, c):.2f} ms ({prof(r, w, c) / f1:.2f}x)" for w in prof.widths]
+            lines.append(f"| {c} | {r} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def add_profile_parser(sub) -> None:
@@ -93,4 +114,10 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=1,
                    help="measure the rows axis up to this many rows (default 1: single prompts)")
     p.add_argument("--out", default=None, help="write here instead of the cache folder")
+    p.add_argument("--widths", nargs="+", type=int, default=None,
+                   help="round widths measured (default: the planner's grid; with --out only)")
+    p.add_argument("--cache", nargs="+", type=int, default=None,
+                   help="cached tokens per row measured (default: the planner's; with --out only)")
+    p.add_argument("--table", action="store_true",
+                   help="also print the forward curve f(rows, width, cache) as a Markdown table")
     p.set_defaults(func=cmd_profile)
