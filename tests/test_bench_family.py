@@ -104,20 +104,25 @@ def test_quality_refuses_fp32_and_unknown_formats_before_loading(tmp_path, capsy
 def test_serve_bench_end_to_end_on_the_9m_model(tmp_path, capsys):
     out = tmp_path / "s"
     rc = main(["bench", "serve", "--model", NLD9M, "--mode", "ar", "--limit", "1", "--max-new-tokens", "4",
-               "--repeats", "1", "--clients", "2", "--max-batch", "2", "--out", str(out)])
+               "--repeats", "1", "--clients", "2", "--max-batch", "3", "--join-tokens", "200", "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     rows = {r["label"]: r for r in res["rows"]}
-    assert list(rows) == ["in-process", "served", "served (stream)", "served x2 concurrent (stream)"]
-    assert [rows[k]["new_tokens"] for k in rows] == [4, 4, 4, 8]  # every request decoded its tokens, none lost
-    assert rows["in-process"]["vs_in_process"] == 1.0 and rows["served x2 concurrent (stream)"]["lost"] == 0
-    assert res["server_exit_code"] == 0 and rows["served x2 concurrent (stream)"]["ttft_p50_seconds"] > 0
+    both, join = "served x2 concurrent (stream)", "served x2 concurrent (stream) + a long prompt joining"
+    assert list(rows) == ["in-process", "served", "served (stream)", both, join]
+    assert [rows[k]["new_tokens"] for k in rows] == [4, 4, 4, 8, 8]  # every request decoded its tokens, none lost
+    assert rows["in-process"]["vs_in_process"] == 1.0 and rows[both]["lost"] == rows[join]["lost"] == 0
+    assert res["server_exit_code"] == 0 and rows[both]["ttft_p50_seconds"] > 0
+    assert 0 < rows[both]["itl_p50_seconds"] <= rows[both]["itl_p95_seconds"]  # 3 gaps a stream of 4 tokens
+    assert rows[join]["join_ttft_seconds"] > 0 and "join_ttft_seconds" not in rows[both]
     assert "| served (stream) | 4 |" in capsys.readouterr().out
 
 
 def test_serve_bench_refuses_bad_counts_before_starting_anything(tmp_path, capsys):
     assert main(["bench", "serve", "--clients", "0", "--out", str(tmp_path / "x")]) == 2
     assert ">= 1" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["bench", "serve", "--join-tokens", "-1", "--out", str(tmp_path / "x")]) == 2
+    assert "--join-tokens" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_the_decode_grid_takes_a_thread_count_and_records_it(tmp_path, capsys):
