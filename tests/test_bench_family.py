@@ -125,20 +125,22 @@ def test_serve_bench_refuses_bad_counts_before_starting_anything(tmp_path, capsy
     assert "--join-tokens" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
-def test_the_decode_grid_takes_a_thread_count_and_records_it(tmp_path, capsys):
+def test_the_decode_grid_takes_a_thread_count_and_a_sampling_and_records_them(tmp_path, capsys):
     import torch
 
     before = torch.get_num_threads()
     out = tmp_path / "t"
     try:
         rc = main(["bench", "--model", NLD9M, "--limit", "1", "--threads", "1", "--modes", "ar", "lookup",
-                   "--temperature", "0", "--max-new-tokens", "8", "--peers", "--compare-weights", "--out", str(out)])
+                   "--temperature", "0", "--max-new-tokens", "8", "--peers", "--compare-weights", "--sampling",
+                   "independent", "--out", str(out)])
     finally:
         torch.set_num_threads(before)
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["machine"]["threads"] == 1 and res["n_prompts"] == 1
     assert [r["label"] for r in res["rows"]] == ["ar", "lookup"] and res["rows"][1]["matches_ar"] == 1
+    assert {r["config"]["sampling"] for r in res["rows"]} == {"independent"}  # --sampling reaches every row
     assert main(["bench", "--threads", "0", "--out", str(tmp_path / "z")]) == 2
     assert "--threads must be >= 1" in capsys.readouterr().err
 
@@ -157,3 +159,14 @@ def test_profile_measures_a_curve_of_its_own_and_prints_it(tmp_path, capsys):
 def test_a_profile_curve_of_its_own_never_replaces_the_cached_cost_model(tmp_path, capsys):
     assert main(["profile", "--model", NLD9M, "--widths", "1", "4"]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_compare_reads_tau_when_asked_and_claims_no_spread_for_it(tmp_path, capsys):
+    a = _results(tmp_path / "a.json", [{**_row("linear/two-pass", 50.0), "tau": 1.2}, _row("ar (control)", 9.0),
+                                       {**_row("ar", 10.0), "tau": 1.0}])
+    b = _results(tmp_path / "b.json", [{**_row("linear/two-pass", 40.0), "tau": 2.4}, {**_row("ar", 10.0), "tau": 1.0}])
+    main(["bench", "compare", a, b, "--metric", "tau", "--json"])
+    out = capsys.readouterr().out
+    rows = {r["label"]: r for r in json.loads(out.splitlines()[-1])["rows"]}
+    assert rows["linear/two-pass"]["ratio"] == pytest.approx(2.0) and rows["linear/two-pass"]["beyond_spread"] is None
+    assert "| row | T | A tau | B tau |" in out and "a spread of tok/s only" in out

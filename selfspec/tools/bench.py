@@ -268,7 +268,7 @@ def cmd_bench(a) -> int:
         base = dict(lookup_min_ngram=a.lookup_min_ngram, lookup_max_ngram=a.lookup_max_ngram,
                     lookup_tokens=a.lookup_tokens, max_new_tokens=a.max_new_tokens, temperature=t, top_k=a.top_k, top_p=a.top_p, block_length=a.block_length,
                     group_size=a.group_size, group_nodes=a.group_nodes, tree_top_k=a.tree_top_k, lam=a.lam, rho=a.rho,
-                    draft_lora=not a.no_draft_lora, budget=max(a.budgets))
+                    draft_lora=not a.no_draft_lora, budget=max(a.budgets), sampling=a.sampling)
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:
         from selfspec.engine.cost import CostModel

@@ -43,13 +43,18 @@ def control_spreads(rows: dict) -> dict:
     return out
 
 
-def compare(a: dict, b: dict) -> dict:
-    """Rows in both (ratio B/A, and whether it exceeds the runs' control spread), and rows in one only."""
-    spread_a, spread_b = control_spreads(a), control_spreads(b)
+METRICS = ("tokens_per_second", "tau", "tpf")
+
+
+def compare(a: dict, b: dict, metric: str = "tokens_per_second") -> dict:
+    """Rows in both (ratio B/A of `metric`, and whether it exceeds the runs' control spread, a
+    spread of tok/s), and rows in one only."""
+    timed = metric == "tokens_per_second"
+    spread_a, spread_b = (control_spreads(a), control_spreads(b)) if timed else ({}, {})
     both = []
     for key in [k for k in a if k in b]:
         ra, rb = a[key], b[key]
-        tps_a, tps_b = ra.get("tokens_per_second"), rb.get("tokens_per_second")
+        tps_a, tps_b = ra.get(metric), rb.get(metric)
         ratio = tps_b / tps_a if tps_a and tps_b is not None else None
         skey = (key[1], ra.get("batch_size"))
         spreads = [abs(s - 1) for s in (spread_a.get(skey), spread_b.get(skey)) if s is not None]
@@ -59,16 +64,18 @@ def compare(a: dict, b: dict) -> dict:
                      "beyond_spread": None if noise is None or ratio is None else abs(ratio - 1) > noise})
     only = [{"label": k[0], "temperature": k[1], "only_in": "A"} for k in a if k not in b]
     only += [{"label": k[0], "temperature": k[1], "only_in": "B"} for k in b if k not in a]
-    return {"rows": both, "only": only}
+    return {"metric": metric, "rows": both, "only": only}
 
 
 def table(res: dict, name_a: str, name_b: str) -> str:
     f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    unit = {"tokens_per_second": "tok/s"}.get(res["metric"], res["metric"])
     lines = [f"A = {name_a}", f"B = {name_b}", "",
-             "| row | T | A tok/s | B tok/s | B/A | control/AR in A | control/AR in B | beyond the control spread |",
+             f"| row | T | A {unit} | B {unit} | B/A | control/AR in A | control/AR in B | beyond the control spread |",
              "|---|---|---|---|---|---|---|---|"]
+    none = "- (no --control row)" if res["metric"] == "tokens_per_second" else "- (a spread of tok/s only)"
     for r in res["rows"]:
-        beyond = {None: "- (no --control row)", True: "yes", False: f"no (within {100 * (r['spread'] or 0):.1f}%)"}
+        beyond = {None: none, True: "yes", False: f"no (within {100 * (r['spread'] or 0):.1f}%)"}
         lines.append(f"| {r['label']} | {r['temperature'] if r['temperature'] is not None else '-'} | {f(r['a'], 1)} | "
                      f"{f(r['b'], 1)} | {f(r['ratio'])}x | {f(r['control_a'])} | {f(r['control_b'])} | "
                      f"{beyond[r['beyond_spread']]} |")
@@ -80,7 +87,7 @@ def table(res: dict, name_a: str, name_b: str) -> str:
 
 def cmd_compare(a) -> int:
     rows_a, rows_b = load_rows(a.a), load_rows(a.b)  # both read before anything is printed
-    res = compare(rows_a, rows_b)
+    res = compare(rows_a, rows_b, a.metric)
     print(table(res, a.a, a.b))
     if a.json:
         print(json.dumps(res))
@@ -91,5 +98,7 @@ def add_compare_parser(sub) -> None:
     c = sub.add_parser("compare", help="each row's tok/s ratio between two results.json, with the control spread")
     c.add_argument("a", help="results.json of run A (the baseline)")
     c.add_argument("b", help="results.json of run B")
+    c.add_argument("--metric", default="tokens_per_second", choices=METRICS,
+                   help="the figure compared (default tokens_per_second; tau or tpf: what the drafts gave)")
     c.add_argument("--json", action="store_true", help="also print the comparison as one JSON line")
     c.set_defaults(func=cmd_compare)
