@@ -170,3 +170,20 @@ def test_compare_reads_tau_when_asked_and_claims_no_spread_for_it(tmp_path, caps
     rows = {r["label"]: r for r in json.loads(out.splitlines()[-1])["rows"]}
     assert rows["linear/two-pass"]["ratio"] == pytest.approx(2.0) and rows["linear/two-pass"]["beyond_spread"] is None
     assert "| row | T | A tau | B tau |" in out and "a spread of tok/s only" in out
+
+
+def test_plot_writes_a_results_files_plots_again(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # the plot extra: a missing external package
+    run = tmp_path / "run"
+    assert main(["bench", "--model", NLD9M, "--limit", "1", "--modes", "ar", "lookup", "--temperature", "0",
+                 "--max-new-tokens", "8", "--peers", "--compare-weights", "--out", str(run)]) == 0
+    for png in run.glob("*.png"):
+        png.unlink()
+    capsys.readouterr()
+    assert main(["bench", "plot", str(run / "results.json")]) == 0
+    written = capsys.readouterr().out.split()
+    assert written and all(os.path.getsize(p) > 1000 and p.endswith(".png") for p in written)
+    quality = tmp_path / "q.json"
+    quality.write_text(json.dumps({"rows": [{"label": "int4", "agreement": 0.9}]}))  # synthetic: not a grid
+    assert main(["bench", "plot", str(quality)]) == 2
+    assert "not a decode-grid results.json" in capsys.readouterr().err

@@ -345,7 +345,7 @@ def cmd_bench(a) -> int:
 def add_bench_parser(sub, add_common_args) -> None:
     # allow_abbrev off: a subcommand's flag (serve's --mode) is not read as a prefix of the grid's
     b = sub.add_parser("bench", allow_abbrev=False,
-                       help="compare AR, linear and PRESTO on a prompt file (or: bench compare | quality | serve)")
+                       help="compare AR, linear and PRESTO on a prompt file (or: bench compare | quality | serve | plot)")
     add_common_args(b)
     b.add_argument("--prompts", default=None, help="JSONL prompt file (default: the model's prompts.jsonl)")
     b.add_argument("--suite", default=None, choices=["long"],
@@ -398,12 +398,13 @@ def add_bench_parser(sub, add_common_args) -> None:
 
 def add_bench_subcommands(b) -> None:
     """`bench compare | quality | serve`: the other measurements, one command family (issue 76)."""
-    from selfspec.tools.bench_compare import add_compare_parser
+    from selfspec.tools.bench_compare import add_compare_parser, add_plot_parser
     from selfspec.tools.bench_quality import add_quality_parser
     from selfspec.tools.bench_serve import add_serve_bench_parser
 
-    sub = b.add_subparsers(dest="bench_cmd", metavar="{compare,quality,serve}", required=False,
+    sub = b.add_subparsers(dest="bench_cmd", metavar="{compare,quality,serve,plot}", required=False,
                            help="another measurement instead of the decode grid (each has --help)")
     add_compare_parser(sub)
     add_quality_parser(sub)
     add_serve_bench_parser(sub)
+    add_plot_parser(sub)

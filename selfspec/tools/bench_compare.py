@@ -102,3 +102,32 @@ def add_compare_parser(sub) -> None:
                    help="the figure compared (default tokens_per_second; tau or tpf: what the drafts gave)")
     c.add_argument("--json", action="store_true", help="also print the comparison as one JSON line")
     c.set_defaults(func=cmd_compare)
+
+
+def cmd_plot(a) -> int:
+    """The PNG plots of a decode-grid results.json, written again (results pages keep no plots)."""
+    import os
+
+    from selfspec.tools.bench_common import check_out
+    from selfspec.tools.bench_plot import plot
+
+    load_rows(a.results)  # its checks first: one clear error for a file that is not a results.json
+    with open(a.results, encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    if not all("accept_hist" in r for r in rows):
+        raise ValueError(f"{a.results} is not a decode-grid results.json (its rows have no acceptance histograms)")
+    for r in rows:  # JSON made the histograms' keys strings; the plots count rounds by int length
+        r["accept_hist"] = {int(k): v for k, v in r["accept_hist"].items()}
+    out = check_out(a.out or os.path.dirname(os.path.abspath(a.results)))
+    files = plot(rows, out)
+    if not files:
+        raise ValueError("plots need matplotlib (pip install -e '.[plot]')")
+    print("\n".join(files))
+    return 0
+
+
+def add_plot_parser(sub) -> None:
+    p = sub.add_parser("plot", help="write the plots of a bench results.json again")
+    p.add_argument("results", help="a results.json of the decode grid (python -m selfspec bench)")
+    p.add_argument("--out", default=None, help="output folder (default: the results file's folder)")
+    p.set_defaults(func=cmd_plot)
