@@ -397,7 +397,7 @@ def add_bench_parser(sub, add_common_args) -> None:
 
 
 def add_bench_subcommands(b) -> None:
-    """`bench compare | quality | serve`: the other measurements, one command family (issue 76)."""
+    """`bench compare | quality | serve | plot`: the other measurements, one command family (issue 76)."""
     from selfspec.tools.bench_compare import add_compare_parser, add_plot_parser
     from selfspec.tools.bench_quality import add_quality_parser
     from selfspec.tools.bench_serve import add_serve_bench_parser
