@@ -187,3 +187,23 @@ def test_plot_writes_a_results_files_plots_again(tmp_path, capsys):
     quality.write_text(json.dumps({"rows": [{"label": "int4", "agreement": 0.9}]}))  # synthetic: not a grid
     assert main(["bench", "plot", str(quality)]) == 2
     assert "not a decode-grid results.json" in capsys.readouterr().err
+
+
+def test_profile_lora_cost_times_a_probe_round_with_and_without_the_adapter(tmp_path, capsys):
+    import shutil
+
+    from selfspec.loading import load
+    from selfspec.training.draft_lora import DraftParams, export
+
+    ckpt = tmp_path / "nld9m"
+    shutil.copytree(NLD9M, ckpt)
+    model, _ = load(str(ckpt), progress=False)
+    export(DraftParams(model, r=4, alpha=8), model, str(ckpt / "linear_spec_lora"))  # an untrained adapter
+    assert main(["profile", "--model", str(ckpt), "--lora-cost", "--widths", "1", "5", "--cache", "16",
+                 "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| width | cached | no LoRA ms |") and out[2].startswith("| 1 | 16 |")
+    rows = json.loads(out[-1])["lora_cost"]
+    assert [r["width"] for r in rows] == [1, 5] and all(r["ms"] > 0 and r["lora_ms"] > 0 for r in rows)
+    assert main(["profile", "--model", NLD9M, "--lora-cost"]) == 2  # the shipped 9M model has no adapter
+    assert "no draft LoRA" in capsys.readouterr().err

@@ -70,6 +70,8 @@ def cmd_profile(a) -> int:
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
+    if a.lora_cost:  # the draft LoRA's cost only: no cost model measured or written
+        return _lora_cost(a)
     custom = a.widths is not None or a.cache is not None
     if any(v < 1 for v in a.widths or []) or any(v < 0 for v in a.cache or []):
         raise ValueError("--widths take integers >= 1 and --cache integers >= 0")
@@ -91,6 +93,22 @@ def cmd_profile(a) -> int:
                       "seconds": round(time.time() - t0, 1), "f1_ms": round(1e3 * f1, 3),
                       "relative": {str(r): {str(w): round(prof(r, w, c0) / f1, 2) for w in prof.widths if r * w <= 256}
                                    for r in prof.rows}}))
+    return 0
+
+
+def _lora_cost(a) -> int:
+    from selfspec.loading import load
+    from selfspec.tools.profile_costs import lora_costs, lora_table
+
+    widths = sorted(set(a.widths or (1, 5, 9, 17)))
+    cache = (a.cache or [100])[0]
+    if widths[0] < 1 or cache < 0 or len(a.cache or [100]) > 1 or a.repeats < 1:
+        raise ValueError("--lora-cost takes --widths >= 1, one --cache length >= 0 and --repeats >= 1")
+    model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype,
+                    progress=False)
+    rows = lora_costs(model, widths, cache=cache, repeats=a.repeats)
+    print(lora_table(rows))
+    print(json.dumps({"lora_cost": rows}))
     return 0
 
 
@@ -120,4 +138,8 @@ def add_profile_parser(sub) -> None:
                    help="cached tokens per row measured (default: the planner's; with --out only)")
     p.add_argument("--table", action="store_true",
                    help="also print the forward curve f(rows, width, cache) as a Markdown table")
+    p.add_argument("--lora-cost", action="store_true",
+                   help="instead: what the draft LoRA adds to a probe round's forward per --widths (default 1 5 9 "
+                        "17) over one --cache length (default 100); measures no cost model")
+    p.add_argument("--repeats", type=int, default=15, help="--lora-cost: timed forwards per point (median; default 15)")
     p.set_defaults(func=cmd_profile)
