@@ -1,11 +1,7 @@
-/* The exact attention's weighted sums in integers (included by attn16.c after attn16_int.h; the
- * build key reads this header too). */
+/* The exact attention's weighted sums in integers, where the CPU has AVX-512 BW and VNNI. */
 #ifndef SELFSPEC_ATTN16_WORDS_H
 #define SELFSPEC_ATTN16_WORDS_H
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include "attn16_int.h"
+#include "attn16.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 /* The weighted sums in integers where AVX-512 VNNI is at hand: each row's weights (integers
@@ -21,7 +17,6 @@
 #define PV_FLUSH 30  /* key pairs an int32 lane takes: 30 x 2 x 2^10 x 2^15 < 2^31 */
 static __thread int32_t *pvw_buf = NULL;  /* the words, reused */
 static __thread size_t pvw_cap = 0;
-#define DPWSSD_BCAST(acc, x, m) __asm__("vpdpwssd %[xm]%{1to16%}, %[xv], %[av]" : [av] "+v"(acc) : [xv] "v"(x), [xm] "m"(m))
 
 static int pv_uniform(const int8_t *vs, int64_t R, int64_t KV, int64_t S, int64_t srs, int64_t shs) {
     int diff = 0;  /* every layer of every round reads its key heads' shifts: one vector pass, no early exit */

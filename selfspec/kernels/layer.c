@@ -14,14 +14,9 @@
  *   silu_mul: s = bf16(g / (1 + e^-g))  (fp32, e^ a fixed Horner polynomial: exp_silu),
  *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
  * Every row is computed alone, so a row's result is the same bits in any batch or width. The
- * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the argmax is below, the Gumbel candidates
- * in gumbel.h. */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <omp.h>
-#include "bf16.h"
+ * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the greedy argmax and the Gumbel candidates
+ * are sample.c's. */
+#include "common.h"
 
 /* elements below which a step runs on one thread. Inside a forward the team is awake (it spins
  * between the matmuls), so a region costs ~1.5 us: from 4 rows of the hidden size (2,304) or 2 of
@@ -176,79 +171,3 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
         for (; i < F; i++) om[i] = silu_mul1(gm[i], um[i]);
     }
 }
-
-
-/* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
- * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
- * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
- * caller asks torch), and returns how many rows do. Values compare as integers, which the loops
- * vectorise: k(b) = +-(b & 0x7fff) by the sign bit orders bf16 numbers as their values (no NaN). */
-static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
-#define KEY_NEG_INF (-0x7f80)
-#define ARGMAX_BLOCK 64
-
-static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *nan) {
-    int nn = 0;
-    for (int64_t i = a; i < b; i++) {
-        int32_t k = bf16_key(x[i]);
-        m = k > m ? k : m;
-        nn |= (x[i] & 0x7fff) > 0x7f80;
-    }
-    *nan |= nn;
-    return m;
-}
-
-/* the largest key of row[a, b) and its first index, `banned` counting as -inf (a part that holds
- * only the banned index answers it with -inf; an empty one answers -1) */
-static int64_t argmax_part(const uint16_t *row, int64_t a, int64_t b, int64_t banned, int32_t *key, int *nan) {
-    int32_t m = KEY_NEG_INF;
-    if (banned >= a && banned < b) {
-        m = key_max(row, a, banned, m, nan);
-        m = key_max(row, banned + 1, b, m, nan);
-    } else {
-        m = key_max(row, a, b, m, nan);
-    }
-    *key = m;
-    for (int64_t b0 = a; b0 < b; b0 += ARGMAX_BLOCK) {
-        int64_t b1 = b0 + ARGMAX_BLOCK < b ? b0 + ARGMAX_BLOCK : b;
-        int hit = 0;
-        for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
-        hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
-        if (!hit) continue;
-        for (int64_t i = b0; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) return i;
-    }
-    return -1;
-}
-
-/* Rows are shared out over the threads, and a lone row is cut in two halves (the head wrote each
- * half's columns on one thread: each reads what its own cache holds). A row's answer is its
- * halves' larger key, the first half's on a tie: the same index whatever the threads. */
-int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y, int64_t threads) {
-    int64_t S = M == 1 && threads > 1 ? 2 : 1, P = M * S, nans = 0;
-    int32_t keys[2];
-    int64_t found[2];
-    int bad[2] = {0, 0};
-    #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1) reduction(+ : nans)
-    for (int64_t p = 0; p < P; p++) {
-        int64_t r = p / S, h = p % S, a = V * h / S, b = V * (h + 1) / S;
-        int nan = 0;
-        int32_t key;
-        int64_t i = argmax_part(x + r * V, a, b, banned, &key, &nan);
-        if (S == 1) {
-            y[r] = nan ? -1 : i < 0 ? 0 : i;  /* all -inf: index 0, torch's answer */
-            nans += nan;
-        } else {
-            keys[h] = key;
-            found[h] = i;
-            bad[h] = nan;
-        }
-    }
-    if (S == 2) {
-        if (bad[0] | bad[1]) { y[0] = -1; return 1; }
-        int second = found[1] >= 0 && (found[0] < 0 || keys[1] > keys[0]);
-        y[0] = second ? found[1] : found[0] < 0 ? 0 : found[0];
-    }
-    return nans;
-}
-
-#include "gumbel.h"
