@@ -17,6 +17,8 @@
  * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the greedy argmax and the Gumbel candidates
  * are sample.c's. */
 #include "common.h"
+#include "silu.h"
+#include "silu_avx2.h"
 
 /* elements below which a step runs on one thread. Inside a forward the team is awake (it spins
  * between the matmuls), so a region costs ~1.5 us: from 4 rows of the hidden size (2,304) or 2 of
@@ -88,65 +90,6 @@ void layer_rope(const uint16_t *x, const int64_t *pos, int64_t M, int64_t nq, in
         }
     }
 }
-
-/* silu's exponential in fp32 (its result is rounded to bf16): Cody-Waite reduction, a degree-7
- * Taylor polynomial by Horner's rule, 2^k from its bits; |x| clamped to [-87, 88] (2^k normal) */
-#define SILU_LO (-87.0f)
-#define SILU_HI 88.0f
-#define INV_LN2F 1.44269502162933349609375f
-#define LN2_HIF 0.693359375f
-#define LN2_LOF (-2.12194440160132944584e-4f)
-
-static inline float exp_silu(float y) {
-    y = y > SILU_HI ? SILU_HI : y;
-    y = y < SILU_LO ? SILU_LO : y;
-    float k = rintf(y * INV_LN2F);
-    float r = (y - k * LN2_HIF) - k * LN2_LOF;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720; p = p * r + 1.0f / 120; p = p * r + 1.0f / 24; p = p * r + 1.0f / 6;
-    p = p * r + 0.5f; p = p * r + 1.0f; p = p * r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float t;
-    memcpy(&t, &bits, 4);
-    return p * t;
-}
-
-static inline uint16_t silu_mul1(uint16_t g, uint16_t u) {
-    float x = bf16_to_float(g);
-    float s = bf16_to_float(float_to_bf16(x / (1.0f + exp_silu(-x))));
-    return float_to_bf16(s * bf16_to_float(u));
-}
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-/* the same steps 8 lanes at a time (min / max with the constant first: a NaN passes through, as
- * the scalar selects let it) */
-static inline __m256 bf16x8_to_ps(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-static inline __m256i ps_to_bf16_bits(__m256 f) {  /* float_to_bf16 per lane, in the low 16 bits */
-    __m256i u = _mm256_castps_si256(f);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
-    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    return _mm256_blendv_epi8(rounded, nan, isnan);
-}
-
-static inline __m256 exp_silu8(__m256 y) {
-    y = _mm256_min_ps(_mm256_set1_ps(SILU_HI), y);
-    y = _mm256_max_ps(_mm256_set1_ps(SILU_LO), y);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(INV_LN2F)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(y, _mm256_mul_ps(k, _mm256_set1_ps(LN2_HIF))),
-                             _mm256_mul_ps(k, _mm256_set1_ps(LN2_LOF)));
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    const float c[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    for (int i = 0; i < 7; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-#endif
 
 /* g, u [M, F] bf16 rows `stride` elements apart (the halves of the fused gate/up output) ->
  * out [M, F] bf16 */
