@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) __m512i load_v32(const void *vh, co
 /* Pairs m0 .. m1 - 1 for n <= Q queries (their words rows ws apart) and dimensions d0 .. d0 + 32 ND - 1,
  * added to acc [Q][2 limbs][D] (lane i of an interleave's half h is dimension 8 (i / 4) + 4 h + i % 4 of
  * its 32). The low limbs of every pair, then the high limbs of the blocks of PV_BLOCK pairs where one is
- * nonzero: a weight below 2^10 (most of a long context's: 91% at 3,000 tokens of real text) has none,
+ * nonzero: a weight below 2^10 (most of a long context's on real text) has none,
  * and a skipped product is an exact zero, so the sums are the same integers. */
 static inline __attribute__((always_inline)) void pv_chunk(const int32_t *wh, const int32_t *wl, int64_t ws, int64_t n,
                                                            const int ND, int64_t S, int64_t D, int64_t d0, int64_t m0,

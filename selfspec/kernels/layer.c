@@ -1,5 +1,5 @@
 /* The exact formats' elementwise layer steps in C: the runtime's decoder layer calls one of these
- * where torch would run five to fifteen small ops (each ~5-10 us of dispatch on a CPU, a third of
+ * where torch would run five to fifteen small ops (each paying torch's dispatch, a large share of
  * a width-1 forward of a small model). `layer.py` holds the same numerics in torch ops (the
  * fallback; tests compare the bits), so every step is a fixed sequence of IEEE operations
  * (built with -ffp-contract=off):
@@ -21,9 +21,8 @@
 #include "silu_avx2.h"
 
 /* elements below which a step runs on one thread. Inside a forward the team is awake (it spins
- * between the matmuls), so a region costs ~1.5 us: from 4 rows of the hidden size (2,304) or 2 of
- * the MLP's (3,072) the rows share out, one row of 4 / 8 / 16 tokens 1.01-1.02 / 1.05 / 1.03x
- * faster a forward (it was 16384; one token's steps stay on one thread, their only row) */
+ * between the matmuls), so a region is cheap: from 4 rows of the hidden size (2,304) or 2 of the
+ * MLP's (3,072) the rows share out; one token's steps stay on one thread, their only row */
 static int64_t par_min = 2048;
 #define PAR_MIN par_min
 

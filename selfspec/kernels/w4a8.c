@@ -7,10 +7,10 @@
 #include "w4a8_amx.h"
 #include "lora8.h"
 
-const char *w4a8_isa(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+const char *w4a8_isa(void) {  /* which loops tile_rows are (w4a8.h's flags) */
+#if defined(W4A8_VNNI)
     return "avx512-vnni";
-#elif defined(__AVX2__) && defined(__F16C__)
+#elif defined(W4A8_AVX2)
     return "avx2";
 #else
     return "scalar";
