@@ -154,3 +154,11 @@ class PricedForward:
 
     def __getattr__(self, name):
         return getattr(self.bf, name)
+
+
+@pytest.fixture(scope="session")
+def kernel_build(tmp_path_factory):
+    """kernel_build(name, march): `name`.c built for -march once a test run (`kernel_builds.py`)."""
+    from kernel_builds import KernelBuilds
+
+    return KernelBuilds(str(tmp_path_factory.mktemp("kernel-builds")))

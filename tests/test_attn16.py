@@ -251,7 +251,7 @@ def _cpu_flags() -> set:
 @needs_kernel
 @pytest.mark.parametrize("march, needs", [("x86-64", set()), ("haswell", {"avx2", "fma", "f16c"})],
                          ids=["scalar", "avx2"])
-def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(tmp_path, monkeypatch, march, needs):
+def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(kernel_build, monkeypatch, march, needs):
     """What CPUs without AVX-512 run (this one takes the AVX-512 paths): the kernels built for them,
     over the int16 and the one-byte cache (its values widened as they are loaded), against the
     torch fallback."""
@@ -260,10 +260,7 @@ def test_the_scalar_and_avx2_builds_give_the_fallbacks_bits_for_both_caches(tmp_
 
     if os.uname().machine not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
         pytest.skip("an x86 CPU with these instructions")
-    out = str(tmp_path / f"attn16_{march}.so")
-    flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
-    assert build.compile_c(build.compiler(), os.path.join(build.HERE, "attn16.c"), out, flags) is None
-    lib, real = ctypes.CDLL(out), attn16._fn
+    lib, real = ctypes.CDLL(kernel_build("attn16", march)), attn16._fn
 
     def fn(name):
         f, ours = getattr(lib, name), real(name)

@@ -2,7 +2,6 @@
 carries it, and every vector path, against the torch twin (`w4a8.lora(fallback=True)`)."""
 
 import ctypes
-import os
 
 import pytest
 import torch
@@ -98,13 +97,10 @@ def test_the_matmul_that_carries_the_lora_gives_the_layer_loops_bits(widths, m, 
 
 @needs_kernel
 @pytest.mark.parametrize("march,isa,needs", BUILDS, ids=[b[0] for b in BUILDS])
-def test_every_vector_path_of_the_lora_gives_the_twins_bits(tmp_path, march, isa, needs):
+def test_every_vector_path_of_the_lora_gives_the_twins_bits(kernel_build, march, isa, needs):
     if not needs <= _cpu_flags():
         pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
-    out = str(tmp_path / f"w4a8_{march}.so")
-    flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
-    assert build.compile_c(build.compiler(), os.path.join(build.HERE, "w4a8.c"), out, flags) is None
-    fn = ctypes.CDLL(out).w8a8_lora
+    fn = ctypes.CDLL(kernel_build("w4a8", march)).w8a8_lora
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes, fn.restype = [P, I, I, P, P, I, P, P, I, P, I, P, I, ctypes.c_int], ctypes.c_int
     for k, r, n, n_rows in [(576, 16, 192, 9), (100, 3, 70, 4), (64, 48, 40, 17)]:

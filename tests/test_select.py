@@ -99,7 +99,7 @@ def test_a_lone_row_cut_in_halves_over_two_threads_answers_as_torch(banned):
                 assert torch.equal(layer.argmax(row, banned), want), (threads, r)
                 # the C pass itself, not torch after it: only the NaN row is handed back
                 out = torch.empty(1, dtype=torch.long)
-                fn = layer._c(False, "layer_argmax_bf16", row)
+                fn = layer._c(False, "sample_argmax_bf16", row)
                 nans = fn(row.data_ptr(), 1, row.shape[1], -1 if banned is None else banned, out.data_ptr(), threads)
                 assert (nans, int(out[0])) == ((1, -1) if row.isnan().any() else (0, int(want[0]))), (threads, r)
     finally:

@@ -4,7 +4,6 @@ output is the dequantized weights times the quantized activations, and a weight 
 GGUF's Q4_1 grid is kept exactly."""
 
 import ctypes
-import os
 
 import pytest
 import torch
@@ -121,16 +120,12 @@ BUILDS = [("x86-64", "scalar", set()), ("haswell", "avx2", {"avx2", "f16c", "fma
 
 @needs_kernel
 @pytest.mark.parametrize("march,isa,needs", BUILDS, ids=[b[0] for b in BUILDS])
-def test_every_vector_path_gives_the_torch_fallbacks_bits(tmp_path, march, isa, needs):
+def test_every_vector_path_gives_the_torch_fallbacks_bits(kernel_build, march, isa, needs):
     """The scalar, AVX2 and AVX-512 VNNI paths (what other CPUs run) against the torch fallback,
     at row counts below, at and past each path's rows per pass."""
     if not needs <= _cpu_flags():
         pytest.skip(f"this CPU lacks {sorted(needs - _cpu_flags())}")
-    out = str(tmp_path / f"w4a8_{march}.so")
-    flags = [f for f in build.FLAGS if f != "-march=native"] + [f"-march={march}"]
-    err = build.compile_c(build.compiler(), os.path.join(build.HERE, "w4a8.c"), out, flags)
-    assert err is None, err
-    lib = ctypes.CDLL(out)
+    lib = ctypes.CDLL(kernel_build("w4a8", march))
     lib.w4a8_isa.restype = ctypes.c_char_p
     assert lib.w4a8_isa() == isa.encode()
     for w in _packs(64, 576):

@@ -16,24 +16,16 @@
  * and adds (built with -ffp-contract=off), which `attn16.py` repeats in torch ops, so the
  * fallback gives the same bits (libm's and torch's own exp need not agree in the last bit, and
  * torch's vector body and scalar tail need not either). */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <omp.h>
-#include "bf16.h"
-#include "attn16_int.h"
+#include "common.h"
+#include "attn16.h"
+#include "attn16_scores.h"
+#include "attn16_avx2.h"
+#include "attn16_avx512.h"
+#include "attn16_words.h"
+#include "attn16_store.h"
+#include "attn16_split.h"
 
-#define D_MAX 256
-
-#define QCHUNK 4
 static int int_pv_on = 1;  /* attn16_set_int_pv */
-/* multiply-adds below which a step runs on one thread. Inside a forward the team is awake (its
- * threads spin between the matmuls), so a step's region costs ~1.5 us, not a sleeping team's ~10
- * (the old 262144): a one-token round of one row over ~80 keys (~46 K) stays on one thread, four
- * rows of it (~190 K) share out, a forward 1.03-1.09x, one row of 4-16 tokens 1.015-1.03x */
-static int64_t par_min = 131072;
-#define PAR_MIN par_min
 
 /* Sets PAR_MIN, returns the previous value: for tests (every step's bits are the same on one
  * thread or shared out) and A/B timing in one process. */
@@ -43,9 +35,6 @@ int64_t attn16_set_par_min(int64_t v) {
     return old;
 }
 
-#include "attn16_tiles.h"
-#include "attn16_words.h"
-#include "attn16_store.h"
 
 /* Whether attn16_pv may take the integer path (where it exists, 1 by default); returns the previous
  * setting. For tests and A/B timing in one process: both paths give the same bits. */
@@ -55,8 +44,8 @@ int attn16_set_int_pv(int on) {
     return old;
 }
 
-/* 1 where attn16_pv's tiles beat torch's float64 GEMM at every width (AVX-512: twice its speed on a
- * prefill chunk's shape), so that `attn16.weighted` runs them for wide rounds too; else 0 */
+/* 1 where attn16_pv's tiles beat torch's float64 GEMM at every width (AVX-512, on a prefill
+ * chunk's shape), so that `attn16.weighted` runs them for wide rounds too; else 0 */
 int attn16_pv_wide(void) {
 #if defined(__AVX512F__)
     return 1;
@@ -191,41 +180,6 @@ static int pv_any(const double *p, int64_t R, int64_t KV, int64_t G, int64_t D, 
     return 0;
 }
 
-/* P = rint(e^x) for x <= 20 ln 2, 0 where x < -1 (e^-1 < 0.5; also -inf, a masked key), as
- * `attn16.exp_round`: k = rint(x / ln 2), r = (x - k ln2_hi) - k ln2_lo, e^r = 1 + r (1 + r q(r))
- * by Horner's rule (Taylor, degree 7, |r| <= 0.35: truncation 5e-9) with q's five steps in float32
- * and the last two in float64 (q's float32 rounding then moves e^r by r^2 2^-24 at most), times 2^k
- * (exact, built from its bits), then rint: within 0.5 + 2^-26 e^x of e^x, at about half the
- * vector operations of a float64 polynomial of degree 13 (a long context's softmax is many
- * exponentials). Branch-free, so that the loops over keys vectorize. */
-#define LN2_HI 6.93147180369123816490e-01
-#define LN2_LO 1.90821492927058770002e-10
-#define INV_LN2 1.44269504088896338700e+00
-#define F2 ((float)(1.0 / 2))
-#define F3 ((float)(1.0 / 6))
-#define F4 ((float)(1.0 / 24))
-#define F5 ((float)(1.0 / 120))
-#define F6 ((float)(1.0 / 720))
-#define F7 ((float)(1.0 / 5040))
-static inline double exp_round1(double x) {
-    double xc = x >= -1.0 ? x : -1.0;
-    double k = nearbyint(xc * INV_LN2);
-    double r = (xc - k * LN2_HI) - k * LN2_LO;
-    float rf = (float)r, q = F7;
-    q = q * rf + F6; q = q * rf + F5; q = q * rf + F4; q = q * rf + F3; q = q * rf + F2;
-    double p = (double)q * r + 1.0;
-    p = p * r + 1.0;
-    /* 2^k from its bits; k (an integer, |k| < 2^51) read off the low bits of k + 1.5 * 2^52, not
-     * converted: AVX2 has no vector double -> int64 conversion, and this loop must vectorize */
-    double kk = k + 6755399441055744.0, two_k;
-    int64_t ki;
-    memcpy(&ki, &kk, 8);
-    ki = (ki - 0x4338000000000000LL + 1023) << 52;
-    memcpy(&two_k, &ki, 8);
-    double e = nearbyint(p * two_k);
-    return x >= -1.0 ? e : 0.0;
-}
-
 void attn16_exp_round(double *x, int64_t n) {  /* in place */
     #pragma omp simd
     for (int64_t i = 0; i < n; i++) x[i] = exp_round1(x[i]);
@@ -288,8 +242,6 @@ void attn16_out(const double *pv, const double *den, int64_t R, int64_t KV, int6
                 for (int64_t d = 0; d < D; d++) dst[d] = float_to_bf16((float)(src[d] / den[row]));
             }
 }
-
-#include "attn16_split.h"
 
 /* One layer's exact attention for a narrow round, in one call: x [R, w, nq + 2 KV, D] float64
  * (the layer's q, k and v heads on their grids, `kernels.layer.rope`); the new K and V stored at

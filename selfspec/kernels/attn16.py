@@ -5,10 +5,10 @@
 
 Both are exact integer sums, so the C kernels and the torch fallback (decompress, then
 `torch.matmul`) give the same bits. Scores round each query row first (`round_q`, 10 bits): the C
-kernel then sums int16 products in int32 at any width (`attn16_int.h`), reading the cache in
+kernel then sums int16 products in int32 at any width (`attn16_scores.h`), reading the cache in
 place. Weighted sums are exact integers too: in int32 lanes where the CPU has AVX-512 VNNI and a
 key head's V shifts agree (`attn16_words.h`: key pairs' weights as 10-bit limbs, one instruction
-per pair, query and sixteen dimensions), else in float64 tiles (`attn16_tiles.h`), the same bits.
+per pair, query and sixteen dimensions), else in float64 tiles (`attn16_avx2.h`, `attn16_avx512.h`), the same bits.
 Up to `DIRECT_MAX` queries per key head (AR and rounds of up to 32 tokens on the default model,
 whose layers run in one C call, `block.c`) the kernel reads the int16 cache in place, a quarter of
 the float64 cache's bytes. Wider rounds (a prefill's chunks) do too where the kernel has AVX-512
@@ -181,7 +181,7 @@ def q_bits(D: int) -> int:
 
 def round_q(q: torch.Tensor) -> torch.Tensor:
     """Query rows [..., D] (float64 grid integers) as block floats of `q_bits(D)` bits: q' 2^s with
-    s = max(0, e - bits), 2^(e-1) <= max |q| < 2^e, q' = rint(q 2^-s); `attn16_int.h`'s q_round,
+    s = max(0, e - bits), 2^(e-1) <= max |q| < 2^e, q' = rint(q 2^-s); `attn16.h`'s q_round,
     the same bits. A function of the row alone, so width-, batch- and cache-invariant; the scores
     of rounded rows are int16 dot products, exact in int32.
 

@@ -1,5 +1,5 @@
-/* Scores of many query rows against one key head, sixteen keys per vector (included by attn16_int.h
- * where the CPU has AVX-512 BW and VNNI).
+/* Scores of many query rows against one key head, sixteen keys per vector, where the CPU has
+ * AVX-512 BW and VNNI (attn16_scores.h takes it from KEYTILE_G rows a key head).
  *
  * scores_z64 sums a key's 64 products in the lanes of two vectors and then reduces them across
  * lanes: a quarter of a four-way reduction per score, shuffles that cost as much as the products
@@ -14,6 +14,8 @@
  * a 4 x 4 transpose of 128-bit lanes across i then puts keys 4c .. 4c + 3 in lane c. */
 #ifndef SELFSPEC_ATTN16_KEYTILES_H
 #define SELFSPEC_ATTN16_KEYTILES_H
+#include "attn16.h"
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
 #define KEYTILE_G 6  /* query rows per key head from which scores_keytiles runs (fewer: scores_z64) */
 typedef int32_t keytile_i32 __attribute__((aligned(2), may_alias));  /* a query row's pairs of int16 */
@@ -99,4 +101,5 @@ static inline __attribute__((always_inline)) int64_t scores_keytiles(const int16
     }
     return j;
 }
+#endif
 #endif

@@ -1,5 +1,5 @@
-/* A narrow round's exact attention with its keys split over the threads (included by attn16.c
- * after weights_impl; the build key reads this header too).
+/* A narrow round's exact attention with its keys split over the threads, where the CPU has
+ * AVX-512 BW and VNNI (attn16.c's attn16_direct takes it for a one-token round over many keys).
  *
  * A one-token round has nine query rows on the default model (three per key head): split by rows,
  * the softmax step leaves one of two threads idle for a ninth of it, and each of the three steps
@@ -10,11 +10,12 @@
  * of integers below 2^53, so the result is attn16_direct's other path's, bit for bit. */
 #ifndef SELFSPEC_ATTN16_SPLIT_H
 #define SELFSPEC_ATTN16_SPLIT_H
+#include "attn16_scores.h"
+#include "attn16_words.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <omp.h>
 
 /* keys from which a one-token round (G <= 3 query rows a key head) splits them over the threads;
- * wider rounds have rows enough to split by (split, rounds of 2-7 tokens ran 0.92-0.96x at 1,000 keys) */
+ * wider rounds have rows enough to split by, and ran slower split) */
 #define SPLIT_MIN 512
 #define SPLIT_ALIGN 48   /* a thread's keys start at a multiple of 48: whole words stores (16) and zero tests (12) */
 

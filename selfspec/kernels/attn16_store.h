@@ -1,11 +1,8 @@
-/* The compact cache's writes and its widened copy (included by attn16.c; the build key reads this
- * header too): new K / V rows rounded into the cache (int16 or int8 with a shift, or the one-byte
+/* The compact cache's writes and its widened copy (plain C, every CPU): new K / V rows rounded into the cache (int16 or int8 with a shift, or the one-byte
  * cache's K with an integer scale) and a cache's values as float64 for a wide round's GEMM. */
 #ifndef SELFSPEC_ATTN16_STORE_H
 #define SELFSPEC_ATTN16_STORE_H
-#include <math.h>
-#include <stdint.h>
-#include "attn16_int.h"
+#include "attn16.h"
 
 /* Store new K or V rows x [R, KV, q, D] (float64 grid integers; strided, last dim contiguous) compactly at slots
  * starts[r] .. starts[r] + q - 1 of cache rows r: per key and head, shift = the exponent of

@@ -2,8 +2,8 @@
  * arguments in the same order, as the runtime's Python layer loop (`engine/forward.py`,
  * `_exact_layers`) makes for w4a8 weights and the one-call attention (`attn16_direct`), so the
  * same bits by construction. What it saves is the loop's own cost: about ten calls a layer through
- * ctypes and torch (tensor allocation, views, checks), each a few microseconds on a small CPU,
- * nearly half of a one-token forward of the default model.
+ * ctypes and torch (tensor allocation, views, checks), a large share of a one-token forward of
+ * the default model on a small CPU.
  *
  * The kernels come in as function pointers (their libraries, `w4a8.c`, `attn16.c` and `layer.c`,
  * are built and loaded on their own); per layer i, in order:

@@ -1,5 +1,5 @@
 /* The exact formats' elementwise layer steps in C: the runtime's decoder layer calls one of these
- * where torch would run five to fifteen small ops (each ~5-10 us of dispatch on a CPU, a third of
+ * where torch would run five to fifteen small ops (each paying torch's dispatch, a large share of
  * a width-1 forward of a small model). `layer.py` holds the same numerics in torch ops (the
  * fallback; tests compare the bits), so every step is a fixed sequence of IEEE operations
  * (built with -ffp-contract=off):
@@ -14,19 +14,15 @@
  *   silu_mul: s = bf16(g / (1 + e^-g))  (fp32, e^ a fixed Horner polynomial: exp_silu),
  *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
  * Every row is computed alone, so a row's result is the same bits in any batch or width. The
- * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the argmax is below, the Gumbel candidates
- * in gumbel.h. */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <omp.h>
-#include "bf16.h"
+ * draft LoRA (draft rows only) is w4a8.c's (lora8.h); the greedy argmax and the Gumbel candidates
+ * are sample.c's. */
+#include "common.h"
+#include "silu.h"
+#include "silu_avx2.h"
 
 /* elements below which a step runs on one thread. Inside a forward the team is awake (it spins
- * between the matmuls), so a region costs ~1.5 us: from 4 rows of the hidden size (2,304) or 2 of
- * the MLP's (3,072) the rows share out, one row of 4 / 8 / 16 tokens 1.01-1.02 / 1.05 / 1.03x
- * faster a forward (it was 16384; one token's steps stay on one thread, their only row) */
+ * between the matmuls), so a region is cheap: from 4 rows of the hidden size (2,304) or 2 of the
+ * MLP's (3,072) the rows share out; one token's steps stay on one thread, their only row */
 static int64_t par_min = 2048;
 #define PAR_MIN par_min
 
@@ -94,65 +90,6 @@ void layer_rope(const uint16_t *x, const int64_t *pos, int64_t M, int64_t nq, in
     }
 }
 
-/* silu's exponential in fp32 (its result is rounded to bf16): Cody-Waite reduction, a degree-7
- * Taylor polynomial by Horner's rule, 2^k from its bits; |x| clamped to [-87, 88] (2^k normal) */
-#define SILU_LO (-87.0f)
-#define SILU_HI 88.0f
-#define INV_LN2F 1.44269502162933349609375f
-#define LN2_HIF 0.693359375f
-#define LN2_LOF (-2.12194440160132944584e-4f)
-
-static inline float exp_silu(float y) {
-    y = y > SILU_HI ? SILU_HI : y;
-    y = y < SILU_LO ? SILU_LO : y;
-    float k = rintf(y * INV_LN2F);
-    float r = (y - k * LN2_HIF) - k * LN2_LOF;
-    float p = 1.0f / 5040;
-    p = p * r + 1.0f / 720; p = p * r + 1.0f / 120; p = p * r + 1.0f / 24; p = p * r + 1.0f / 6;
-    p = p * r + 0.5f; p = p * r + 1.0f; p = p * r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float t;
-    memcpy(&t, &bits, 4);
-    return p * t;
-}
-
-static inline uint16_t silu_mul1(uint16_t g, uint16_t u) {
-    float x = bf16_to_float(g);
-    float s = bf16_to_float(float_to_bf16(x / (1.0f + exp_silu(-x))));
-    return float_to_bf16(s * bf16_to_float(u));
-}
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-/* the same steps 8 lanes at a time (min / max with the constant first: a NaN passes through, as
- * the scalar selects let it) */
-static inline __m256 bf16x8_to_ps(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-static inline __m256i ps_to_bf16_bits(__m256 f) {  /* float_to_bf16 per lane, in the low 16 bits */
-    __m256i u = _mm256_castps_si256(f);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
-    __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    return _mm256_blendv_epi8(rounded, nan, isnan);
-}
-
-static inline __m256 exp_silu8(__m256 y) {
-    y = _mm256_min_ps(_mm256_set1_ps(SILU_HI), y);
-    y = _mm256_max_ps(_mm256_set1_ps(SILU_LO), y);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(y, _mm256_set1_ps(INV_LN2F)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(y, _mm256_mul_ps(k, _mm256_set1_ps(LN2_HIF))),
-                             _mm256_mul_ps(k, _mm256_set1_ps(LN2_LOF)));
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    const float c[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    for (int i = 0; i < 7; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-#endif
-
 /* g, u [M, F] bf16 rows `stride` elements apart (the halves of the fused gate/up output) ->
  * out [M, F] bf16 */
 void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, int64_t stride, uint16_t *out,
@@ -176,79 +113,3 @@ void layer_silu_mul(const uint16_t *g, const uint16_t *u, int64_t M, int64_t F, 
         for (; i < F; i++) om[i] = silu_mul1(gm[i], um[i]);
     }
 }
-
-
-/* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
- * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
- * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
- * caller asks torch), and returns how many rows do. Values compare as integers, which the loops
- * vectorise: k(b) = +-(b & 0x7fff) by the sign bit orders bf16 numbers as their values (no NaN). */
-static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
-#define KEY_NEG_INF (-0x7f80)
-#define ARGMAX_BLOCK 64
-
-static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *nan) {
-    int nn = 0;
-    for (int64_t i = a; i < b; i++) {
-        int32_t k = bf16_key(x[i]);
-        m = k > m ? k : m;
-        nn |= (x[i] & 0x7fff) > 0x7f80;
-    }
-    *nan |= nn;
-    return m;
-}
-
-/* the largest key of row[a, b) and its first index, `banned` counting as -inf (a part that holds
- * only the banned index answers it with -inf; an empty one answers -1) */
-static int64_t argmax_part(const uint16_t *row, int64_t a, int64_t b, int64_t banned, int32_t *key, int *nan) {
-    int32_t m = KEY_NEG_INF;
-    if (banned >= a && banned < b) {
-        m = key_max(row, a, banned, m, nan);
-        m = key_max(row, banned + 1, b, m, nan);
-    } else {
-        m = key_max(row, a, b, m, nan);
-    }
-    *key = m;
-    for (int64_t b0 = a; b0 < b; b0 += ARGMAX_BLOCK) {
-        int64_t b1 = b0 + ARGMAX_BLOCK < b ? b0 + ARGMAX_BLOCK : b;
-        int hit = 0;
-        for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
-        hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
-        if (!hit) continue;
-        for (int64_t i = b0; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) return i;
-    }
-    return -1;
-}
-
-/* Rows are shared out over the threads, and a lone row is cut in two halves (the head wrote each
- * half's columns on one thread: each reads what its own cache holds). A row's answer is its
- * halves' larger key, the first half's on a tie: the same index whatever the threads. */
-int64_t layer_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y, int64_t threads) {
-    int64_t S = M == 1 && threads > 1 ? 2 : 1, P = M * S, nans = 0;
-    int32_t keys[2];
-    int64_t found[2];
-    int bad[2] = {0, 0};
-    #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1) reduction(+ : nans)
-    for (int64_t p = 0; p < P; p++) {
-        int64_t r = p / S, h = p % S, a = V * h / S, b = V * (h + 1) / S;
-        int nan = 0;
-        int32_t key;
-        int64_t i = argmax_part(x + r * V, a, b, banned, &key, &nan);
-        if (S == 1) {
-            y[r] = nan ? -1 : i < 0 ? 0 : i;  /* all -inf: index 0, torch's answer */
-            nans += nan;
-        } else {
-            keys[h] = key;
-            found[h] = i;
-            bad[h] = nan;
-        }
-    }
-    if (S == 2) {
-        if (bad[0] | bad[1]) { y[0] = -1; return 1; }
-        int second = found[1] >= 0 && (found[0] < 0 || keys[1] > keys[0]);
-        y[0] = second ? found[1] : found[0] < 0 ? 0 : found[0];
-    }
-    return nans;
-}
-
-#include "gumbel.h"

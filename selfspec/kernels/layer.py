@@ -1,6 +1,7 @@
 """The exact formats' elementwise layer steps (`layer.c`): one C call each where torch runs five to
 fifteen small ops, and the same numerics in torch ops (the fallback, `fallback=True`; tests compare
-the bits). `layer.c`'s header gives every step's sequence of IEEE operations.
+the bits). `layer.c`'s header gives every step's sequence of IEEE operations; the token choice after
+the head (argmax, gumbel_candidates, uniforms) calls `sample.c`.
 
     y = rms(h, w, eps)                  # h [M, H] fp32 -> bf16 [M, H] (out_dtype fp32: the final norm)
     y = add_rms(h, o, w, eps)           # h += o (in place), then rms(h)
@@ -27,10 +28,10 @@ _SIGS = {
     "layer_add_rms": [_P, _P, _I64, _I64, _P, _D, _P, _INT, _INT],
     "layer_rope": [_P, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _D, _P, _INT],
     "layer_silu_mul": [_P, _P, _I64, _I64, _I64, _P, _INT],
-    "layer_argmax_bf16": [_P, _I64, _I64, _I64, _P, _I64],
-    "layer_gumbel_candidates": [_P, _INT, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
-    "layer_uniforms": [ctypes.c_uint64, _I64, _P],
     "layer_set_par_min": [_I64],
+    "sample_argmax_bf16": [_P, _I64, _I64, _I64, _P, _I64],  # sample.c: choosing tokens from the logits
+    "sample_gumbel_candidates": [_P, _INT, _I64, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _P, _P, _P, _INT],
+    "sample_uniforms": [ctypes.c_uint64, _I64, _P],
 }
 _fns: dict = {}
 CANDIDATES_MAX = 4  # a row where over 1/4 of the tokens may win takes the full draw (`gumbel_candidates`)
@@ -39,11 +40,11 @@ CANDIDATES_MAX = 4  # a row where over 1/4 of the tokens may win takes the full 
 def _fn(name: str):
     fn = _fns.get(name, False)
     if fn is False:
-        lib = build.load("layer")
+        lib = build.load(name.split("_", 1)[0])  # layer.c's steps, or sample.c's token choice
         fn = None if lib is None else getattr(lib, name)
         if fn is not None:
-            fn.argtypes, fn.restype = _SIGS[name], {"layer_gumbel_candidates": _I64, "layer_set_par_min": _I64,
-                                                    "layer_argmax_bf16": _I64}.get(name)
+            fn.argtypes, fn.restype = _SIGS[name], {"sample_gumbel_candidates": _I64, "layer_set_par_min": _I64,
+                                                    "sample_argmax_bf16": _I64}.get(name)
         _fns[name] = fn
     return fn
 
@@ -172,7 +173,7 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
     greedy target's token; `drafting.sampling.select` at temperature 0 gives the same). bf16 rows in
     one C pass (torch's bf16 argmax reads a 49,152-wide row in ~180 us, its float32 copy's ~70);
     rows holding a NaN, other dtypes and the fallback: torch."""
-    fn = None if logits.dtype != torch.bfloat16 or logits.dim() != 2 else _c(fallback, "layer_argmax_bf16", logits)
+    fn = None if logits.dtype != torch.bfloat16 or logits.dim() != 2 else _c(fallback, "sample_argmax_bf16", logits)
     if fn is None:  # drafting.sampling.ban_token's steps: kernels sit below drafting and keep their own twin
         x = logits.float()
         if banned is not None:
@@ -217,7 +218,7 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
     side = u if u is not None else seeds
     ok = (x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 2 and side is not None
           and side.dtype is (torch.float64 if u is not None else torch.int64))
-    fn = _c(fallback, "layer_gumbel_candidates", x, side, rows) if ok and rows.dtype is torch.long else None
+    fn = _c(fallback, "sample_gumbel_candidates", x, side, rows) if ok and rows.dtype is torch.long else None
     if fn is None:
         return None
     M, V = x.shape
@@ -240,7 +241,7 @@ def uniforms(seed: int, V: int) -> torch.Tensor | None:
     """A position's V float64 uniforms in (0, 1) from its 64-bit `seed` (splitmix64 per index, one
     C pass: ~30 us for 49,152 where torch.rand's generator took ~0.3 ms); None without the C steps
     (`drafting.sampling.splitmix_uniforms` makes the same bits in torch ops)."""
-    fn = _fn("layer_uniforms")
+    fn = _fn("sample_uniforms")
     if fn is None:
         return None
     u = torch.empty(V, dtype=torch.float64)

@@ -1,5 +1,5 @@
-/* The draft LoRA on int8 tables, included at the end of w4a8.c (after w8a8.h, whose loops it
- * reuses); the build key reads this header too.
+/* The draft LoRA on int8 tables: its plan and its steps inside a matmul's thread team (w4a8.c's
+ * w4a8_linear_lora and w8a8_lora run them), on w8a8's loops (w4a8_loops.h).
  *
  * Draft rows only (`checkpoint/lora.py`), so no exactness rests on it; its numerics are fixed so
  * that the layer loop, the one-call block and the fallback (`w4a8.py`'s `lora`) give the drafts the
@@ -16,10 +16,11 @@
  * with a team each had cost as much as the arithmetic). `benchmarks/lora_cost.py` measures it. */
 #ifndef SELFSPEC_LORA8_H
 #define SELFSPEC_LORA8_H
+#include "w4a8_loops.h"
 
 #define LORA_MODS 8  /* modules sharing one x: q k v, or gate up; 8 leaves room */
 
-struct lora_plan {
+typedef struct lora_plan {
     int nm, aligned;  /* aligned: every module's columns start on a 16-column tile */
     int64_t n, K, groups, ntiles;
     const void *const *t;
@@ -31,7 +32,7 @@ struct lora_plan {
     float *u, *du;
     int32_t *su;
     int8_t *uq;
-};
+} lora_plan_t;
 
 static __thread uint8_t *lora_buf = NULL;
 static __thread size_t lora_cap = 0;
@@ -113,31 +114,8 @@ static void lora_u_items(const lora_plan_t *p) {
     }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* tile_rows8 for one block whose inputs 16 .. 31 are zeros (a rank-16 module's u): their chunks
- * (and their bytes of the tile) skipped, the same integer sums and float steps */
-static inline __attribute__((always_inline)) void tile_rows8_half(
-        const uint8_t *w, int64_t nb, const int8_t *xq, const float *d, const int32_t *sx, int64_t K, int R,
-        float *acc_out) {
-    (void)nb;
-    __m512i i0[MAX_ROWS], i1[MAX_ROWS];
-    for (int r = 0; r < R; r++) { i0[r] = _mm512_setzero_si512(); i1[r] = _mm512_setzero_si512(); }
-    for (int ch = 0; ch < 4; ch += 2) {
-        __m512i w0 = _mm512_loadu_si512((const void *)(w + 64 * ch));
-        __m512i w1 = _mm512_loadu_si512((const void *)(w + 64 * ch + 64));
-        for (int r = 0; r < R; r++) {
-            const unaligned_i32 *xr = (const unaligned_i32 *)(xq + r * K + 4 * ch);
-            DPBUSD_BCAST(i0[r], w0, xr[0]);
-            DPBUSD_BCAST(i1[r], w1, xr[1]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(i0[r], i1[r]), _mm512_set1_epi32(128 * sx[r]));
-        __m512 acc = _mm512_add_ps(_mm512_setzero_ps(), _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d[r])));
-        _mm512_storeu_ps(acc_out + 16 * r, acc);
-    }
-}
-#define LORA_HALF 1
+#ifdef W4A8_VNNI
+#define LORA_HALF 1  /* tile_rows8_half (w4a8_avx512.h) is at hand */
 #else
 #define LORA_HALF 0
 #endif
@@ -196,58 +174,5 @@ static void lora_rest(const lora_plan_t *p, uint16_t *out, int64_t N) {
     #pragma omp barrier
     #pragma omp for schedule(static) nowait
     for (int64_t it = 0; it < p->ntiles; it++) lora_add_tile(p, it, out, N);
-}
-
-/* x bf16 [M, K] times the packed weight [N, K] into y bf16 [M, N], plus the draft LoRA of the
- * modules whose columns y holds side by side (nm of them, tables t, ranks, widths as lora_plan's)
- * on rows[0 .. n-1] (n = 0: w4a8_linear). The one-call block's matmul. */
-int w4a8_linear_lora(const uint16_t *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, uint16_t *y,
-                     int threads, int nm, const void *const *t, const int64_t *ranks, const int64_t *widths,
-                     const int64_t *rows, int64_t n) {
-    float *d, *c;
-    int32_t *sx;
-    int8_t *xq = act_scratch(M, K, &d, &c, &sx);
-    if (!xq) return 1;
-    w4a8_quantize(x, 1, M, K, xq, d, c, n ? sx : NULL, threads);
-    lora_plan_t plan;
-    if (n && lora_plan(&plan, xq, d, sx, K, nm, t, ranks, widths, rows, rows, n)) return 1;
-    mm_impl(xq, d, c, M, K, packed, N, y, 1, threads, n && plan.ntiles ? &plan : NULL);
-    return 0;
-}
-
-/* One module on x bf16 [.., K] (rows ldx apart; the layer loop's): its draft rows quantized here
- * into this thread's activation scratch (straight from bf16; K not a multiple of 32 goes through
- * an fp32 copy with the zeros), then the delta added into out (rows ldo apart). */
-int w8a8_lora(const uint16_t *x, int64_t ldx, int64_t K, const uint8_t *pa, const float *sa, int64_t r,
-              const uint8_t *pb, const float *sb, int64_t N, uint16_t *out, int64_t ldo, const int64_t *rows,
-              int64_t n, int threads) {
-    int64_t kp = (K + BLOCK - 1) / BLOCK * BLOCK, nb = kp / BLOCK;
-    float *dx, *c;
-    int32_t *sx;
-    int8_t *xq = act_scratch(n, kp, &dx, &c, &sx);
-    float *xf = kp == K ? NULL : (float *)malloc((size_t)(n * kp) * sizeof(float));
-    if (!xq || (kp != K && !xf)) { free(xf); return 1; }
-    #pragma omp parallel for schedule(static) num_threads(threads) if (n * kp >= 16384)
-    for (int64_t i = 0; i < n; i++) {
-        if (!xf) {
-            quantize_row(x + rows[i] * ldx, 1, 0, kp, xq + i * kp, dx + i * nb, NULL, sx + i * nb);
-            continue;
-        }
-        for (int64_t k = 0; k < kp; k++) xf[i * kp + k] = k < K ? bf16_to_float(x[rows[i] * ldx + k]) : 0.0f;
-        quantize_row(xf, 0, i, kp, xq, dx, NULL, sx);
-    }
-    const void *t[4] = {pa, sa, pb, sb};
-    lora_plan_t plan;
-    int err = lora_plan(&plan, xq, dx, sx, kp, 1, t, &r, &N, NULL, rows, n);
-    if (!err) {
-        #pragma omp parallel num_threads(threads) if (n * N >= 4096)
-        {
-            lora_u_items(&plan);
-            #pragma omp for schedule(static) nowait
-            for (int64_t it = 0; it < plan.ntiles; it++) lora_add_tile(&plan, it, out, ldo);
-        }
-    }
-    free(xf);
-    return err;
 }
 #endif

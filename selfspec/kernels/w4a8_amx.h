@@ -1,4 +1,4 @@
-/* w4a8 and w8a8 with Intel AMX tiles, where the CPU has them (included by w4a8.c).
+/* w4a8 and w8a8 with Intel AMX tiles, where the CPU has them (w4a8.c picks them by row count).
  *
  * The same numbers as the vector loops, bit for bit: a tile multiply (TDPBSUD) sums a block's 32
  * products of signed activation bytes and unsigned weight bytes into an exact int32, as VNNI's
@@ -17,17 +17,17 @@
  * block's multiply runs while this one's sums are scaled. */
 #ifndef SELFSPEC_W4A8_AMX_H
 #define SELFSPEC_W4A8_AMX_H
+#include "w4a8.h"
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define W4A8_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
 
 /* rows from which a call multiplies with tiles; below, the vector loops. Each block's sums still
- * take the float steps per row (7 vector instructions a row, block and 16 outputs) after the tile
- * multiply, and w4a8's nibbles must be unpacked to bytes for B first, so tiles pay only where the
- * rows are many: the default model's layers (`benchmarks/w4a8_ab.py`, 2-core Xeon) 0.82-0.96x at
- * 4-16 rows, 1.04-1.10x at 32-128; the w8a8 head, whose B is its packed bytes as they are,
- * 1.1x at 8 rows and 1.3-1.6x at 16-32, but 0.74-0.94x at 96-256 (`/tmp` loops of the head alone) */
+ * take the float steps per row after the tile multiply, and w4a8's nibbles must be unpacked to
+ * bytes for B first, so tiles pay only where the rows are many; the w8a8 head, whose B is its
+ * packed bytes as they are, gains from fewer rows, up to a point where its float steps dominate
+ * (`benchmarks/w4a8_ab.py` measures both; docs/results.md has the figures) */
 #define AMX_MIN4 32
 #define AMX_MIN8 8
 #define AMX_MAX8 64
@@ -69,8 +69,7 @@ static inline void amx_configure(int R) {
 
 /* w4a8: a tile's nb blocks of nibbles [nb][320] as bytes [nb][8][64], B's rows. All of them before
  * any tile load: a tile load waits for the stores it reads to reach the cache (none forward to it),
- * which block by block stalled every one (the default model's layers at 8-16 rows: no faster than
- * the vector loops) */
+ * which block by block stalled every one */
 static inline void amx_unpack4(const uint8_t *w, int64_t nb, uint8_t *ub) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, w += TILE_BYTES, ub += 512) {

@@ -1,9 +1,16 @@
-/* bf16 <-> fp32 as torch converts them, shared by the kernels (included by each .c file; the
- * build key and `build.sources_key` read this header too). */
-#ifndef SELFSPEC_BF16_H
-#define SELFSPEC_BF16_H
+/* What every kernel uses: the C headers, bf16 <-> fp32 as torch converts them, exact powers of
+ * two, and the broadcast dot-product instructions gcc does not emit by itself. Each kernel's .c
+ * file includes it first; the build key and `build.sources_key` read every header. */
+#ifndef SELFSPEC_COMMON_H
+#define SELFSPEC_COMMON_H
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -21,8 +28,18 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)((u & 0x7fffffff) > 0x7f800000 ? nan : rounded);
 }
 
+static inline double pow2(int e) {  /* 2^e for a normal e (|e| < 1023), exactly ldexp(1.0, e), without the call */
+    union { double d; int64_t i; } t;
+    t.i = ((int64_t)e + 1023) << 52;
+    return t.d;
+}
+
+/* keeps v in a register: with 3 or more rows gcc otherwise reassociates a block's integer sums
+ * into a tree of every product and spills them to the stack; with 1 or 2 the free schedule is
+ * faster */
+#define PIN(v) __asm__("" : "+x"(v))
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
 /* float_to_bf16 sixteen lanes at a time (the compiler's own vectorized select runs 8 wide) */
 static inline __m256i ps_to_bf16_z(__m512 f) {
     __m512i u = _mm512_castps_si512(f);
@@ -37,5 +54,13 @@ static inline __m256i ps_to_bf16_z(__m512 f) {
 static inline __m512 bf16_to_ps_z(const uint16_t *h) {  /* bf16_to_float of h[0 .. 15] */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
 }
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* acc += the dot products of each 32-bit lane of v with 4 bytes (vpdpbusd: unsigned v, signed m)
+ * or 2 int16 (vpdpwssd) broadcast from memory: gcc does not fold the broadcast into the
+ * instruction by itself, and a separate broadcast costs a third of a loop */
+#define DPBUSD_BCAST(acc, v, m) __asm__("vpdpbusd %[xm]%{1to16%}, %[wv], %[av]" : [av] "+v"(acc) : [wv] "v"(v), [xm] "m"(m))
+#define DPWSSD_BCAST(acc, v, m) __asm__("vpdpwssd %[xm]%{1to16%}, %[xv], %[av]" : [av] "+v"(acc) : [xv] "v"(v), [xm] "m"(m))
 #endif
 #endif

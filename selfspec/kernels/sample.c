@@ -1,5 +1,82 @@
-/* The target's sampled tokens (`drafting.sampling.gumbel_argmax`): the Gumbel candidates of a round's
- * rows and a position's uniforms, included by layer.c (its helpers: bf16.h, math.h, omp.h). */
+/* Choosing tokens from a round's logits: the greedy argmax, and for sampled rows the Gumbel
+ * candidates (the few tokens that may win `drafting.sampling.gumbel_argmax`'s draw) and a
+ * position's uniforms. Its own unit (`build.load("sample")`), called by `kernels/layer.py`'s
+ * argmax, gumbel_candidates and uniforms; torch twins in `layer.py` and `drafting/sampling.py`. */
+#include "common.h"
+
+/* argmax: y[r] = the first index of the largest value of row r of x [M, V] (bf16), the `banned`
+ * index counting as -inf (-1: none) and -0 equal to +0, as torch.argmax over the float32 row with
+ * x[banned] = -inf gives it; -1 where a row holds a NaN (torch puts NaN above everything: the
+ * caller asks torch), and returns how many rows do. Values compare as integers, which the loops
+ * vectorise: k(b) = +-(b & 0x7fff) by the sign bit orders bf16 numbers as their values (no NaN). */
+static inline int32_t bf16_key(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)(b & 0x7fff); }
+#define KEY_NEG_INF (-0x7f80)
+#define ARGMAX_BLOCK 64
+
+static int32_t key_max(const uint16_t *x, int64_t a, int64_t b, int32_t m, int *nan) {
+    int nn = 0;
+    for (int64_t i = a; i < b; i++) {
+        int32_t k = bf16_key(x[i]);
+        m = k > m ? k : m;
+        nn |= (x[i] & 0x7fff) > 0x7f80;
+    }
+    *nan |= nn;
+    return m;
+}
+
+/* the largest key of row[a, b) and its first index, `banned` counting as -inf (a part that holds
+ * only the banned index answers it with -inf; an empty one answers -1) */
+static int64_t argmax_part(const uint16_t *row, int64_t a, int64_t b, int64_t banned, int32_t *key, int *nan) {
+    int32_t m = KEY_NEG_INF;
+    if (banned >= a && banned < b) {
+        m = key_max(row, a, banned, m, nan);
+        m = key_max(row, banned + 1, b, m, nan);
+    } else {
+        m = key_max(row, a, b, m, nan);
+    }
+    *key = m;
+    for (int64_t b0 = a; b0 < b; b0 += ARGMAX_BLOCK) {
+        int64_t b1 = b0 + ARGMAX_BLOCK < b ? b0 + ARGMAX_BLOCK : b;
+        int hit = 0;
+        for (int64_t i = b0; i < b1; i++) hit |= bf16_key(row[i]) == m;
+        hit |= banned >= b0 && banned < b1 && m == KEY_NEG_INF;
+        if (!hit) continue;
+        for (int64_t i = b0; i < b1; i++) if ((i == banned ? KEY_NEG_INF : bf16_key(row[i])) == m) return i;
+    }
+    return -1;
+}
+
+/* Rows are shared out over the threads, and a lone row is cut in two halves (the head wrote each
+ * half's columns on one thread: each reads what its own cache holds). A row's answer is its
+ * halves' larger key, the first half's on a tie: the same index whatever the threads. */
+int64_t sample_argmax_bf16(const uint16_t *x, int64_t M, int64_t V, int64_t banned, int64_t *y, int64_t threads) {
+    int64_t S = M == 1 && threads > 1 ? 2 : 1, P = M * S, nans = 0;
+    int32_t keys[2];
+    int64_t found[2];
+    int bad[2] = {0, 0};
+    #pragma omp parallel for schedule(static) num_threads(threads) if (P > 1) reduction(+ : nans)
+    for (int64_t p = 0; p < P; p++) {
+        int64_t r = p / S, h = p % S, a = V * h / S, b = V * (h + 1) / S;
+        int nan = 0;
+        int32_t key;
+        int64_t i = argmax_part(x + r * V, a, b, banned, &key, &nan);
+        if (S == 1) {
+            y[r] = nan ? -1 : i < 0 ? 0 : i;  /* all -inf: index 0, torch's answer */
+            nans += nan;
+        } else {
+            keys[h] = key;
+            found[h] = i;
+            bad[h] = nan;
+        }
+    }
+    if (S == 2) {
+        if (bad[0] | bad[1]) { y[0] = -1; return 1; }
+        int second = found[1] >= 0 && (found[0] < 0 || keys[1] > keys[0]);
+        y[0] = second ? found[1] : found[0] < 0 ? 0 : found[0];
+    }
+    return nans;
+}
+
 /* gumbel_candidates: for each row r of logits x [M, V] (float32, or bf16 when x_bf16; tempered and
  * filtered, -inf for what may not be drawn, and read as -inf at `banned` when it is >= 0), with its
  * position's uniforms u + rows[r] * V (or seeded), the tokens that may win argmax(x + gumbel(u)):
@@ -20,7 +97,7 @@ static inline uint64_t splitmix53(uint64_t seed, int64_t i) {  /* the 53 bits of
     return z >> 11;
 }
 
-static inline double uniform_at(uint64_t seed, int64_t i) {  /* layer_uniforms' element i */
+static inline double uniform_at(uint64_t seed, int64_t i) {  /* sample_uniforms' element i */
     return ((double)splitmix53(seed, i) + 0.5) * 0x1p-53;
 }
 
@@ -139,12 +216,12 @@ static int64_t cand_row(const float *xf, const uint16_t *xh, int64_t banned, int
     return n;
 }
 
-/* u NULL: position p's uniforms are those layer_uniforms makes from seeds[p], each made where read */
+/* u NULL: position p's uniforms are those sample_uniforms makes from seeds[p], each made where read */
 /* flat not NULL: a row that would decline gets flat[r] = 1 and no pairs, the others theirs (else 0) */
 /* cx / cu (capacity as cr's): each pair's logit as a double and its uniform.
  * Rows share out over `threads` (each writes its own part of the outputs, packed in row order after):
  * every row's pairs are its own computation, so the result does not depend on the threads. */
-int64_t layer_gumbel_candidates(const void *x, int x_bf16, int64_t banned, int64_t M, int64_t V, const double *u,
+int64_t sample_gumbel_candidates(const void *x, int x_bf16, int64_t banned, int64_t M, int64_t V, const double *u,
                                 const uint64_t *seeds, const int64_t *rows, int64_t P, int64_t per_row, int64_t *cr,
                                 int64_t *cc, double *cx, double *cu, int8_t *flat, int threads) {
     int64_t nb = (V + CAND_BLOCK - 1) / CAND_BLOCK;
@@ -192,7 +269,7 @@ int64_t layer_gumbel_candidates(const void *x, int x_bf16, int64_t banned, int64
 /* uniforms: u[i] = ((z_i >> 11) + 0.5) * 2^-53 in (0, 1) for i < V, z_i = splitmix64(seed + (i + 1) *
  * 0x9E3779B97F4A7C15): a position's uniforms (`drafting.sampling.splitmix_uniforms` is the same in
  * torch ops, the bits the tests compare). Every element alone, so the loop vectorises. */
-void layer_uniforms(uint64_t seed, int64_t V, double *u) {
+void sample_uniforms(uint64_t seed, int64_t V, double *u) {
     #pragma omp simd
     for (int64_t i = 0; i < V; i++) u[i] = uniform_at(seed, i);
 }
