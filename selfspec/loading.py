@@ -19,6 +19,7 @@ import warnings
 import torch
 
 from selfspec.checkpoint.model import load as load_checkpoint
+from selfspec.checkpoint.synthetic import is_synthetic
 from selfspec.checkpoint.quant import FORMATS, INT_FORMATS
 
 WEIGHTS = ("auto",) + FORMATS
@@ -41,9 +42,11 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
     What exists when it returns is frozen out of the cyclic garbage collector (`gc.freeze()`; see
     the comment at the end): after `from_pretrained` call `gc.freeze()` yourself to get the same.
     """
+    if is_synthetic(path):
+        return _load_synthetic(path, weights=weights, dtype=dtype, device=device, device_map=device_map,
+                               draft_lora=draft_lora, progress=progress, kv_cache_dtype=kv_cache_dtype)
     fmt = resolve_weights(weights, dtype, device, device_map)
     kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
-    from selfspec.engine.batch_forward import kv_cache_for, set_kv_cache_dtype
     from selfspec.engine.formats import choose, set_weights
 
     quantized = fmt in ("auto",) + INT_FORMATS
@@ -54,6 +57,13 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
         fmt = choose(model, torch.tensor(_probe_ids(tok, model)), progress=progress)
     if fmt is not None:
         set_weights(model, fmt)
+    return _finish(model, tok, fmt, kv, named)
+
+
+def _finish(model, tok, fmt, kv, named: bool):
+    """The steps after the weights exist: the invariance probe of a named format, the KV cache, gc."""
+    from selfspec.engine.batch_forward import kv_cache_for, set_kv_cache_dtype
+
     if named:
         _check_invariant(model, fmt)
     set_kv_cache_dtype(model, kv_cache_for(fmt) if kv == "auto" else kv)
@@ -63,6 +73,33 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
     gc.collect()
     gc.freeze()
     return model, tok
+
+
+def _load_synthetic(name: str, *, weights, dtype, device, device_map, draft_lora, progress, kv_cache_dtype):
+    """A synthetic model (`checkpoint.synthetic`: a published shape, seeded random weights) built
+    directly in a named format; "auto" has no meaning there (its quality check compares with fp32)."""
+    from selfspec.checkpoint.synthetic import build, shape_of
+    from selfspec.checkpoint.validate import check_device
+    from selfspec.engine.formats import Quantized
+    from selfspec.engine.forward import weights_key
+
+    shape_of(name)
+    check_device(device)
+    if device_map is not None:
+        raise ValueError(f"{name}: device_map is not supported for synthetic models; give device=")
+    fmt = resolve_weights(weights, dtype, device, device_map)
+    if fmt == "auto":
+        raise ValueError(f"{name} has random weights, so weights='auto' (the fastest format that passes a quality "
+                         f"check against fp32) means nothing for it: name a format, one of {FORMATS}")
+    if fmt is None:  # a GPU, or a dtype named: the dtype's own
+        fmt = _BY_DTYPE.get(fmt_dtype_of(dtype) or torch.bfloat16)
+        if fmt is None:
+            raise ValueError(f"{name}: dtype {dtype!r} is not built for synthetic models; use float32 or bfloat16")
+    kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
+    model, tok, packed = build(name, fmt=fmt, device=device or "cpu", draft_lora=draft_lora, progress=progress)
+    if packed is not None:
+        model.__dict__["selfspec_weights"] = Quantized(fmt, packed, weights_key(model))
+    return _finish(model, tok, fmt, kv, named=(device or "cpu").startswith("cpu") and fmt != "fp32")
 
 
 def _check_invariant(model, fmt: str) -> None:

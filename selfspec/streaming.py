@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from selfspec.checkpoint.synthetic import refuse
 from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
 from selfspec.engine.decoder import Decoder
 from selfspec.engine.options import DecodeConfig, check_args
@@ -186,6 +187,7 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int):
         return list(prompt)
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        refuse(tokenizer, "chat (messages through a chat template)")
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat messages were given but the tokenizer has no chat template")
         ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)

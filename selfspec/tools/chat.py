@@ -39,6 +39,9 @@ def chat_turn(model, tok, messages: list[dict], out, past=None, **kw):
 
 def run_chat(model, tok, *, inp=None, out=None, err=None, system: str | None = None, show_stats: bool = False,
              **kw) -> int:
+    from selfspec.checkpoint.synthetic import refuse
+
+    refuse(tok, "chat")
     inp, out, err = inp or sys.stdin, out or sys.stdout, err or sys.stderr
     if not getattr(tok, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template; use `generate --prompt` instead")
@@ -104,6 +107,9 @@ def cmd_chat(a) -> int:
     from selfspec.engine.options import DecodeConfig
     from selfspec.tools.args import decode_kwargs
 
+    from selfspec.checkpoint.synthetic import refuse
+
+    refuse(a.model, "`selfspec chat`")  # before its minutes of building
     kw = decode_kwargs(a)
     DecodeConfig(**{**kw, **{k: v for k, v in SAMPLING.items() if kw[k] is None}})  # bad options fail before loading
     from transformers.utils import logging as hf_logging

@@ -58,6 +58,10 @@ def cmd_generate(a) -> int:
 
     cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads
     check_profile_arg(a, cfg)
+    if a.chat is not None:
+        from selfspec.checkpoint.synthetic import refuse
+
+        refuse(a.model, "`generate --chat`")  # before its minutes of building
     prompt = _read_prompt(a)
     if a.stop and not all(a.stop):
         raise ValueError("stop strings must be non-empty")
