@@ -179,15 +179,43 @@ class _Draws:
                                 head=head)
 
 
-def quantize_chunked(rows, shape: tuple[int, int], fmt: str, *, head: bool = False, chunk_elems: int = CHUNK_ELEMS):
+def quantize_chunked(rows, shape: tuple[int, int], fmt: str, *, head: bool = False, chunk_elems: int | None = None):
     """The matrix whose rows r0..r1 `rows(r0, r1)` makes (fp32), quantized to `fmt` chunk by chunk:
     bitwise what `quant.quantize` gives for the whole matrix (every format's packing is row-blocked:
     chunks are whole multiples of 64 rows), holding at most `chunk_elems` fp32 numbers at a time."""
     n, k = shape
     if fmt == "int4" and not int4_fits(torch.empty(n, k, device="meta")):
         fmt = "int8"  # as `quantize` does for the whole matrix; decided once, not per chunk
-    step = max(64, chunk_elems // k // 64 * 64)
-    return _cat([quantize(rows(r0, min(n, r0 + step)), fmt, head=head) for r0 in range(0, n, step)])
+    step = max(64, (chunk_elems or CHUNK_ELEMS) // k // 64 * 64)
+    pieces = []
+    for r0 in range(0, n, step):
+        pieces.append(quantize(rows(r0, min(n, r0 + step)), fmt, head=head))
+        _release()
+    return _cat(pieces)
+
+
+def _release() -> None:
+    """Give the freed chunk's pages back to the OS (glibc): without it, a chunk's fp32 temporaries
+    freed between small persistent pieces fragment the heap and the resident size grew by several
+    times the packed bytes per chunk (a build's peak then approached a whole fp32 copy)."""
+    trim = _LIBC_TRIM[0] if _LIBC_TRIM else _load_trim()
+    if trim is not None:
+        trim(0)
+
+
+_LIBC_TRIM: list = []
+
+
+def _load_trim():
+    import ctypes
+    import ctypes.util
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        fn = None  # not glibc: nothing to trim
+    _LIBC_TRIM.append(fn)
+    return fn
 
 
 def _cat(pieces: list):
