@@ -120,8 +120,10 @@ def graph_curve(model, device: str) -> dict:
     bf(torch.randint(0, V, (1, CACHE), generator=g), torch.arange(CACHE)[None], kv, slice(0, 1), causal=True)
     out = {}
     for w in GRAPH_WIDTHS:
-        toks, pos = torch.randint(0, V, (1, w), generator=g), torch.arange(w)[None]
-        block = torch.full((w, w), float("-inf")).triu_(1)[None]
+        # inputs on the device already: a host-to-device copy cannot be captured
+        toks = torch.randint(0, V, (1, w), generator=g).to(device)
+        pos = torch.arange(w, device=device)[None]
+        block = torch.full((w, w), float("-inf"), device=device, dtype=model.dtype).triu_(1)[None]
 
         def fwd():
             kv.set_length(0, CACHE)
@@ -195,14 +197,16 @@ def projections(cost, cache: int = CACHE) -> list[dict]:
     from selfspec.engine.options import DecodeConfig
 
     f1 = cost(1, 1, cache)
-    out = [{"layout": "ar", "tau": 1.0, "width": 1, "ar_steps": 1.0, "tokens_per_second": round(1 / f1, 2)}]
+    out = [{"layout": "ar", "tau": 1.0, "width": 1, "extrapolated": False, "ar_steps": 1.0,
+            "tokens_per_second": round(1 / f1, 2)}]
     for (mode, n), tau in PUBLISHED_TAU.items():
         cfg = DecodeConfig(mode=mode, schedule="one-pass", **({"block_length": n} if mode == "linear" else
                                                                {"budget": n, "block_length": 32}))
         opt = fixed_option(cfg)
         steps = cost.ar_steps(opt, block_length=cfg.block_length, cache=cache)
         out.append({"layout": f"{mode} one-pass {'block' if mode == 'linear' else 'budget'} {n}", "tau": tau,
-                    "width": opt.width, "ar_steps": round(steps, 3), "tokens_per_second": round(tau / steps / f1, 2)})
+                    "width": opt.width, "extrapolated": opt.width > max(cost.widths), "ar_steps": round(steps, 3),
+                    "tokens_per_second": round(tau / steps / f1, 2)})
     return out
 
 
@@ -296,7 +300,8 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['row']} | {r['drafts']} | {r['tokens_per_second']:.1f} | {r['tau']:.2f} | {r['tpf']:.2f} | "
                          f"{100 * r['overhead_share']:.0f}% | {r['speedup_vs_ar']:.2f}x | {'yes' if r['equal_to_ar'] else 'NO'} |")
         lines += ["", "Projected from f(width) and published NLD-8B tau (time outside the forward not counted): " +
-                  "; ".join(f"{p['layout']} {p['tokens_per_second']:.1f} tok/s" for p in rec["projections"]),
+                  "; ".join(f"{p['layout']} (width {p['width']}{', f extrapolated' if p['extrapolated'] else ''}) "
+                            f"{p['tokens_per_second']:.1f} tok/s" for p in rec["projections"]),
                   "", "Targets: " + ", ".join(f"{k} {v}" for k, v in rec["targets"].items()),
                   *(["", "Skipped: " + "; ".join(rec["skipped"])] if rec["skipped"] else []), ""]
     return "\n".join(lines)
