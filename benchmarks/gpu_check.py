@@ -199,12 +199,12 @@ def projections(cost, cache: int = CACHE) -> list[dict]:
     f1 = cost(1, 1, cache)
     out = [{"layout": "ar", "tau": 1.0, "width": 1, "extrapolated": False, "ar_steps": 1.0,
             "tokens_per_second": round(1 / f1, 2)}]
-    for (mode, n), tau in PUBLISHED_TAU.items():
-        cfg = DecodeConfig(mode=mode, schedule="one-pass", **({"block_length": n} if mode == "linear" else
-                                                               {"budget": n, "block_length": 32}))
+    for ((mode, n), tau), schedule in ((x, s) for x in PUBLISHED_TAU.items() for s in ("two-pass", "one-pass")):
+        cfg = DecodeConfig(mode=mode, schedule=schedule, **({"block_length": n} if mode == "linear" else
+                                                             {"budget": n, "block_length": 32}))
         opt = fixed_option(cfg)
         steps = cost.ar_steps(opt, block_length=cfg.block_length, cache=cache)
-        out.append({"layout": f"{mode} one-pass {'block' if mode == 'linear' else 'budget'} {n}", "tau": tau,
+        out.append({"layout": f"{mode} {schedule} {'block' if mode == 'linear' else 'budget'} {n}", "tau": tau,
                     "width": opt.width, "extrapolated": opt.width > max(cost.widths), "ar_steps": round(steps, 3),
                     "tokens_per_second": round(tau / steps / f1, 2)})
     return out

@@ -31,7 +31,7 @@ def test_dry_run_at_a_tiny_shape(tmp_path):
     assert rec["model"] == "synthetic:tiny" and "random" in rec["label"]
     assert list(rec["cost"]["f_ms"]) == [str(w) for w in gc.DRY_WIDTHS] and min(rec["cost"]["f_ms"].values()) > 0
     assert rec["cost"]["bandwidth_floor_ms"] > 0
-    assert [p["layout"] for p in rec["projections"]][0] == "ar" and len(rec["projections"]) == 1 + len(gc.PUBLISHED_TAU)
+    assert [p["layout"] for p in rec["projections"]][0] == "ar" and len(rec["projections"]) == 1 + 2 * len(gc.PUBLISHED_TAU)
     assert rec["graphs"] is None and any("CUDA only" in s for s in rec["skipped"])
     rows = rec["rows"]
     assert [r["row"].split()[0] for r in rows] == ["ar", "linear", "presto"]
