@@ -131,18 +131,7 @@ def build(name: str, *, fmt: str, device: str = "cpu", draft_lora: bool = True, 
     bar = tqdm(enc.layers, desc=f"building {PREFIX}{key} ({fmt}, random weights)", file=sys.stderr,
                disable=not progress, leave=False)
     for i, layer in enumerate(bar):
-        pre = f"encoder.layers.{i}."
-        for ln in (layer.input_layernorm, layer.post_attention_layernorm):
-            _put(ln, "weight", torch.ones(cfg.hidden_size, dtype=dtype, device=device))
-        at, mlp = layer.self_attn, layer.mlp
-        if packed_fmt:
-            for part in ("qkv", "self_attn.o_proj.weight", "gate_up", "mlp.down_proj.weight"):
-                packed[pre + part] = draws.packed(shapes[part], fmt)
-            for mod in (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                _placeholder(mod)
-        else:
-            for mod in (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                _put(mod, "weight", draws.normal((mod.out_features, mod.in_features), mod.in_features ** -0.5, dtype))
+        _layer(layer, f"encoder.layers.{i}.", shapes, fmt, packed, draws, dtype, device)
     bar.close()
     if packed_fmt:
         packed["diffusion_head.weight"] = draws.packed(shapes["diffusion_head.weight"], fmt, head=True)
@@ -151,16 +140,33 @@ def build(name: str, *, fmt: str, device: str = "cpu", draft_lora: bool = True, 
         h = cfg.hidden_size
         _put(model.diffusion_head, "weight", draws.normal((cfg.vocab_size, h), h ** -0.5, dtype))
     if draft_lora:
-        model.draft_lora = _draft_lora(model, key, draws, dtype)
+        model.draft_lora = _draft_lora(model, key, draws)
     model.presto_predictor = None
     model.__dict__["selfspec_synthetic"] = PREFIX + key
     tok = SyntheticTokenizer(cfg, PREFIX + key)
     return model.eval(), tok, packed
 
 
+def _layer(layer, pre: str, shapes: dict, fmt: str, packed: dict | None, draws: "_Draws", dtype, device) -> None:
+    """One decoder layer's weights: norms of ones; the matrices packed (into `packed`, the modules
+    get placeholders) or as the modules' own weights (fp32, bf16)."""
+    for ln in (layer.input_layernorm, layer.post_attention_layernorm):
+        _put(ln, "weight", torch.ones(ln.weight.shape, dtype=dtype, device=device))
+    at, mlp = layer.self_attn, layer.mlp
+    mods = (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if packed is None:
+        for mod in mods:
+            _put(mod, "weight", draws.normal((mod.out_features, mod.in_features), mod.in_features ** -0.5, dtype))
+        return
+    for part in ("qkv", "self_attn.o_proj.weight", "gate_up", "mlp.down_proj.weight"):
+        packed[pre + part] = draws.packed(shapes[part], fmt)
+    for mod in mods:
+        _placeholder(mod)
+
+
 class _Draws:
-    """Seeded normal numbers on one device: tensor number i of a build always comes from seed
-    (seed, i), so a model is the same whatever was drawn before it."""
+    """Seeded normal numbers on one device: the i-th tensor of a build has its own generator seeded
+    from (seed, i), so a build is reproducible and a chunked draw needs no other state."""
 
     def __init__(self, seed: int, device: str):
         self.seed, self.device, self.count = seed, device, 0
@@ -256,7 +262,7 @@ def _placeholder(mod: nn.Linear) -> None:
     _put(mod, "weight", torch.zeros((), dtype=torch.bfloat16).expand(mod.out_features, mod.in_features))
 
 
-def _draft_lora(model, key: str, draws: _Draws, dtype):
+def _draft_lora(model, key: str, draws: _Draws):
     """The upstream adapter's form (o_proj on every layer), random: drafts pay its full cost."""
     from selfspec.checkpoint.lora import DraftLoRA
 
