@@ -147,3 +147,13 @@ def test_chat_and_auto_refuse_it_before_building():
         out = subprocess.run([sys.executable, "-m", "selfspec", *argv], capture_output=True, text=True, timeout=300,
                              cwd=ROOT)
         assert out.returncode == 2 and "synthetic model" in out.stderr and "building" not in out.stderr
+
+
+def test_fp32_is_the_packed_formats_source():
+    # every format draws the same fp32 numbers: int8 of the fp32 build's fused weights is the int8 build's
+    f, _, _ = synthetic.build("synthetic:tiny", fmt="fp32", progress=False)
+    _, _, packed = synthetic.build("synthetic:tiny", fmt="int8", progress=False)
+    mlp = f.encoder.layers[1].mlp
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    assert torch.equal(quantize(gate_up, "int8").q, packed["encoder.layers.1.gate_up"].q)
+    assert torch.equal(quantize(f.diffusion_head.weight, "int8").q, packed["diffusion_head.weight"].q)

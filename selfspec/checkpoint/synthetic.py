@@ -125,7 +125,8 @@ def build(name: str, *, fmt: str, device: str = "cpu", draft_lora: bool = True, 
     draws = _Draws(seed, device)
     packed = {} if packed_fmt else None
     enc = model.encoder
-    _put(enc.embed_tokens, "weight", draws.normal((cfg.vocab_size, cfg.hidden_size), 1.0, dtype))
+    embed_fmt = "fp32" if fmt == "fp32" else "bf16"  # a lookup table: bf16 in every other format, as `set_weights`
+    _put(enc.embed_tokens, "weight", draws.matrix((cfg.vocab_size, cfg.hidden_size), embed_fmt, std=1.0))
     _put(enc.norm, "weight", torch.ones(cfg.hidden_size, dtype=dtype, device=device))
     shapes = linear_shapes(cfg)
     bar = tqdm(enc.layers, desc=f"building {PREFIX}{key} ({fmt}, random weights)", file=sys.stderr,
@@ -133,12 +134,12 @@ def build(name: str, *, fmt: str, device: str = "cpu", draft_lora: bool = True, 
     for i, layer in enumerate(bar):
         _layer(layer, f"encoder.layers.{i}.", shapes, fmt, packed, draws, dtype, device)
     bar.close()
+    head = draws.matrix(shapes["diffusion_head.weight"], fmt, head=True)
     if packed_fmt:
-        packed["diffusion_head.weight"] = draws.packed(shapes["diffusion_head.weight"], fmt, head=True)
+        packed["diffusion_head.weight"] = head
         _placeholder(model.diffusion_head)
     else:
-        h = cfg.hidden_size
-        _put(model.diffusion_head, "weight", draws.normal((cfg.vocab_size, h), h ** -0.5, dtype))
+        _put(model.diffusion_head, "weight", head)
     if draft_lora:
         model.draft_lora = _draft_lora(model, key, draws)
     model.presto_predictor = None
@@ -153,15 +154,17 @@ def _layer(layer, pre: str, shapes: dict, fmt: str, packed: dict | None, draws: 
     for ln in (layer.input_layernorm, layer.post_attention_layernorm):
         _put(ln, "weight", torch.ones(ln.weight.shape, dtype=dtype, device=device))
     at, mlp = layer.self_attn, layer.mlp
-    mods = (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if packed is None:
-        for mod in mods:
-            _put(mod, "weight", draws.normal((mod.out_features, mod.in_features), mod.in_features ** -0.5, dtype))
-        return
-    for part in ("qkv", "self_attn.o_proj.weight", "gate_up", "mlp.down_proj.weight"):
-        packed[pre + part] = draws.packed(shapes[part], fmt)
-    for mod in mods:
-        _placeholder(mod)
+    groups = {"qkv": (at.q_proj, at.k_proj, at.v_proj), "self_attn.o_proj.weight": (at.o_proj,),
+              "gate_up": (mlp.gate_proj, mlp.up_proj), "mlp.down_proj.weight": (mlp.down_proj,)}
+    for part, mods in groups.items():  # drawn fused in every format: fp32 is the packed formats' source
+        w = draws.matrix(shapes[part], fmt)
+        if packed is not None:
+            packed[pre + part] = w
+            for mod in mods:
+                _placeholder(mod)
+            continue
+        for mod, piece in zip(mods, w.split([m.out_features for m in mods])):
+            _put(mod, "weight", piece.contiguous() if len(mods) > 1 else piece)
 
 
 class _Draws:
@@ -179,10 +182,16 @@ class _Draws:
         t = torch.randn(shape, generator=self._gen(self.device), device=self.device, dtype=dtype)
         return t.mul_(std)
 
-    def packed(self, shape: tuple[int, int], fmt: str, *, head: bool = False):
-        gen, (n, k) = self._gen("cpu"), shape
-        return quantize_chunked(lambda r0, r1: torch.randn(r1 - r0, k, generator=gen).mul_(k ** -0.5), shape, fmt,
-                                head=head)
+    def matrix(self, shape: tuple[int, int], fmt: str, *, head: bool = False, std: float | None = None):
+        """A weight [n, k] ~ N(0, std^2) (default 1/k) in format `fmt`: on a CPU drawn in fp32 row
+        chunks, each converted as it is made (so fp32 is bitwise the packed formats' source); on a
+        GPU drawn there."""
+        n, k = shape
+        std = k ** -0.5 if std is None else std
+        if not str(self.device).startswith("cpu"):
+            return self.normal(shape, std, torch.float32 if fmt == "fp32" else torch.bfloat16)
+        gen = self._gen("cpu")
+        return quantize_chunked(lambda r0, r1: torch.randn(r1 - r0, k, generator=gen).mul_(std), shape, fmt, head=head)
 
 
 def quantize_chunked(rows, shape: tuple[int, int], fmt: str, *, head: bool = False, chunk_elems: int | None = None):
