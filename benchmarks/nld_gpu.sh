@@ -8,6 +8,7 @@
 # prompts.jsonl: one {"prompt": ...} or {"messages": [...]} per line (chat prompts use the
 # checkpoint's chat template). Default: the shipped held-out code prompts.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 MODEL=${1:?usage: benchmarks/nld_gpu.sh CHECKPOINT_DIR [PROMPTS.jsonl] [OUT_DIR]}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PROMPTS=${2:-$HERE/models/pystdlib-nld-9m/prompts.jsonl}

@@ -15,9 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 MAX_RESULT_FILES, MAX_RESULT_BYTES = 20, 2_000_000
 MAX_RESULTS_LINES, MAX_README_LINES, MAX_BENCHMARK_FILES = 300, 250, 8
-# issue 78 replaces these three with benchmarks/gpu_check.py; until that lands they are the GPU
-# check's one slot and are not run (gpu_check.sh would start a GPU run on --help)
-GPU_CHECK_PENDING = {"gpu_check.sh", "gpu_check_report.py", "nld_gpu.sh"}
 
 
 def result_files() -> list[Path]:
@@ -99,12 +96,7 @@ def help_runs(script: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def scripts_to_run() -> list[Path]:
-    pending = set() if (BENCHMARKS / "gpu_check.py").exists() else GPU_CHECK_PENDING
-    return [p for p in benchmark_files() if p.name not in pending]
-
-
-@pytest.mark.parametrize("script", scripts_to_run(), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", benchmark_files(), ids=lambda p: p.name)
 def test_every_benchmark_script_answers_help_without_starting_work(script, tmp_path):
     r = help_runs(script, tmp_path)
     assert r.returncode == 0, f"{script.name} --help exited {r.returncode}: {r.stderr[-500:]}"
