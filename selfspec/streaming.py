@@ -208,7 +208,7 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, generator: torch.Generator | None = None,
            eos_token_id: int | list[int] | None = None, stop: str | list[str] | None = None, streamer=None,
            profile=None, trace: bool = False, batch_size: int | None = None, max_cache_bytes: int | None = None,
-           past: "Generation | None" = None, **decode) -> Generation | BatchGeneration:
+           past: "Generation | None" = None, replay=None, **decode) -> Generation | BatchGeneration:
     """Start a generation of one prompt (iterate for text deltas) or of a list of prompts (iterate
     for `(row, delta)`; `batch_size` rows at once). Every error is raised here, before any model work.
 
@@ -223,6 +223,10 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
     prompt and answer, as far as this prompt starts with them) is not prefilled again (the exact
     weight formats; elsewhere, or after the weights changed, it starts afresh). Each generation is
     continued once: pass the latest one.
+    `replay`: a replay profile (a built-in name such as "nld-8b", a JSON file's path or a
+    `drafting.replay.ReplayProfile`): the draft marginals are replaced by the profile's calibrated
+    ones, drawn against the prompt's greedy AR output (decoded first, untimed); greedy only; the
+    output is still verified (equals AR's); `stats.replay` names the profile (docs/replay.md).
     An unknown option is a ValueError; a value of the wrong type (here or in `decode`) a TypeError
     naming it.
     """
@@ -257,7 +261,7 @@ def stream(model, tokenizer, prompt, *, seed: int | list[int] | None = None, gen
             eos_token_id = getattr(tokenizer, "eos_token_id", None)
     dec = Decoder(model, ids, cfg, batch_size=batch_size, eos_token_id=eos_token_id, seeds=seeds,
                   generators=None if generator is None else [generator], max_cache_bytes=max_cache_bytes,
-                  profile=profile, past=None if past is None else past.decoder)
+                  profile=profile, past=None if past is None else past.decoder, replay=replay)
     results = [RowResult(p, stats=st) for p, st in zip(ids, dec.stats)]
     if trace:
         from selfspec.trace import Trace

@@ -32,6 +32,7 @@ from selfspec.engine.per_sequence import PerSequence
 from selfspec.engine.planner_store import keep_planner, planner_for
 from selfspec.engine.prefill_pacing import PrefillPacing
 from selfspec.engine.request import cache_bytes, check_batch, eos_ids, row_capacity
+from selfspec.engine.replaying import replaying
 from selfspec.engine.rounds import recorder_observer, stats_observer
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
@@ -55,6 +56,9 @@ class Decoder(PrefillPacing):
     model, `chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
     running is prefilled whole in one forward whatever it is. `past`: a finished decoder of this
     model whose cache this one continues in (`_take_past`: the next turn of a conversation).
+    `replay`: a replay profile (`drafting.replay.load_profile`: name, JSON path or profile): the
+    draft marginals are replaced by the profile's, drawn against each prompt's greedy AR output
+    (`engine.replaying`: decoded first, untimed; greedy only).
 
     Hooks (None, or set before iterating):
 
@@ -91,7 +95,7 @@ class Decoder(PrefillPacing):
     def __init__(self, model, prompts, cfg: DecodeConfig, *, batch_size: int | None = None, eos_token_id=None,
                  generators: list[torch.Generator | None] | None = None, seeds: list[int] | None = None,
                  params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None,
-                 prefill_chunk: int | None = None, past: "Decoder | None" = None):
+                 prefill_chunk: int | None = None, past: "Decoder | None" = None, replay=None):
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         if generators is not None and seeds is not None:
@@ -122,10 +126,13 @@ class Decoder(PrefillPacing):
         self._observers: dict[int, list] = {}  # the rows that entered, until forgotten
         self._next = len(prompts)  # the index `add` gives the next sequence
         self.on_round = None
+        replayed = None if replay is None else replaying(model, prompts, cfg, params, replay, eos_token_id,
+                                                         max_cache_bytes, batch_size)
         planner = fixed = None
         if cfg.plan == "auto":
             rows = min(self.batch_size, len(self.prompts)) if self.prompts else self.batch_size
-            planner = planner_for(model, cfg, cost_model(model, profile, rows=rows, ff=self.bf.ff))
+            planner = planner_for(model, cfg, cost_model(model, profile, rows=rows, ff=self.bf.ff),
+                                  replay=None if replayed is None else replayed.name)
         else:
             fixed = fixed_option(cfg)
         lora = getattr(model, "draft_lora", None) if cfg.draft_lora and cfg.mode not in ("ar", "lookup") else None
@@ -133,6 +140,9 @@ class Decoder(PrefillPacing):
         self.stepper = Stepper(self.bf, cfg, mask_id=int(model.config.mask_token_id), eos=self.eos, lora=lora,
                                planner=planner, fixed=fixed, fixed_label=config_label(cfg),
                                prefill_group=planner is not None or fixed.groups > 0)
+        self.stepper.replay = replayed
+        for st in self.stats:
+            st.replay = None if replayed is None else replayed.name
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1

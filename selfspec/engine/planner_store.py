@@ -12,12 +12,13 @@ from selfspec.engine.planner import Planner
 _STORE_LOCK = threading.Lock()
 
 
-def planner_for(model, cfg, cost) -> Planner:
+def planner_for(model, cfg, cost, *, replay: str | None = None) -> Planner:
     """A planner for one generation with these settings, forked from the model's stored one so
     that what earlier generations learnt (acceptance calibration, overheads) starts this one
-    (fading); `keep_planner` stores it back when the generation ends."""
+    (fading); `keep_planner` stores it back when the generation ends. A replayed generation
+    (`replay`: its profile's name) learns apart: its acceptance is not the model's."""
     key = (id(cost), cfg.mode, cfg.temperature, cfg.top_k, cfg.top_p, cfg.budget, cfg.tree_top_k, cfg.block_length, cfg.group,
-           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens)
+           cfg.lam, cfg.rho, cfg.lookup, cfg.lookup_min_ngram, cfg.lookup_max_ngram, cfg.lookup_tokens, replay)
     with _STORE_LOCK:
         store = model.__dict__.setdefault("_selfspec_planners", {})
         stored = store.get(key)

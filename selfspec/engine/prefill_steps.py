@@ -167,7 +167,7 @@ class PrefillSteps:
                                                       self.cache, rows, lora=lora, lora_rows=lora_rows))
             for i, s in enumerate(seqs):
                 s.stats.prefill_forwards += 1
-                s.marg = self.group_marginals(s, hidden[i, 1:])
+                s.marg = self.group_marginals(s, hidden[i, 1:], at=len(s.emitted) + 1)  # the root comes first
         for s in seqs:  # the prompt's lookup index, as part of its prefill: a first round that read it would pay
             if s.lookup is not None:  # for it (3.7 ms at 1,000 tokens), charged to speculation as a lost bet
                 s.lookup.catch_up()

@@ -25,6 +25,7 @@ class Stats:
     seconds: float = 0.0
     query_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
     plan_hist: Counter = field(default_factory=Counter)  # round layout -> rounds
+    replay: str | None = None  # the replay profile's name: acceptance replayed, not the model's own
 
     @property
     def tau(self) -> float:
@@ -48,6 +49,7 @@ class Stats:
             out.accept_lengths += s.accept_lengths
             out.oracle_lengths += s.oracle_lengths
             out.plan_hist.update(s.plan_hist)
+        out.replay = runs[0].replay if runs and all(s.replay == runs[0].replay for s in runs) else None
         return out
 
     def as_dict(self) -> dict:
@@ -68,4 +70,5 @@ class Stats:
             "tree_seconds": round(self.tree_seconds, 4),
             "overhead_share": round(1 - self.forward_seconds / self.seconds, 4) if self.seconds else 0.0,
             "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
+            "replay": self.replay,
         }

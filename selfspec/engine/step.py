@@ -65,6 +65,7 @@ class Stepper(PrefillSteps):
         self.shares = bool(bf.ff.exact)  # prompts that start alike share their prefix's K/V (`_share_prefixes`)
         self.last_seconds = 0.0  # the latest `timed` call's
         self.last_chunk = None  # the latest chunk's `chunks.ChunkRun`, until the decoder reads it
+        self.replay = None  # `drafting.replay.Replay`: replaced draft marginals (acceptance replay)
 
     # -- model calls ------------------------------------------------------------------------------------
     def timed(self, seqs: list[Sequence], fn, rnd: Round | None = None):
@@ -86,15 +87,19 @@ class Stepper(PrefillSteps):
         for), all at once (`engine.targets`)."""
         return targets_of(parts, self.mask_id)
 
-    def marginals(self, logits: torch.Tensor) -> Marginals:
-        """Marginals with the entropy only where it is read (learned rho, the recorder)."""
-        return Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id,
+    def marginals(self, logits: torch.Tensor, seq: Sequence, at: int, depth: int = 1) -> Marginals:
+        """Marginals with the entropy only where it is read (learned rho, the recorder). Row i
+        stands for output position `at + i`, `depth + i` tokens after its group's anchor: what a
+        replay (the one place the model's marginals are replaced) keys its draws by."""
+        marg = Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id,
                                      entropy=self.learned or self.recorder is not None)
+        return marg if self.replay is None else self.replay.marginals(marg, seq.index, at, depth)
 
-    def group_marginals(self, seq: Sequence, hidden: torch.Tensor, rnd: Round | None = None) -> Marginals | None:
+    def group_marginals(self, seq: Sequence, hidden: torch.Tensor, rnd: Round | None = None, *, at: int,
+                        depth: int = 1) -> Marginals | None:
         if hidden.shape[0] == 0:
             return None
-        return self.marginals(self.timed([seq], lambda: self.bf.logits(hidden), rnd))
+        return self.marginals(self.timed([seq], lambda: self.bf.logits(hidden), rnd), seq, at, depth)
 
     def _lora_rows(self, start: int):
         return (self.lora, slice(start, None)) if self.lora is not None else (None, None)
@@ -179,7 +184,7 @@ class Stepper(PrefillSteps):
         for s in seqs:
             s.stats.forwards += 1
             s.stats.query_tokens += B
-        return [self.marginals(row) for row in logits]
+        return [self.marginals(row, s, len(s.emitted)) for row, s in zip(logits, seqs)]
 
     def forward(self, rnd: Round, join: tuple | None = None) -> tuple | None:
         """Every row's tree nodes plus mask groups in one forward (padded to the option's width);
@@ -240,7 +245,8 @@ class Stepper(PrefillSteps):
             G, N = rnd.option.group_size or self.cfg.group, rnd.nodes_width
             j, u = nearest_owner(r.tree.parents, r.owners, r.path[-1])
             skip = 1 + int(r.tree.depths[r.path[-1]] - r.tree.depths[u])
-            r.next_marg = self.group_marginals(s, rnd.hidden[r.slot, N + j * G + skip : N + (j + 1) * G], rnd)
+            r.next_marg = self.group_marginals(s, rnd.hidden[r.slot, N + j * G + skip : N + (j + 1) * G], rnd,
+                                               at=r.emitted_before + len(r.path), depth=skip)
         self.cache.commit(r.slot, r.path)
         s.root, s.marg = r.bonus, r.next_marg
         tokens = r.tree.tokens.tolist()

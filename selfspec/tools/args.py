@@ -28,6 +28,24 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=32, help="PRESTO draft nodes under the root (root excluded)")
 
 
+def add_replay_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replay", default=None, metavar="PROFILE",
+                   help="replayed acceptance: the draft marginals replaced by a profile's calibrated ones (a built-in "
+                        "such as nld-8b, or a JSON file), drawn against the greedy AR output; T = 0 only; the output "
+                        "is still verified (docs/replay.md)")
+
+
+def check_replay_arg(a, cfg):
+    """--replay's profile, loaded before the model (a bad one is one error line); None without it."""
+    if getattr(a, "replay", None) is None:
+        return None
+    from selfspec.drafting.replay import load_profile
+
+    if cfg.temperature > 0:
+        raise ValueError("--replay replays greedy acceptance against the AR output: it needs --temperature 0")
+    return load_profile(a.replay)
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     p.add_argument("--block-length", type=int, default=16, help="draft block / mask-group length B")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from selfspec.tools.args import Parser, add_common_args, add_layout_args, check_profile_arg, decode_kwargs
+from selfspec.tools.args import (Parser, add_common_args, add_layout_args, add_replay_arg, check_profile_arg,
+                                 check_replay_arg, decode_kwargs)
 
 
 def _read_prompt(a):
@@ -43,11 +44,15 @@ def _record(a, gen) -> dict:
            "kernels": build.state()}
     if cfg.mode in ("presto", "auto"):
         rec.update(budget=a.budget, rho=a.rho, lam=a.lam, tree_top_k=a.tree_top_k)
+    if rec["replay"] is not None:
+        rec["note"] = f"replayed acceptance (profile {rec['replay']})"
     return rec
 
 
 def cmd_generate(a) -> int:
     if getattr(a, "batch_size", None) is not None:  # many prompts: selfspec.tools.batch_cli
+        if a.replay is not None:
+            raise ValueError("--replay runs one prompt (bench --replay runs a prompt file)")
         from selfspec.tools.batch_cli import cmd_generate_batch
 
         return cmd_generate_batch(a)
@@ -62,6 +67,7 @@ def cmd_generate(a) -> int:
         from selfspec.checkpoint.synthetic import refuse
 
         refuse(a.model, "`generate --chat`")  # before its minutes of building
+    replay = check_replay_arg(a, cfg)
     prompt = _read_prompt(a)
     if a.stop and not all(a.stop):
         raise ValueError("stop strings must be non-empty")
@@ -70,7 +76,8 @@ def cmd_generate(a) -> int:
     hf_logging.disable_progress_bar()  # stderr carries only the stats line or one error line
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
                       kv_cache_dtype=a.kv_cache_dtype)
-    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, **decode_kwargs(a))
+    gen = stream(model, tok, prompt, seed=a.seed, stop=a.stop or None, profile=a.profile, replay=replay,
+                 **decode_kwargs(a))
     note = layout_note(model, cfg, a.profile)  # after the request's checks: bad input is one error line
     if note:
         print(note, file=sys.stderr)
@@ -96,7 +103,8 @@ def cmd_generate(a) -> int:
         if cfg.mode == "presto" and cfg.plan == "auto":  # say what the device could afford
             hist = sorted(s["plan_hist"].items(), key=lambda kv: -kv[1])
             layouts = "; rounds by layout: " + ", ".join(f"{k} {v}" for k, v in hist[:4])
-        print(f"[{config_label(cfg)}] {s['new_tokens']} tokens, {s['rounds']} rounds, "
+        replayed = "" if replay is None else f" [replayed acceptance (profile {replay.name})]"
+        print(f"[{config_label(cfg)}]{replayed} {s['new_tokens']} tokens, {s['rounds']} rounds, "
               f"tau {s['tau']:.2f}, TPF {s['tpf']:.2f}, {s['tokens_per_second']:.1f} tok/s{layouts}", file=sys.stderr)
     return 0
 
@@ -161,6 +169,7 @@ def main(argv=None) -> int:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--json", action="store_true", help="print one JSON record instead of streaming text")
     add_layout_args(g)
+    add_replay_arg(g)
     g.add_argument("--batch-size", type=int, default=None,
                    help="decode the prompts of --prompt-file (JSON lines) in batches of this many rows")
     add_common_args(g)
