@@ -119,8 +119,6 @@ class Replay:
         self.profile, self.references = profile, references
         self.keys = {i: zlib.crc32(str(p).encode()) for i, p in prompts.items()}
         self.mask_id, self.top_k, self.seed = mask_id, max(2, top_k), seed
-        self.draws = []  # (depth, outcome: 0 top-1, 1 rank-2, 2 elsewhere), when `record` is set
-        self.record = False
 
     @property
     def name(self) -> str:
@@ -153,18 +151,26 @@ class Replay:
             ent = -(logq.exp() * logq.nan_to_num(neginf=0.0)).sum(-1).cpu()
         return Marginals(top_lq, top_tok, logq, ent)
 
+    def outcome(self, row: int, pos: int, depth: int) -> int:
+        """Where the true token at output position `pos` stands in the draft at `depth`: 0 top-1,
+        1 second, 2 elsewhere (also past the reference's end)."""
+        ref = self.references.get(row, [])
+        return self._draw(row, pos, depth)[1] if 0 <= pos < len(ref) else 2
+
+    def _draw(self, row: int, pos: int, depth: int):
+        p1, s = self.profile.at(depth)
+        rng = random.Random(f"{self.seed}:{self.keys.get(row, row)}:{pos}:{depth}")
+        u = rng.random()
+        return rng, 0 if u < p1 else 1 if u < p1 + (1.0 - p1) * s else 2
+
     def _depth(self, row: int, pos: int, depth: int, true: int | None, V: int, K: int):
         """One depth's K candidates and their stated probabilities: the true token placed by the
         profile's odds, the other places random wrong tokens (never the mask, never repeated)."""
         p1, s = self.profile.at(depth)
         p2 = (1.0 - p1) * s
-        rng = random.Random(f"{self.seed}:{self.keys.get(row, row)}:{pos}:{depth}")
-        u = rng.random()
-        outcome = 0 if u < p1 else 1 if u < p1 + p2 else 2
+        rng, outcome = self._draw(row, pos, depth)
         if true is None:
             outcome = 2
-        if self.record:
-            self.draws.append((depth, outcome))
         taken = {self.mask_id} | ({true} if true is not None else set())
         toks = []
         while len(toks) < K:

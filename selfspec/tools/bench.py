@@ -21,6 +21,7 @@ from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, agg
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
 from selfspec.tools.bench_grid import grid, label  # noqa: F401  (read from here)
 from selfspec.tools.bench_prompts import META, read_prompts, read_suite
+from selfspec.tools.hindsight import replay_figures, replay_label, replay_lines
 from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available, llama_cpp_crash
 
 PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
@@ -29,7 +30,7 @@ PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
 def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig], *, seed: int = 0,
               warmup_tokens: int = 8, progress: bool = True, peers: tuple[str, ...] = (),
               profile=None, gguf: str | None = None, baselines: dict | None = None, repeats: int = 1,
-              ignore_eos: bool = False, control: bool = False) -> list[dict]:
+              ignore_eos: bool = False, control: bool = False, replay=None) -> list[dict]:
     """Run every config (and peer) on every prompt; returns one row per config with per-prompt records.
     `baselines` ({weight format: model}) add a greedy AR row in each of those formats
     (the transformers peers then run on the fp32 one when given: the checkpoint's own weights).
@@ -51,6 +52,12 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
+    replay_cost = None
+    if replay is not None:
+        from selfspec.engine.cost import cost_model
+        from selfspec.tools.hindsight import replayed
+
+        replay_cost = cost_model(model, profile)
     temps = sorted({c.temperature for c in configs})
     base = configs[0]
     runners = [("cfg", (model, c, None)) for c in configs]
@@ -89,7 +96,10 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                 m, cfg, _ = r
                 gen = torch.Generator(device=m.get_input_embeddings().weight.device).manual_seed(seed)
                 dec = Decoder(m, [ids], cfg, generators=[gen], profile=profile if cfg.plan == "auto" else None,
-                              **no_eos)
+                              replay=replay if m is model else None, **no_eos)
+                seen = []
+                if replay is not None and m is model:  # each round's layout and cache, for its modeled cost
+                    dec.on_round = lambda info, seen=seen: seen.append((info["layout"], info["c"]))
                 t0 = first = time.perf_counter()
                 for n, _ in enumerate(dec):
                     if n == 0:
@@ -100,6 +110,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                        "decode_tokens": max(0, len(out) - 1), **{k: getattr(st, k) for k in (
                     "new_tokens", "rounds", "forwards", "round_tokens", "seconds", "forward_seconds", "tree_seconds",
                     "accept_lengths", "oracle_lengths")}, "plan_hist": dict(st.plan_hist)}
+                if seen:
+                    rec.update(replayed(dec, cfg, seen, len(ids), replay_cost))
             else:
                 failed = None
                 try:
@@ -145,6 +157,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
         else:
             meta = {"label": r[0].label(), "mode": r[0].label(), "schedule": None, "budget": None,
                     "temperature": r[1], "config": {"peer": r[0].label(), "temperature": r[1]}}
+        if replay is not None and kind == "cfg" and m is model:
+            meta.update(label=meta["label"] + f" [{replay_label(replay.name)}]", replay=replay_label(replay.name))
         rows.append({**meta, "records": recs})
     for t in temps:
         ar = next((r for r in rows if r["mode"] == "ar" and r["temperature"] == t), None)
@@ -155,6 +169,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                     x["matches_ar"] = x["token_ids"] == ar_out.get(x["id"])
     for r in rows:
         r.update(aggregate(r["records"]))
+        if r.get("replay"):
+            r.update(replay_figures(r["records"]))
     for r in rows:
         t = r["temperature"]
         ar_tps = next((x["tokens_per_second"] for x in rows if x["mode"] == "ar" and x["temperature"] == t), None)
@@ -179,6 +195,22 @@ def _default_gguf(a) -> str | None:
         return smollm2_gguf()
     except FileNotFoundError:
         return None
+
+
+def _replay_arg(a, batch: bool, suite) -> "object | None":
+    """--replay's profile (before the model loads); a replayed run is greedy, one prompt at a time."""
+    if a.replay is None:
+        return None
+    from selfspec.drafting.replay import load_profile
+
+    if batch:
+        raise ValueError("--replay runs one prompt at a time (not with --batch-sizes)")
+    temps = [a.temperature] if a.temperature is not None else a.temperatures
+    if "--temperatures" in a.argv or a.temperature is not None:
+        if any(t > 0 for t in temps):
+            raise ValueError("--replay replays greedy acceptance against the AR output: it needs temperature 0")
+    a.temperatures, a.temperature = [0.0], None
+    return load_profile(a.replay)
 
 
 def cmd_bench(a) -> int:
@@ -219,6 +251,7 @@ def cmd_bench(a) -> int:
     for s in a.schedules:
         if s not in ("auto",) + SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; expected some of {('auto',) + SCHEDULES}")
+    replay = _replay_arg(a, batch, suite)
     model_dir = a.model or default_model_dir()
     notes = []
     if suite:  # the shipped suite: `limit` prompts of each length
@@ -231,7 +264,9 @@ def cmd_bench(a) -> int:
         prompts = read_prompts(prompts_path)
         prompts = prompts[: a.limit] if a.limit else prompts
     gguf = a.gguf
-    default_peers = a.peers is None
+    default_peers = a.peers is None and replay is None  # a replayed run compares our own rows
+    if replay is not None and a.peers is None:
+        a.peers, a.compare_weights = [], []
     if default_peers:  # transformers generate (greedy / sampled, prompt lookup); llama.cpp when installed
         llama = list(LLAMA_PEERS if suite else LLAMA_PEERS[:1])
         found = gguf or _default_gguf(a)
@@ -305,13 +340,18 @@ def cmd_bench(a) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     rows = run_bench(model, tok, prompts, configs, seed=a.seed, peers=tuple(a.peers), profile=a.profile, gguf=gguf,
-                     baselines=baselines, repeats=a.repeats, ignore_eos=bool(suite), control=a.control)
+                     baselines=baselines, repeats=a.repeats, ignore_eos=bool(suite), control=a.control,
+                     replay=replay)
     if suite:  # per length and split: time to first token, decode tok/s, greedy equality; floor per length
         table, floor = long_table(rows), long_floor_lines(rows)
     else:
         table, floor = markdown_table(rows), floor_lines(rows)
     table += "".join("\n\n" + line for line in floor[:1]) + "".join("\n" + line for line in floor[1:])
     table += "".join(("\n\n" if i == 0 else "\n") + f"note: {n}" for i, n in enumerate(notes))
+    if replay is not None:  # every line says so: these are not the model's own drafts
+        table = (f"{replay_label(replay.name)}: the draft marginals are the profile's, drawn against the AR output; "
+                 f"speedups on the cost model are in AR steps, wall-clock ones are this machine's\n\n" + table
+                 + "\n\n" + "\n".join(replay_lines(rows)))
     print(table)
     from selfspec.tools.bench_plot import plot
 
@@ -326,6 +366,8 @@ def cmd_bench(a) -> int:
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
         "prompts_file": os.path.abspath(prompts_path), "n_prompts": len(prompts), "wall_seconds": round(time.time() - t0, 1),
         "rows": rows, "plots": pngs, "notes": notes, "kernels": kernels_build.state(),
+        "replay": None if replay is None else {"label": replay_label(replay.name), "top1": replay.top1,
+                                               "rank2": replay.rank2},
     }
     if suite:
         result["suite"] = {"name": suite, "eos": "off: every row decodes max_new_tokens", "groups": long_report(rows)}
@@ -334,10 +376,12 @@ def cmd_bench(a) -> int:
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table + "\n")
     summary = {"out": out, "n_prompts": len(prompts), "wall_seconds": result["wall_seconds"],
+               "replay": None if replay is None else replay_label(replay.name),
                "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
                                   "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature", "accept_by_depth",
-                                  "plan_hist", "by_kind", "worst_vs_ar")} for r in rows]}
+                                  "plan_hist", "by_kind", "worst_vs_ar", "replay", "modeled_speedup",
+                                  "hindsight_speedup", "of_hindsight")} for r in rows]}
     print(json.dumps(summary))
     return 0
 
@@ -392,6 +436,10 @@ def add_bench_parser(sub, add_common_args) -> None:
                         "(left padding) decode the prompt set B rows at a time, for each B (default 16 prompts, T=0), each "
                         "twice in mirrored order (A B C C B A) against drift; "
                         "--profile then takes a batch cost profile")
+    b.add_argument("--replay", default=None, metavar="PROFILE",
+                   help="replayed acceptance: our rows' draft marginals replaced by a profile's (a built-in such as "
+                        "nld-8b, or a JSON file), drawn against the AR output; T = 0; no peers unless named; prints "
+                        "each row's speedup on the cost model and auto's hindsight bound (docs/replay.md)")
     b.set_defaults(func=cmd_bench, max_new_tokens=None, temperature=None)  # max_new_tokens: 64 (--suite: 96)
     add_bench_subcommands(b)
 
