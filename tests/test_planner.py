@@ -546,3 +546,33 @@ def test_plain_ar_rounds_settle_four_at_a_time_as_they_would_one_by_one_and_a_dr
     assert not batched.unsettled
     state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
     assert state(batched) == state(single)
+
+
+def test_a_dear_probe_comes_every_probe_min_rounds_while_the_latest_marginals_won_more_than_it_risks():
+    """Drafts that succeed (a real NLD model's, `--replay`): a probe 3 AR steps dear would wait
+    ~3 / PROBE_SHARE AR rounds, longer than most answers, and auto never met its marginals. Once
+    an episode of marginals won more AR rounds than a probe risks, probes (and the prefill's group)
+    come as often as PROBE_MIN allows; once one loses, the spacing is the probe's loss again."""
+    from selfspec.engine.planner import PROBE_SHARE
+
+    pl = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}), budgets=(1, 2, 4), group_sizes=(4,))
+    pl.rest = 0
+    long_enough = int(6.0 / PROBE_SHARE) + 1
+
+    def first_probe():
+        pl.since_probe = 0
+        for i in range(200):
+            pl.ar_streak = 0
+            if pl.choose(_rows(Forecast()), cache=10).groups:
+                return i
+        return None
+
+    assert first_probe() + 1 >= 3.0 / PROBE_SHARE  # no episode won yet: spaced by its loss
+    assert not pl.marginals_at_prefill(rows=1, cache=10, group=16, room=16)
+    pl.marg_gain = 8.0  # the latest marginals' rounds won 8 AR rounds: more than a probe risks (3), or the prefill's group (6)
+    pl.close_episode()
+    assert pl.last_win == 8.0 and first_probe() + 1 == PROBE_MIN
+    assert pl.marginals_at_prefill(rows=1, cache=10, group=16, room=16) and 16 < long_enough
+    pl.marg_gain = -1.0  # the next episode lost
+    pl.close_episode()
+    assert pl.last_win == 0.0 and first_probe() + 1 >= 3.0 / PROBE_SHARE

@@ -101,13 +101,17 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     kept under PROBE_SHARE of the AR time between probes (its predicted extra time, or what the
     latest probe lost with the rounds its marginals led to when that was more: on a CPU a group of
     4 with the draft LoRA costs ~3.5 AR steps and the tree forecast after it ~1) and within the
-    ledger's funds."""
+    ledger's funds; where the latest marginals' episode won more than the probe risks
+    (`last_win`), every `probe_every` rounds."""
     if pl.since_probe < pl.probe_every or max(rooms) <= 1 or not pl.group_sizes:
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
     cost = pl.seconds(probe, R, cache)[1]
     loss = max(cost / ar - 1.0, pl.probe_loss)
-    if pl.since_probe >= loss / PROBE_SHARE and pl.ledger.may_bet(cost / ar - 1.0):
+    # spaced by what it risks, unless the latest marginals won more than that (drafts that succeed:
+    # a probe several AR steps dear had waited ~80 AR rounds, longer than most answers, every time)
+    paid = pl.last_win > loss
+    if (paid or pl.since_probe >= loss / PROBE_SHARE) and pl.ledger.may_bet(cost / ar - 1.0):
         pl.since_probe = 0
         return probe, cost
     return None

@@ -84,6 +84,7 @@ class Planner(RoundCosts):
         self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
         self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`ledger.py`)
         self.probe_loss = 0.0  # AR rounds the latest losing probe lost, with the rounds its marginals led to
+        self.last_win = 0.0  # AR rounds the latest winning marginals' episode won (0: it lost, or none yet)
         self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
@@ -115,15 +116,17 @@ class Planner(RoundCosts):
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:
         """Whether a prefill adds a mask group per row, so that the first round has marginals.
         It is a probe's bet: taken while marginals have lately paid (`probe_every` at its least)
-        and while its extra forward costs at most one AR step (flat costs: a GPU) or PROBE_SHARE
-        of the rows' AR time to come."""
+        and while its extra forward costs at most one AR step (flat costs: a GPU), PROBE_SHARE of
+        the rows' AR time to come, or less than the latest marginals' episode won (`last_win`)."""
         self.settle()
         if self.probe_every > PROBE_MIN or not self.group_sizes:
             return False
         extra = self._f(rows, group, cache) * self._scale("one-pass")
         ar = self.seconds(AR, rows, cache)[1]
         loss = extra / ar  # in AR rounds; worst case: the marginals buy nothing
-        if extra > ar * max(1.0, PROBE_SHARE * room) or not self.ledger.may_bet(loss):
+        # dear, it still pays where the latest marginals won more than it risks (drafts that succeed)
+        dear = extra > ar * max(1.0, PROBE_SHARE * room) and self.last_win <= loss
+        if dear or not self.ledger.may_bet(loss):
             return False
         self.ledger.funds -= loss  # charged now: the prefill is no round the ledger sees
         self.marg_gain = (self.marg_gain or 0.0) - loss  # and to the marginals it buys
@@ -354,6 +357,7 @@ class Planner(RoundCosts):
         won = self.marg_gain is not None and self.marg_gain > 0
         self.probe_every = PROBE_MIN if won else min(2 * self.probe_every, PROBE_MAX)
         self.probe_loss = 0.0 if won else -(self.marg_gain or 0.0)
+        self.last_win = self.marg_gain if won else 0.0
         self.marg_gain = None
 
     def _observe_two_pass(self, yields: list[list[float]]) -> None:
