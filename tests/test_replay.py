@@ -42,6 +42,7 @@ def test_a_certain_profile_accepts_every_draft(schedule):
     assert g.stats.accept_lengths == [B] * rounds  # every draft and the bonus
     assert g.stats.tau == B  # block / the most a round can commit
     assert g.stats.replay == "sure" and g.stats.as_dict()["replay"] == "sure"
+    assert 0 < g.stats.replay_seconds < g.stats.seconds  # said apart: a real drafter never spends it
 
 
 def test_an_impossible_profile_accepts_no_draft():

@@ -26,6 +26,7 @@ class Stats:
     query_tokens: int = 0  # query tokens run by decode forwards (tree nodes + mask slots)
     plan_hist: Counter = field(default_factory=Counter)  # round layout -> rounds
     replay: str | None = None  # the replay profile's name: acceptance replayed, not the model's own
+    replay_seconds: float = 0.0  # building the replayed marginals (within `seconds`, outside the forward)
 
     @property
     def tau(self) -> float:
@@ -44,7 +45,7 @@ class Stats:
         out = cls()
         for s in runs:
             for k in ("new_tokens", "rounds", "forwards", "prefill_forwards", "round_tokens", "forward_seconds",
-                      "tree_seconds", "seconds", "query_tokens"):
+                      "tree_seconds", "seconds", "query_tokens", "replay_seconds"):
                 setattr(out, k, getattr(out, k) + getattr(s, k))
             out.accept_lengths += s.accept_lengths
             out.oracle_lengths += s.oracle_lengths
@@ -71,4 +72,5 @@ class Stats:
             "overhead_share": round(1 - self.forward_seconds / self.seconds, 4) if self.seconds else 0.0,
             "tokens_per_second": round(self.new_tokens / self.seconds, 2) if self.seconds else 0.0,
             "replay": self.replay,
+            "replay_seconds": round(self.replay_seconds, 4),
         }

@@ -93,7 +93,12 @@ class Stepper(PrefillSteps):
         replay (the one place the model's marginals are replaced) keys its draws by."""
         marg = Marginals.from_logits(logits, self.cfg.tree_top_k, self.mask_id,
                                      entropy=self.learned or self.recorder is not None)
-        return marg if self.replay is None else self.replay.marginals(marg, seq.index, at, depth)
+        if self.replay is None:
+            return marg
+        t0 = self.clock()
+        marg = self.replay.marginals(marg, seq.index, at, depth)
+        seq.stats.replay_seconds += self.clock() - t0  # a real drafter never spends it: said apart
+        return marg
 
     def group_marginals(self, seq: Sequence, hidden: torch.Tensor, rnd: Round | None = None, *, at: int,
                         depth: int = 1) -> Marginals | None:
