@@ -109,8 +109,10 @@ class Planner(RoundCosts):
         from earlier generations with the same settings, the ledger's funds without a debt (a probe
         lost at the end of one answer had left the next ones without a bet for ~200 AR rounds;
         capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
-        chat); the rate estimate and probe clock restart."""
-        self.rates, self.since_probe, self.last_yields, self.trailing, self.shadows = {}, 0, [1.0], 0.0, {}
+        chat); the rate estimate restarts. The probe clock runs on: a probe's spacing bounds the
+        share of time it risks, whatever the answers' lengths (restarted per answer, a probe several
+        AR steps dear never came in answers under ~100 tokens, so drafts that succeed went unseen)."""
+        self.rates, self.last_yields, self.trailing, self.shadows = {}, [1.0], 0.0, {}
         self.ledger.funds = max(self.ledger.funds, START_MIN)
 
     def marginals_at_prefill(self, rows: int, cache: int, group: int, room: int) -> bool:

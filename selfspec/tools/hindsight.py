@@ -7,7 +7,7 @@ least total cost, in the cost model's AR steps, of emitting a generation's token
 candidate layout per round (a shortest path over (tokens emitted, marginals at hand)), and its
 speedup over AR the tokens over that cost. Candidates: AR; a probe (AR plus a mask group: buys
 marginals); for each budget (1, 2, 4, ... cfg.budget), the linear chain and the best rank tree
-of that many nodes (the paths over the top-2 candidates with the most replayed probability), in
+of that many nodes, block_length - 1 deep at most (what a group's marginals reach) (the paths over the top-2 candidates with the most replayed probability), in
 one pass with a group of block_length on every node (needs marginals, leaves them), verified
 alone (needs them, leaves none) and two-pass (needs none, leaves none).
 
@@ -23,9 +23,9 @@ import math
 from selfspec.engine.layouts import AR, Option, fixed_option
 
 
-def rank_tree(profile, nodes: int) -> frozenset:
-    """The `nodes` rank paths (tuples of 0 = top-1, 1 = second) with the most probability under
-    the profile, best first (a path's children come after it)."""
+def rank_tree(profile, nodes: int, max_depth: int = 64) -> frozenset:
+    """The `nodes` rank paths (tuples of 0 = top-1, 1 = second) up to `max_depth` deep with the
+    most probability under the profile (a path's children come after it)."""
     def prob(path):
         out = 1.0
         for d, r in enumerate(path, 1):
@@ -37,7 +37,7 @@ def rank_tree(profile, nodes: int) -> frozenset:
     while heap and len(out) < nodes:
         _, path = heapq.heappop(heap)
         out.append(path)
-        for r in (0, 1):
+        for r in (0, 1) if len(path) < max_depth else ():
             heapq.heappush(heap, (-prob(path + (r,)), path + (r,)))
     return frozenset(out)
 
@@ -53,7 +53,7 @@ def candidates(profile, cfg) -> list[tuple[Option, frozenset, bool, bool]]:
     budgets.add(cfg.budget)
     for n in sorted(budgets):
         chain = frozenset(tuple([0] * k) for k in range(1, min(n, B - 1) + 1))
-        for draft, paths in (("chain", chain), ("tree", rank_tree(profile, n))):
+        for draft, paths in (("chain", chain), ("tree", rank_tree(profile, n, B - 1))):
             k = len(paths)
             out += [(Option(draft, k, k + 1, B), paths, True, True), (Option(draft, k), paths, True, False),
                     (Option(draft, k, draft_pass=True), paths, False, False)]
@@ -72,9 +72,10 @@ def committed(replay, row: int, emitted: int, paths: frozenset) -> int:
         path += (o,)
 
 
-def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost, cfg) -> float:
+def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost, cfg, plan=None) -> float:
     """The least cost (AR steps) of emitting tokens 1 .. new_tokens - 1 (the first comes with the
-    prefill, as do its marginals), each round one candidate, knowing every outcome."""
+    prefill, as do its marginals), each round one candidate, knowing every outcome. `plan` (a
+    dict): the bound's rounds by layout label are added to it."""
     cands = candidates(replay.profile, cfg)
     steps: dict = {}
 
@@ -84,17 +85,21 @@ def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost,
             steps[key] = cost.ar_steps(o, block_length=cfg.block_length, cache=prompt_len + 64 * (cache // 64))
         return steps[key]
 
-    best = {(new_tokens, False): 0.0, (new_tokens, True): 0.0}
+    best = {(new_tokens, False): (0.0, None), (new_tokens, True): (0.0, None)}
     for e in range(new_tokens - 1, 0, -1):
         for marg in (False, True):
-            v = math.inf
+            v = (math.inf, None)
             for o, paths, needs, leaves in cands:
                 if needs and not marg:
                     continue
-                n = committed(replay, row, e, paths) if paths else 1
-                v = min(v, price(o, e) + best[(min(e + n, new_tokens), leaves)])
+                nxt = (min(e + (committed(replay, row, e, paths) if paths else 1), new_tokens), leaves)
+                v = min(v, (price(o, e) + best[nxt][0], (o, nxt)), key=lambda x: x[0])
             best[(e, marg)] = v
-    return best[(1, True)] if new_tokens > 1 else 0.0
+    state = (1, True)
+    while plan is not None and best.get(state, (0, None))[1] is not None:
+        o, state = best[state][1]
+        plan[o.label] = plan.get(o.label, 0) + 1
+    return best[(1, True)][0] if new_tokens > 1 else 0.0
 
 
 def option_of(label: str) -> Option:
@@ -126,8 +131,10 @@ def replayed(dec, cfg, seen: list[tuple[str, int]], prompt_len: int, cost) -> di
     rep = dec.stepper.replay
     out = {"replay": replay_label(rep.name), "modeled_steps": modeled_steps(seen, cfg, cost, prompt_len)}
     if cfg.plan == "auto":
+        plan: dict = {}
         out["hindsight_steps"] = hindsight_steps(rep, 0, new_tokens=len(dec.outputs[0]), prompt_len=prompt_len,
-                                                 cost=cost, cfg=cfg)
+                                                 cost=cost, cfg=cfg, plan=plan)
+        out["hindsight_plan"] = plan
     return out
 
 
@@ -141,6 +148,11 @@ def replay_figures(records: list[dict]) -> dict:
         bound = sum(r["hindsight_steps"] for r in records)
         out["hindsight_speedup"] = tokens / bound if bound else None
         out["of_hindsight"] = bound / steps if steps else None
+        plan: dict = {}
+        for r in records:
+            for k, v in r.get("hindsight_plan", {}).items():
+                plan[k] = plan.get(k, 0) + v
+        out["hindsight_plan"] = dict(sorted(plan.items(), key=lambda kv: -kv[1]))
     return out
 
 
@@ -153,6 +165,8 @@ def replay_lines(rows: list[dict]) -> list[str]:
         line = (f"{r['replay']}: {r['label']}: tau {r['tau']:.2f}, TPF {r['tpf']:.2f}, "
                 f"{r['modeled_speedup']:.2f}x AR on the cost model")
         if r.get("hindsight_speedup") is not None:
-            line += (f"; hindsight bound {r['hindsight_speedup']:.2f}x AR, auto at {r['of_hindsight']:.2f} of it")
+            top = ", ".join(f"{k} {v}" for k, v in list(r["hindsight_plan"].items())[:3])
+            line += (f"; hindsight bound {r['hindsight_speedup']:.2f}x AR ({top}), auto at {r['of_hindsight']:.2f} "
+                     f"of it")
         lines.append(line)
     return lines
