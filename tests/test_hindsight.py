@@ -49,3 +49,22 @@ def test_a_run_s_rounds_are_priced_by_their_layouts():
     assert option_of(Option("chain", 3, draft_pass=True).label) == Option("chain", 3, draft_pass=True)
     got = modeled_steps([(o.label, 10), ("ar", 11)], CFG, cost, 4)
     assert got == pytest.approx(cost.ar_steps(o, block_length=8, cache=10) + 1)
+
+
+def test_bench_replay_is_greedy_and_one_prompt_at_a_time():
+    from types import SimpleNamespace
+
+    from selfspec.tools.hindsight import replay_arg
+
+    def args(**kw):
+        return SimpleNamespace(**{"replay": "nld-8b", "temperature": None, "temperatures": [0.0, 1.0], "argv": [], **kw})
+
+    a = args()
+    assert replay_arg(a, False).name == "nld-8b" and a.temperatures == [0.0]  # the default pair becomes greedy
+    with pytest.raises(ValueError, match="needs temperature 0"):
+        replay_arg(args(temperature=1.0), False)
+    with pytest.raises(ValueError, match="not with --batch-sizes"):
+        replay_arg(args(), True)
+    with pytest.raises(ValueError, match="unknown replay profile"):
+        replay_arg(args(replay="nld-99b"), False)
+    assert replay_arg(args(replay=None), False) is None

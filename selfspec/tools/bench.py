@@ -21,7 +21,7 @@ from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, agg
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
 from selfspec.tools.bench_grid import grid, label  # noqa: F401  (read from here)
 from selfspec.tools.bench_prompts import META, read_prompts, read_suite
-from selfspec.tools.hindsight import replay_figures, replay_label, replay_lines
+from selfspec.tools.hindsight import replay_arg, replay_figures, replay_label, replay_lines
 from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available, llama_cpp_crash
 
 PEERS = ("hf", "hf-lookup") + LLAMA_PEERS
@@ -197,22 +197,6 @@ def _default_gguf(a) -> str | None:
         return None
 
 
-def _replay_arg(a, batch: bool, suite) -> "object | None":
-    """--replay's profile (before the model loads); a replayed run is greedy, one prompt at a time."""
-    if a.replay is None:
-        return None
-    from selfspec.drafting.replay import load_profile
-
-    if batch:
-        raise ValueError("--replay runs one prompt at a time (not with --batch-sizes)")
-    temps = [a.temperature] if a.temperature is not None else a.temperatures
-    if "--temperatures" in a.argv or a.temperature is not None:
-        if any(t > 0 for t in temps):
-            raise ValueError("--replay replays greedy acceptance against the AR output: it needs temperature 0")
-    a.temperatures, a.temperature = [0.0], None
-    return load_profile(a.replay)
-
-
 def cmd_bench(a) -> int:
     import torch
     import transformers
@@ -251,7 +235,7 @@ def cmd_bench(a) -> int:
     for s in a.schedules:
         if s not in ("auto",) + SCHEDULES:
             raise ValueError(f"unknown schedule {s!r}; expected some of {('auto',) + SCHEDULES}")
-    replay = _replay_arg(a, batch, suite)
+    replay = replay_arg(a, batch)
     model_dir = a.model or default_model_dir()
     notes = []
     if suite:  # the shipped suite: `limit` prompts of each length

@@ -170,3 +170,20 @@ def replay_lines(rows: list[dict]) -> list[str]:
                      f"of it")
         lines.append(line)
     return lines
+
+
+def replay_arg(a, batch: bool):
+    """bench --replay's profile (before the model loads); a replayed run is greedy, one prompt at a
+    time (its temperatures set to [0])."""
+    if a.replay is None:
+        return None
+    from selfspec.drafting.replay import load_profile
+
+    if batch:
+        raise ValueError("--replay runs one prompt at a time (not with --batch-sizes)")
+    temps = [a.temperature] if a.temperature is not None else a.temperatures
+    if "--temperatures" in a.argv or a.temperature is not None:
+        if any(t > 0 for t in temps):
+            raise ValueError("--replay replays greedy acceptance against the AR output: it needs temperature 0")
+    a.temperatures, a.temperature = [0.0], None
+    return load_profile(a.replay)
