@@ -61,6 +61,8 @@ def test_peak_memory_of_a_build_stays_below_an_fp32_copy():
     code = r"""
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)  # one malloc arena's worth of temporaries: the build's pattern, not the threads'
 from selfspec.checkpoint import synthetic
 synthetic.SHAPES["mid"] = dict(synthetic.SHAPES["tiny"], hidden_size=1024, intermediate_size=4096,
                                num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
@@ -76,7 +78,8 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 n = sum(p.numel() for p in model.parameters())
 print(json.dumps({"growth": peak - before, "fp32": 4 * n}))
 """
-    out = subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["fp32"] > 500e6
