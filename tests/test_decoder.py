@@ -284,7 +284,7 @@ def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_on
     dec.start()
     before = dec.cache.capacity
     assert before == 9 + 12 + round_room(cfg) + 1 and round_room(cfg) == 11 < scratch(cfg)
-    assert dec.planner.max_width == round_room(cfg)  # no round padded past the room: its own width only grows it
+    assert dec.planner.costs.max_width == round_room(cfg)  # no round padded past the room: its own width only grows it
     widths = []
     dec.on_round = lambda info: widths.append(info["query_tokens"])
     for _ in dec:

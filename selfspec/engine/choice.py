@@ -64,12 +64,13 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
             per_row.append(sum(f.accept))  # the root's 1 and every node's P(accepted)
         else:
             per_row.append(1.0)
-    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_seconds = pl.costs.seconds(AR, R, cache)[1]
     ar_value = 1.0 if draining else float(R)
     rate = max(pl.rates.get(draining, 0.0), ar_value / ar_seconds)
     rooms = [r.room for r in rows]
     best = round_value(per_row, rooms, last_rows(rooms, draining))
-    return best * (1 - MARGIN) - rate * pl.least_seconds("lookup", R, longest, cache) <= ar_value - rate * ar_seconds
+    least = pl.costs.least_seconds("lookup", R, longest, cache)
+    return best * (1 - MARGIN) - rate * least <= ar_value - rate * ar_seconds
 
 
 def plain(pl, rows, cache: int, draining: bool) -> Option:
@@ -77,7 +78,7 @@ def plain(pl, rows, cache: int, draining: bool) -> Option:
     price of one AR time (about half a `Choice`'s; the planner runs this on most forecast rounds)."""
     pl.since_probe += 1
     R = len(rows)
-    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_seconds = pl.costs.seconds(AR, R, cache)[1]
     ar_value = 1.0 if draining else float(R)
     probe = due_probe(pl, R, cache, [r.room for r in rows], ar_seconds)
     if probe is not None:
@@ -106,7 +107,7 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     if pl.since_probe < pl.probe_every or max(rooms) <= 1 or not pl.group_sizes:
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
-    cost = pl.seconds(probe, R, cache)[1]
+    cost = pl.costs.seconds(probe, R, cache)[1]
     loss = max(cost / ar - 1.0, pl.probe_loss)
     # spaced by what it risks, unless the latest marginals won more than that (drafts that succeed:
     # a probe several AR steps dear had waited ~80 AR rounds, longer than most answers, every time)
@@ -132,7 +133,7 @@ class Choice:
             ys = [self.ys[i] for i in self.tree_rows]
             longest = max(len(y) for y in ys)
             pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
-        ar_seconds = pl.seconds(AR, self.R, cache)[1]
+        ar_seconds = pl.costs.seconds(AR, self.R, cache)[1]
         self.ar_value = 1.0 if draining else float(self.R)
         self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)
         self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
@@ -151,7 +152,7 @@ class Choice:
         return round_value(per_row, self.rooms, self.last)
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
-        width, seconds = self.pl.seconds(o, self.R, self.cache)
+        width, seconds = self.pl.costs.seconds(o, self.R, self.cache)
         afford = not o.speculative or self.affordable(o, seconds)
         if not (afford or o.draft == "lookup"):
             return float("-inf")
@@ -229,7 +230,7 @@ class Choice:
                 self.offer(o, per_row, bonus)
 
     def _value_at(self, o: Option, per_row: list[float]) -> float:
-        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.seconds(o, self.R, self.cache)[1]
+        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.costs.seconds(o, self.R, self.cache)[1]
 
     def _chosen(self) -> Option:
         chosen(self.pl, self.draining, self.best_e, self.best_seconds)

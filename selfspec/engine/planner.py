@@ -57,7 +57,7 @@ REFRESH_AR = 32  # rounds after which a bare AR round runs even while the planne
 # price wrong chains as wins (fake clock: 0.86x AR, 186 of 187 rounds bets; `round_costs.REFRESH_EMA`)
 
 
-class Planner(RoundCosts):
+class Planner:
     """Chooses each round's `Option` (`plan`) and learns from the finished round (`observe`).
 
     `cost(rows, width, cache)` is a `cost.CostModel`; `cfg` the generation's `DecodeConfig` (how
@@ -68,7 +68,7 @@ class Planner(RoundCosts):
     def __init__(self, cost, cfg, *, budgets: list[int] | None = None, group_sizes: list[int] | None = None):
         # a round is never padded beyond the room its cache rows keep (`request.round_room`): past it the
         # forward grows the cache first
-        RoundCosts.__init__(self, cost, block_length=cfg.block_length, max_width=round_room(cfg))
+        self.costs = RoundCosts(cost, block_length=cfg.block_length, max_width=round_room(cfg))
         self.cfg = cfg
         self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
         g = cfg.group
@@ -97,10 +97,9 @@ class Planner(RoundCosts):
         state, so generations in several threads never update one planner at once."""
         self.settle()
         new = copy.copy(self)
-        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
-                     "rates", "ledger", "unsettled", "relative", "since_ar"):
+        for name in ("calibrator", "lookup_calibrator", "two_pass_yield", "rates", "ledger", "unsettled"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
-        new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
+        new.costs = self.costs.fork()
         new.shadows = {}
         return new
 
@@ -123,8 +122,8 @@ class Planner(RoundCosts):
         self.settle()
         if self.probe_every > PROBE_MIN or not self.group_sizes:
             return False
-        extra = self._f(rows, group, cache) * self._scale("one-pass")
-        ar = self.seconds(AR, rows, cache)[1]
+        extra = self.costs.model_seconds("one-pass", rows, group, cache)
+        ar = self.costs.seconds(AR, rows, cache)[1]
         loss = extra / ar  # in AR rounds; worst case: the marginals buy nothing
         # dear, it still pays where the latest marginals won more than it risks (drafts that succeed)
         dear = extra > ar * max(1.0, PROBE_SHARE * room) and self.last_win <= loss
@@ -144,12 +143,13 @@ class Planner(RoundCosts):
             self.dormant -= 1
         elif self._settle_due():  # what the rest's rounds measured, before anything is weighed
             self.settle()
-        unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        refresh = (not (resting or unmeasured) and (self.since_bare >= REFRESH_AR or self.refresh_moved > REFRESH_MOVE)
-                   and "ar" in self.scale and all(r.marg is None for r in rnd.rows))  # the reference, again
+        unmeasured = "ar" not in self.costs.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
+        stale = self.since_bare >= REFRESH_AR or self.costs.refresh_moved > REFRESH_MOVE
+        refresh = (not (resting or unmeasured) and stale
+                   and "ar" in self.costs.scale and all(r.marg is None for r in rnd.rows))  # the reference, again
         if not (resting or unmeasured or refresh):
-            loss = (self.ledger.plan_seconds + self.forecast_drag(len(rnd.rows), rnd.cache_len)) / self.seconds(
-                AR, len(rnd.rows), rnd.cache_len)[1]
+            R, cache = len(rnd.rows), rnd.cache_len
+            loss = (self.ledger.plan_seconds + self.costs.forecast_drag(R, cache)) / self.costs.seconds(AR, R, cache)[1]
             if not self.ledger.may_bet(loss):  # the forecast is a bet too: rest until the funds cover it
                 # (they grow by EPS an AR round), its rounds settled in one batch then
                 self.dormant = max(0, math.ceil((loss - self.ledger.funds) / EPS) - 1)
@@ -158,7 +158,7 @@ class Planner(RoundCosts):
             self.predicted = None  # a bare AR round: nothing forecast
             rnd.bare, rnd.refresh = True, refresh
             if refresh:  # this round measures AR's time again; its settling says how far that moved it
-                self.refresh_moved = 0.0
+                self.costs.refresh_moved = 0.0
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
@@ -327,21 +327,21 @@ class Planner(RoundCosts):
         while the planner rests, and the same arithmetic on a batch of rounds runs with warm
         caches (right after a forward it cost ~60 us a round on a 2-core CPU, ~1.5% of an AR round)."""
         for seen in self.unsettled:
-            self._observe_time(seen)
+            self.costs.observe(seen)
             self._account(seen)
         self.unsettled.clear()
 
     def _account(self, seen: "Seen") -> None:
         """The round into the ledger: its committed progress against AR's in the same time."""
         R = seen.rows
-        ar = self.seconds(AR, R, seen.cache_len)[1]
-        expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
+        ar = self.costs.seconds(AR, R, seen.cache_len)[1]
+        expected = (ar if seen.option is AR else self.costs.seconds(seen.option, R, seen.cache_len)[1]) + (
             0.0 if seen.bare else self.ledger.plan_seconds)
         seconds = seen.seconds
         if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning and
             # the forward's measured drag after it, smoothed. Its own measured time also held the forward's
             # noise, and one 2x stall (another process) put a 1k-token generation 1.1 AR rounds in debt
-            seconds = ar + seen.plan_seconds + self.forecast_drag(R, seen.cache_len)
+            seconds = ar + seen.plan_seconds + self.costs.forecast_drag(R, seen.cache_len)
         gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seconds,
                                   ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected,
                                   lookup=seen.option.draft == "lookup")

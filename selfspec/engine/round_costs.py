@@ -1,4 +1,4 @@
-"""What a round costs, for `planner.Planner`: the device's cost model f(rows, width, cache)
+"""What a round costs, a field of `planner.Planner` (`planner.costs`): the device's cost model f(rows, width, cache)
 (`cost.CostModel`, memoised per 32 cached tokens) at the cheapest width the round can be padded
 to, times a scale per kind of round measured from the rounds that ran, plus a measured overhead
 per row and a measured time per target token drawn. AR rounds that a forecast preceded keep their
@@ -27,6 +27,8 @@ scale, 4.95 ms, plus its overhead and four draws a row.
 
 from __future__ import annotations
 
+import copy
+
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import PAUSE
 from selfspec.engine.rounds import Seen
@@ -36,7 +38,7 @@ REFRESH_MOVE = 0.1  # a refresh that moved AR's scale by more than this share is
 REFRESH_EMA = 0.5  # weight of AR's time measured after a streak of bets (`planner.REFRESH_AR`): one sample in dozens
 # of rounds, when the machine's speed may have moved by a third; the sample is clipped to within 2x of the scale, so
 # one stall moves it 1.5x at most (and the follow-up refresh measures again)
-FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
+FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`observe`)
 
 
 class RoundCosts:
@@ -55,6 +57,14 @@ class RoundCosts:
         self.since_ar: set[str] = set()  # kinds whose relative scale was measured since AR's latest sample
         self.refresh_moved = 0.0  # how far the latest refresh moved AR's scale (a share): another one follows
         self.first_scale = 1.0  # before any bare AR round: the latest round's measured / predicted model time
+
+    def fork(self) -> "RoundCosts":
+        """A copy that writes only its own tables (`planner.Planner.fork`)."""
+        new = copy.copy(self)
+        for name in ("overhead", "_recent", "_draws", "scale", "relative", "since_ar"):
+            setattr(new, name, copy.deepcopy(getattr(self, name)))
+        new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
+        return new
 
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
@@ -127,7 +137,7 @@ class RoundCosts:
             v = self._memo[key] = self.cost(rows, width, cache)
         return v
 
-    def _observe_time(self, seen: "Seen") -> None:
+    def observe(self, seen: "Seen") -> None:
         """The round's model time against the prediction (a scale per kind of round: a cost
         model taken under other load can be off in its 1 -> 2 token step, which only rounds of
         both kinds show) and its overhead per row (a median of the last 9, so first-call costs

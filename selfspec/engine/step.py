@@ -220,7 +220,7 @@ class Stepper(PrefillSteps):
                 join=part), rnd)
             rnd.join_tokens = int(tokens.numel())
             # the chunk's part: the forward beyond the round's own predicted time (`chunks.ChunkScale`)
-            own = self.planner.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
+            own = self.planner.costs.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
             self.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
                                        base=R * q, round_seconds=own)
             ridden = taken, self._advance(taken, slot, widths, starts, chunk)
