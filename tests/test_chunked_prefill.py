@@ -145,7 +145,7 @@ def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
     assert between == len(running) and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
     from selfspec.engine.decoder import PREFILL_CHUNK
 
-    assert Decoder(m, running, cfg).chunk_tokens() == PREFILL_CHUNK
+    assert Decoder(m, running, cfg).pacing.chunk_tokens() == PREFILL_CHUNK
     with pytest.raises(ValueError, match="prefill_chunk"):
         Decoder(m, running, cfg, prefill_chunk=0)
 
@@ -257,7 +257,7 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
 
 def _chunk_spans(dec, clock) -> list:
     """Wraps the decoder's own-forward chunk call: (start, end) on the fake clock of each, as they run."""
-    own, spans = dec.stepper.prefill_chunk, []
+    own, spans = dec.stepper.prefills.prefill_chunk, []
 
     def timed(*a):
         t0 = clock.t
@@ -265,7 +265,7 @@ def _chunk_spans(dec, clock) -> list:
         spans.append((t0, clock.t))
         return out
 
-    dec.stepper.prefill_chunk = timed
+    dec.stepper.prefills.prefill_chunk = timed
     return spans
 
 
@@ -293,7 +293,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
     priced.prefills, spans = [], _chunk_spans(dec, clock)
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
-            dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
+            dec.stepper.prefills.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
     return priced.prefills, truth(2, 1, 10), spans, dec
 
@@ -398,7 +398,7 @@ def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact(
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_same_kv(fmt):
-    """Past `Stepper.piece` tokens the prompts entering together run in forwards of that many
+    """Past `PrefillSteps.piece` tokens the prompts entering together run in forwards of that many
     columns (the exact attention's scores grow with the square of a forward's width); the K/V,
     the first tokens and the output are the one-forward prefill's, bit for bit."""
     m = _model(fmt)
@@ -407,7 +407,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
     for piece in (8, 1000):
         dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])
         dec.start()
-        dec.stepper.piece = piece
+        dec.stepper.prefills.piece = piece
         widths = Widths(dec)
         dec.step()  # the prefill turn: every prompt enters, nothing runs
         cache = dec.stepper.cache
@@ -438,7 +438,7 @@ def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(f
                       ("linear", DecodeConfig(mode="linear", schedule="two-pass", block_length=4, max_new_tokens=12))):
         dec = Decoder(m, [prompt], cfg, eos_token_id=[])
         dec.start()
-        dec.stepper.piece = 8
+        dec.stepper.prefills.piece = 8
         for _ in dec:
             pass
         assert dec.stats[0].prefill_forwards >= 5, name
