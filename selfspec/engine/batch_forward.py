@@ -198,8 +198,8 @@ class BatchForward:
         """A prompt's chunk can ride in a round's forward (`join=`): the exact formats, whose rows
         are bitwise the same in any batch, except where rounds run all their layers in one C call
         (w4a8 on a CPU, `FastForward.one_call`): a riding chunk would put the round back on the
-        Python layer loop, whose ~6 ms a forward cost more than a chunk's forward of its own
-        (16 clients at once through the server: 125 against 239 tok/s, TTFT p95 6.4 against 1.7 s)."""
+        Python layer loop, which cost more than a chunk's forward of its own (many clients at once
+        through the server: lower throughput and later first tokens; `docs/results.md`)."""
         return self.ff.exact and not self.ff.one_call()
 
     def _segment(self, tokens, offsets, cache: BatchKVCache, rows: slice, block, causal: bool, index: int):
@@ -210,8 +210,8 @@ class BatchForward:
         if len(starts) != R:
             raise ValueError(f"{R} token rows for {len(starts)} cache rows")
         cache.reserve(max(starts) + q)  # a round wider than the rows' reserved scratch grows the cache first
-        # one row: its positions without a tensor of its length (a decode round's Python is ~8% of
-        # its time, most of it small torch calls like these)
+        # one row: its positions without a tensor of its length (a decode round's Python is a real
+        # share of its time, most of it small torch calls like these)
         positions = ((offsets + starts[0]).long() if R == 1 else
                      torch.tensor(starts, dtype=torch.long)[:, None] + offsets)
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone

@@ -12,8 +12,8 @@ from selfspec.engine.layouts import AR, Option
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
 PROBE_SHARE = 0.03  # and at least enough of them that what a probe loses is at most this share of their time:
-# the floor's tolerance (auto >= 0.97x AR); at 0.1, probes whose marginals never paid (a 4-token group with the
-# draft LoRA on a CPU, its head rows and the tree forecast after it: ~4.5 AR rounds) cost 2-3% of auto's time
+# the floor's tolerance (auto at least 1 - PROBE_SHARE of AR); at 0.1, probes whose marginals never paid (a 4-token
+# group with the draft LoRA on a CPU, its head rows and the tree forecast after it) cost more than that tolerance
 
 
 def last_rows(rooms: list[int], draining: bool) -> list[int] | None:
@@ -53,9 +53,10 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
     """No lookup option can beat AR in `Choice`: valued with every row's whole chain accepted as
     forecast and at the least time of any chain length, it is still worth less than AR (most
     forecast rounds of a chat: a one-token match whose chain the calibration gives ~nothing;
-    valuing each length there cost ~70 us of a 3.4 ms round). Example: AR 1 token in 10 ms at
-    rate 100/s (value 0); a chain whose tokens add 0.05 expected in at least 11.5 ms: 1.05 x 0.95
-    - 1.15 < 0, hopeless."""
+    valuing each length there cost a visible share of a round).
+
+    Example: AR 1 token in 10 ms at rate 100/s (value 0); a chain whose tokens add 0.05 expected
+    in at least 11.5 ms: 1.05 x 0.95 - 1.15 < 0, hopeless."""
     R, longest, per_row = len(rows), 0, []
     for r in rows:
         f = r.forecast

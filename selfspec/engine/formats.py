@@ -19,8 +19,7 @@ native bf16 dot products (`invariant` probes it; "auto" drops a format that fail
 "auto" (`choose`): the format with the fastest rounds (widths 1 and 8) on this device among those
 whose forward is width-invariant and whose quality check passes: top-1 agreement with fp32 of at
 least `MIN_AGREEMENT` over a built-in probe text (teacher-forced) and a mean KL below `MAX_KL`.
-Measured once per device, model and torch version (~20 s for the default model on 2 CPU cores,
-a progress bar) and cached beside the cost models; the file says what was measured.
+Measured once per device, model and torch version (a progress bar shows) and cached beside the cost models; the file says what was measured.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
         return RowsLayout(torch.cat([t.tokens for t in trees]).view(R, 1),
                           torch.cat([t.depths for t in trees]).view(R, 1), None, N)
     # every row's allowed columns as bit sets, unpacked at once: a few tensor ops a round whatever
-    # its rows and trees (a row's block built of tensor ops had cost 250 us for a chain of 8)
+    # its rows and trees (a row's block built of tensor ops had cost more per row than the rest)
     sets, offsets, tokens = [], [], []
     for t, o in zip(trees, owners):
         s, offs = row_sets(t.parents.tolist(), t.depths.tolist(), [] if o is None else o.tolist(), G, N, q)

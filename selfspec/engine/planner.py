@@ -53,8 +53,8 @@ RUN_KEYS = 2  # lookup chains are calibrated apart after 0, 1 and 2+ chains of t
 # that repeats itself keeps doing so: chains of a model's loop were right ~every time, the others ~a third)
 REST_MAX = 32  # the longest rest (AR rounds with nothing forecast) after a run of 8 AR choices
 REFRESH_AR = 32  # rounds after which a bare AR round runs even while the planner bets: only bare rounds measure AR's
-# time now (the floor's reference), and a machine that got 2x faster during a streak of bets had the stale AR time
-# price wrong chains as wins (fake clock: 0.86x AR, 186 of 187 rounds bets; `round_costs.REFRESH_EMA`)
+# time now (the floor's reference), and a machine that got faster during a streak of bets had the stale AR time
+# price wrong chains as wins (`round_costs.REFRESH_EMA`; tests/test_floor.py runs it on a fake clock)
 
 
 class Planner:
@@ -88,7 +88,7 @@ class Planner:
         self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
-        # planning time (AR mode does none of it; uncharged, it was ~1.4% of an AR round beyond the ledger's bound)
+        # planning time (AR mode does none of it; uncharged, it went past the ledger's bound)
         self.shadows: dict = {}  # sequence -> `shadow.Shadow`: its lookup chain not verified, followed in hindsight
         self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, AR rounds)
 
@@ -106,11 +106,11 @@ class Planner:
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings, the ledger's funds without a debt (a probe
-        lost at the end of one answer had left the next ones without a bet for ~200 AR rounds;
-        capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
-        chat); the rate estimate restarts. The probe clock runs on: a probe's spacing bounds the
-        share of time it risks, whatever the answers' lengths (restarted per answer, a probe several
-        AR steps dear never came in answers under ~100 tokens, so drafts that succeed went unseen)."""
+        lost at the end of one answer had left the next ones without a bet for a long time; capping
+        what a generation inherits at 2 AR rounds was slower on code, no faster on chat); the rate
+        estimate restarts. The probe clock runs on: a probe's spacing bounds the share of time it
+        risks, whatever the answers' lengths (restarted per answer, a probe several AR steps dear
+        never came in short answers, so drafts that succeed went unseen)."""
         self.rates, self.last_yields, self.trailing, self.shadows = {}, [1.0], 0.0, {}
         self.ledger.funds = max(self.ledger.funds, START_MIN)
 
@@ -314,8 +314,8 @@ class Planner:
         hand (its outcome moves the next choice), one that closes the marginals' episode, or
         SETTLE_AFTER plain AR rounds. A plain AR round moves the funds by EPS and the AR time by a
         tenth of its error, so the choices in between read numbers at most three rounds old, and
-        the planner's Python runs once for four (right after a forward its first round runs cold:
-        settling cost 34 us a round one at a time, 18 four at a time, default model, 2-core CPU)."""
+        the planner's Python runs once for four (right after a forward its first round runs cold,
+        so settling four at a time costs less a round than one at a time)."""
         if len(self.unsettled) >= SETTLE_AFTER or (self.unsettled and self.marg_gain is not None):
             return True
         last = self.unsettled[-1] if self.unsettled else None
@@ -325,7 +325,7 @@ class Planner:
         """Rounds observed but not yet timed and accounted, in order. A resting round (bare, more
         to come) leaves its numbers here until the rest ends: nothing reads the scale or the ledger
         while the planner rests, and the same arithmetic on a batch of rounds runs with warm
-        caches (right after a forward it cost ~60 us a round on a 2-core CPU, ~1.5% of an AR round)."""
+        caches (right after a forward it runs cold)."""
         for seen in self.unsettled:
             self.costs.observe(seen)
             self._account(seen)
