@@ -188,6 +188,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
+def kept_prefixes(retained: dict, start: int, prompts: list[list[int]]) -> list[int]:
+    """The slots each of rows start.. keeps for the prompt entering it (`BatchKVCache.claim`): what
+    the row retained of a finished sequence (`retained`: row -> tokens), where the prompt starts
+    with SHARED_MIN or more of those tokens, all but the prompt's last token at most; else 0."""
+    keep = []
+    for i, p in enumerate(prompts):
+        held = retained.get(start + i)
+        c = common_prefix(held, p) if held is not None else 0
+        keep.append(min(c, len(p) - 1) if c >= SHARED_MIN else 0)
+    return keep
+
+
 def shared_prefixes(prompts: list, donors: list, least: int = SHARED_MIN) -> list[tuple]:
     """Which rows about to be prefilled can copy a prefix's K/V instead of running it: `prompts[i]`
     the prompt of row i (None: a row that holds part of its prompt already), `donors` `(row,

@@ -24,7 +24,7 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    pick_chunk, prefill_first)
+                                    kept_prefixes, pick_chunk, prefill_first)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -287,7 +287,7 @@ class Decoder:
         if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
             entering.sort(key=lambda s: len(s.prompt))
         # rows slot.. in this order from here on: a row keeps what it retained only for its own prompt
-        cache.claim(slot, slot + len(entering), [s.prompt for s in entering])
+        cache.claim(slot, slot + len(entering), kept_prefixes(cache.retained, slot, [s.prompt for s in entering]))
         if entering and not running:  # nobody waits for them: the whole prompts at once
             chunks = self.stepper.prefills.prefill(entering, slot, self._donors())
             sched.place(entering, cache)
