@@ -260,7 +260,9 @@ def best_of_sweeps(points: list, run, *, sweeps: int, budget_s: float, desc: str
     when a sweep is slow against `budget_s`), each point in its steady state: `settle` untimed
     calls of its shape, then `timed` timed ones, in the given order (similar points adjacent): a
     forward runs slower for several calls after one of another shape, pause or not, so a point
-    timed once after another shape reads too high. Interference only adds time, so the minimum is the device's own cost; sweeps spread a burst over the grid."""
+    timed once after another shape reads too high. Interference only adds time, so the minimum is
+    the device's own cost; sweeps spread a burst over the grid. The one helper that times a
+    forward (`measure`, `formats._round_seconds`)."""
     import sys
     import time
 
