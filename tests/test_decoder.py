@@ -18,7 +18,7 @@ from selfspec.engine.step import Stepper
 from conftest import tiny_model
 
 from test_batch import MODES, V
-from test_invariance import FORMATS, set_weights
+from matrix import FORMATS_KV8, set_weights
 
 LAYOUTS = {**MODES, "auto": dict(mode="auto", block_length=6, budget=8)}
 
@@ -264,7 +264,7 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])
 
 
-@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS_KV8)
 def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_one(fmt):
     """Mode "auto" keeps the room its usual rounds take (a lookup chain, a probe's group, a draft
     pass), not the widest round it may choose; on flat costs it lays out trees with a group on

@@ -16,7 +16,7 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import lookup_chain
 
 from conftest import FakeClock, PricedForward, tiny_model
-from test_invariance import FORMATS, set_weights
+from matrix import FORMATS_KV8, set_weights
 
 # a CPU: 2 query tokens cost 1.15 AR steps, 5 cost 2, a mask group of 8 with its tree ~3-4
 CPU = CostModel.one_row((1, 2, 4, 5, 8, 16, 64, 256), ((1e-2, 1.15e-2, 1.3e-2, 2e-2, 2.5e-2, 3.5e-2, 9e-2, 0.3),))
@@ -334,7 +334,7 @@ def _after_switch(m, prompt, cfg, switch: float, reference=None):
     return dec.outputs[0], (clock.t - at[0]) / (len(dec.outputs[0]) - at[1]), dec.planner
 
 
-@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS_KV8)
 def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_behind(fmt):
     """Only bare AR rounds measure AR's time now, the floor's reference. Chains right while the
     machine runs at half speed: auto bets round after round, and runs no bare round; then the

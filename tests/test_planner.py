@@ -452,10 +452,8 @@ shipped = pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.saf
 
 
 @shipped
-def test_on_the_shipped_model_a_flat_cost_model_plans_one_pass_presto_with_budget_32():
-    import selfspec
-
-    model, tok = selfspec.load()
+def test_on_the_shipped_model_a_flat_cost_model_plans_one_pass_presto_with_budget_32(default_model):
+    model, tok = default_model
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompt = json.loads(f.readline())["prompt"]
     dec = Decoder(model, [tok.encode(prompt)], DecodeConfig(max_new_tokens=48), profile=CostModel.flat())
