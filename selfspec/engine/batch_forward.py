@@ -41,7 +41,7 @@ class Join(NamedTuple):
 KV_CACHE_DTYPES = {"int16": torch.int16, "int8": torch.int8}  # the exact formats' compact caches
 # weight formats whose quality with the one-byte cache stays within issue 37's bound of their int16
 # cache's (top-1 agreement with fp32 and KL within 0.005; `python -m selfspec bench quality
-# --kv-cache`, docs/results.md: w4a8 -0.0020 / +0.0008, int8 -0.0037 / +0.0011, int4 -0.0093):
+# --kv-cache`, measured on docs/results.md):
 # kv_cache_dtype="auto" keeps int8 there
 ONE_BYTE_FORMATS = ("w4a8", "int8")
 
