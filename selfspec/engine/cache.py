@@ -150,7 +150,7 @@ class BatchKVCache:
         """A sequence leaves row `row` (rows `free`.. are unoccupied): its first len(tokens) slots,
         the K/V of `tokens`, are copied into a free row, where a prompt entering later that starts
         alike (the next turn of a chat, the same document asked again) copies them from
-        (`Stepper.share_prefixes`) instead of running them, until a sequence takes that row
+        (`PrefillSteps.share_prefixes`) instead of running them, until a sequence takes that row
         (`claim`). The row: one retained whose tokens the new ones extend, else the highest free
         one not retained, else the one retained longest ago.
 
