@@ -142,7 +142,8 @@ class Decoder:
             st.replay = None if replayed is None else replayed.name
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
-        self.pacing = PrefillPacing(prefill_chunk=prefill_chunk, scheduler=self.scheduler, stepper=self.stepper)
+        self.pacing = PrefillPacing(prefill_chunk=prefill_chunk, bf=self.bf, scheduler=self.scheduler,
+                                    stepper=self.stepper)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
         self._past = None if past is None else self._take_past(past)  # now: two turns never take one cache
         self.closed = False  # `close` ran: the iteration ended (finished or stopped)

@@ -13,13 +13,14 @@ from selfspec.engine.layouts import AR
 
 
 class PrefillPacing:
-    """A decoder's chunk pacing: `prefill_chunk` (None: priced), the decoder's scheduler and stepper
-    (read, never written, but for the stepper's `last_chunk`, taken once read), and the chunk clock
-    it keeps itself (`ran_chunk`, `ran_round`)."""
+    """A decoder's chunk pacing: `prefill_chunk` (None: priced), the decoder's forward `bf` (whether
+    a chunk can ride, `BatchForward.joins`), scheduler and stepper (read, never written, but for the
+    stepper's `last_chunk`, taken once read), and the chunk clock it keeps itself (`ran_chunk`,
+    `ran_round`)."""
 
-    def __init__(self, *, prefill_chunk: int | None, scheduler, stepper):
+    def __init__(self, *, prefill_chunk: int | None, bf, scheduler, stepper):
         self.prefill_chunk = prefill_chunk
-        self.scheduler, self.stepper = scheduler, stepper
+        self.bf, self.scheduler, self.stepper = bf, scheduler, stepper
         self.scale = ChunkScale()  # what this decoder's chunks took over their price
         self.since_chunk = 0.0  # own-forward chunks: the rounds' time since the last one
         self.chunk_seconds = 0.0  # and that chunk's own time
@@ -41,7 +42,7 @@ class PrefillPacing:
         something prices it against their round: plan "auto"'s cost model, or a `prefill_chunk` the
         caller chose. A fixed mode's default 256-token piece would make every round of the rows a
         256-token forward: it runs in a forward of its own, spaced (`due_chunk`)."""
-        return self.stepper.bf.joins and (self.planner is not None or self.prefill_chunk is not None)
+        return self.bf.joins and (self.planner is not None or self.prefill_chunk is not None)
 
     def due_chunk(self) -> int:
         """The query tokens of the own-forward chunk this turn runs (`chunk_tokens`), 0 for none:
@@ -92,7 +93,7 @@ class PrefillPacing:
         left = max(lefts, default=1)
         cached = lengths[R] if sched.prefilling else 0
         cache = max(lengths[:R], default=0)
-        base = R if R and self.stepper.bf.joins else 0  # a chunk in the round's forward adds to its R query rows
+        base = R if R and self.bf.joins else 0  # a chunk in the round's forward adds to its R query rows
         rounds = PREFILL_OWN_ROUNDS if R and not base else PREFILL_ROUNDS
         ar = self.planner.costs.seconds(AR, max(1, R), cache)[1]
         scale = self.scale.factor
