@@ -112,7 +112,8 @@ class PrefillSteps:
         taken = seqs[: len(widths)]
         cached = max(self.host.cache.lengths[slot : slot + len(taken)])
         last = self._prefill_forward(taken, slot, widths)
-        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.host.last_seconds)  # what chunk picking learns from
+        # what chunk picking learns from
+        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.host.last_seconds)
         return self.ready(taken, slot, last)
 
     def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
@@ -179,8 +180,9 @@ class PrefillSteps:
                 k, L, self.host.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
             G = self.host.cfg.group
             lora, lora_rows = self.host.lora_rows(0)
-            hidden = self.host.timed(seqs, lambda: self.host.bf(torch.full((k, G), self.host.mask_id), torch.arange(G).expand(k, G),
-                                                      self.host.cache, rows, lora=lora, lora_rows=lora_rows))
+            masks = torch.full((k, G), self.host.mask_id)
+            hidden = self.host.timed(seqs, lambda: self.host.bf(masks, torch.arange(G).expand(k, G), self.host.cache, rows,
+                                                                lora=lora, lora_rows=lora_rows))
             for i, s in enumerate(seqs):
                 s.stats.prefill_forwards += 1
                 s.marg = self.host.group_marginals(s, hidden[i, 1:], at=len(s.emitted) + 1)  # the root comes first
