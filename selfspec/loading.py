@@ -67,9 +67,9 @@ def _finish(model, tok, fmt, kv, named: bool):
     if named:
         _check_invariant(model, fmt)
     set_kv_cache_dtype(model, kv_cache_for(fmt) if kv == "auto" else kv)
-    # What exists now (torch's, transformers' and the model's ~370,000 objects) lives as long as the
-    # model: out of the cyclic collector's sight, as the server keeps it. Otherwise a full collection
-    # of them (100-200 ms on a 2-core CPU) lands now and then mid-generation: 20-30 tokens' time.
+    # What exists now (torch's, transformers' and the model's hundreds of thousands of objects) lives
+    # as long as the model: out of the cyclic collector's sight, as the server keeps it. Otherwise a
+    # full collection of them lands now and then mid-generation, a stall of many tokens' time.
     gc.collect()
     gc.freeze()
     return model, tok

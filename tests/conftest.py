@@ -85,6 +85,23 @@ SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="session")
+def _default_loaded():
+    import selfspec
+
+    return selfspec.load()
+
+
+@pytest.fixture(scope="module")
+def default_model(_default_loaded):
+    """`(model, tokenizer)` of the default model (`selfspec.load()`), loaded once per test run.
+    Each module starts it with no planner learnt by another module's generations; a test that
+    changes its weights or cache loads a model of its own."""
+    model, tok = _default_loaded
+    model.__dict__.pop("_selfspec_planners", None)
+    return model, tok
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A checkpoint directory: a tiny random model with the shipped tokenizer's vocabulary."""
     from selfspec.checkpoint.tokenizer import SentencePieceTokenizer

@@ -36,7 +36,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import selfspec
 import selfspec.engine.step as decoder_module
 from selfspec.engine.decoder import generate_ids
 from selfspec.engine.options import DecodeConfig
@@ -54,8 +53,8 @@ NO_PREFIX_TERM = dict(rho="none", lam=0.0)
 
 
 @pytest.fixture(scope="module")
-def shipped():
-    model, tok = selfspec.load()
+def shipped(default_model):
+    model, tok = default_model
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompts = [tok.encode(json.loads(line)["prompt"]) for line in f][:6]
     ars = [generate_ids(model, ids, DecodeConfig(mode="ar", max_new_tokens=48), eos_token_id=[])[0] for ids in prompts]

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from selfspec.engine.decoder import Decoder, generate_batch_ids
-from selfspec.engine.batch_forward import BatchForward, batch_mask
+from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.masks import batch_mask
 from selfspec.engine.masks import rows_layout
 from selfspec.drafting.tree import chain
 from selfspec.engine.decoder import generate_ids

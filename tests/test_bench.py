@@ -8,6 +8,8 @@ from selfspec.kernels import build as kernels_build
 from selfspec.tools.bench import prompt_kind, read_prompts
 from selfspec.tools.cli import main
 
+from matrix import FORMATS
+
 
 @pytest.fixture
 def prompts(tmp_path):
@@ -468,7 +470,7 @@ def test_a_peer_s_run_is_followed_by_an_untimed_run_of_ours_before_the_next_time
     assert after and all(e == ("ours", "ar", 8) for e in after)
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("weights", FORMATS)
 def test_the_control_row_and_the_batch_reference_hold_in_every_weight_format(weights, tiny_dir, tmp_path):
     """--control's row and `auto`'s equal AR's tokens, and a batch grid without B = 1 checks every greedy row
     against batch-1 AR, whatever weights the bench runs."""

@@ -16,9 +16,9 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
 
 from conftest import FakeClock, PricedForward, tiny_model
+from matrix import EXACT, FORMATS
 
 V = 16
-FORMATS = ["int8", "int4", "w4a8", "bf16"]
 _M = {}
 
 
@@ -95,7 +95,7 @@ def _same_kv(a, b):
     return len(a) == len(b) and all(torch.equal(ka, kb) and torch.equal(va, vb) for (ka, va), (kb, vb) in zip(a, b))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 def test_a_long_prompt_joining_running_rows_is_prefilled_in_chunks_bitwise_as_in_one_forward(fmt):
     """A 70-token prompt joins two running rows with 8-token chunks: nine chunk forwards, the
     live rows commit tokens meanwhile, its cache row holds the one-forward prefill's K/V bit for
@@ -110,7 +110,7 @@ def test_a_long_prompt_joining_running_rows_is_prefilled_in_chunks_bitwise_as_in
     assert list(dec.outputs) == [generate_ids(m, p, cfg, eos_token_id=[])[0] for p in running + [long]]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("mode", [dict(mode="presto", schedule="one-pass", block_length=4, budget=6),
                                   dict(mode="linear", schedule="two-pass", block_length=6)])
 def test_speculative_rows_and_several_joining_prompts_stay_exact(fmt, mode):
@@ -145,7 +145,7 @@ def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
     assert between == len(running) and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
     from selfspec.engine.decoder import PREFILL_CHUNK
 
-    assert Decoder(m, running, cfg).chunk_tokens() == PREFILL_CHUNK
+    assert Decoder(m, running, cfg).pacing.chunk_tokens() == PREFILL_CHUNK
     with pytest.raises(ValueError, match="prefill_chunk"):
         Decoder(m, running, cfg, prefill_chunk=0)
 
@@ -170,7 +170,7 @@ def test_a_lone_prompt_and_a_batch_entering_together_are_prefilled_whole_at_once
 LAYOUTS = [dict(), dict(mode="presto", schedule="one-pass", block_length=4, budget=6), dict(mode="lookup")]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["auto", "presto-one-pass", "lookup"])
 def test_a_burst_of_prompts_outnumbering_the_running_rows_is_prefilled_in_one_turn(fmt, layout):
     """One row runs and five prompts arrive at once (plan auto, chunks the decoder's to pick): they
@@ -257,7 +257,7 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
 
 def _chunk_spans(dec, clock) -> list:
     """Wraps the decoder's own-forward chunk call: (start, end) on the fake clock of each, as they run."""
-    own, spans = dec.stepper.prefill_chunk, []
+    own, spans = dec.stepper.prefills.prefill_chunk, []
 
     def timed(*a):
         t0 = clock.t
@@ -265,7 +265,7 @@ def _chunk_spans(dec, clock) -> list:
         spans.append((t0, clock.t))
         return out
 
-    dec.stepper.prefill_chunk = timed
+    dec.stepper.prefills.prefill_chunk = timed
     return spans
 
 
@@ -293,7 +293,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
     priced.prefills, spans = [], _chunk_spans(dec, clock)
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
-            dec.stepper.last_chunk = None  # a decoder that never learns what its chunks took
+            dec.stepper.prefills.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
     return priced.prefills, truth(2, 1, 10), spans, dec
 
@@ -327,7 +327,7 @@ def test_a_chunk_in_a_forward_of_its_own_is_worth_its_weight_pass_and_comes_spac
     assert all(c > 1.5 * own for c in blind[:-1]), (blind, ar)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 def test_a_prompt_joining_in_auto_sized_chunks_gives_ar_output_in_every_format(fmt):
     """Plan auto sizes the chunks (riding in int8 / int4 / bf16, spaced forwards of their own in
     w4a8, whose rounds run in one C call): the joining prompt and the running rows still decode
@@ -398,7 +398,7 @@ def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact(
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_same_kv(fmt):
-    """Past `Stepper.piece` tokens the prompts entering together run in forwards of that many
+    """Past `PrefillSteps.piece` tokens the prompts entering together run in forwards of that many
     columns (the exact attention's scores grow with the square of a forward's width); the K/V,
     the first tokens and the output are the one-forward prefill's, bit for bit."""
     m = _model(fmt)
@@ -407,7 +407,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
     for piece in (8, 1000):
         dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])
         dec.start()
-        dec.stepper.piece = piece
+        dec.stepper.prefills.piece = piece
         widths = Widths(dec)
         dec.step()  # the prefill turn: every prompt enters, nothing runs
         cache = dec.stepper.cache
@@ -424,7 +424,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
                for a, b in ((k8, k), (v8, v)))
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(fmt):
     """Pieces of 8 columns for a 37-token prompt: every layout's greedy output equals AR's in the
     format (fp32 too, where the pieces' K/V need not be the one forward's bits: AR reads the same)."""
@@ -438,7 +438,7 @@ def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(f
                       ("linear", DecodeConfig(mode="linear", schedule="two-pass", block_length=4, max_new_tokens=12))):
         dec = Decoder(m, [prompt], cfg, eos_token_id=[])
         dec.start()
-        dec.stepper.piece = 8
+        dec.stepper.prefills.piece = 8
         for _ in dec:
             pass
         assert dec.stats[0].prefill_forwards >= 5, name
@@ -446,7 +446,7 @@ def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(f
     assert all(o == outs["ar"] for o in outs.values()), outs
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", [dict(mode="ar"), dict(mode="lookup"),
                                   dict(mode="presto", schedule="one-pass", block_length=4, budget=6),
                                   dict(block_length=4, budget=6)])  # plan auto
@@ -477,7 +477,7 @@ def test_in_the_exact_formats_a_joining_prompts_chunks_ride_in_the_rounds_forwar
     assert list(dec.outputs) == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in running + [long]]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("layout", LAYOUTS[:2], ids=["auto", "presto-one-pass"])
 def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same_kv(fmt, layout):
     """Three prompts entering together share their first 20 tokens (a system prompt): the prefix
@@ -517,7 +517,7 @@ def test_prompts_that_start_alike_prefill_their_common_prefix_once_with_the_same
     assert [dec.outputs[s.index] for s in seqs] == [generate_ids(m, p, ar, eos_token_id=[])[0] for p in joining]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("layout", [dict(mode="ar"), dict(block_length=4, budget=6)], ids=["ar", "auto"])
 def test_a_prompt_joining_running_rows_alone_copies_the_prefix_it_shares_with_one_of_them(fmt, layout):
     """A prompt added while rows run is no burst: it is prefilled in chunks (riding in the rounds'
@@ -613,7 +613,7 @@ def test_short_prompts_joining_in_forwards_of_their_own_are_prefilled_at_once_no
     assert len(dec.scheduler.live) == 6 and not dec.scheduler.prefilling
 
 
-@pytest.mark.parametrize("fmt", ["fp32", *FORMATS])  # chunks that could ride (int8, int4, bf16) and ones that cannot
+@pytest.mark.parametrize("fmt", FORMATS)  # chunks that could ride (int8, int4, bf16) and ones that cannot
 @pytest.mark.parametrize("layout", [dict(mode="ar"), dict(mode="lookup"),
                                     dict(mode="presto", schedule="one-pass", block_length=4, budget=6)],
                          ids=["ar", "lookup", "presto"])

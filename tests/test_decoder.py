@@ -13,12 +13,12 @@ from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder, generate_batch_ids, generate_ids
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import Planner
-from selfspec.engine.step import Stepper
+from selfspec.engine.prefill_steps import PrefillSteps
 
 from conftest import tiny_model
 
 from test_batch import MODES, V
-from test_invariance import FORMATS, set_weights
+from matrix import FORMATS_KV8, set_weights
 
 LAYOUTS = {**MODES, "auto": dict(mode="auto", block_length=6, budget=8)}
 
@@ -82,7 +82,7 @@ def test_a_cost_model_for_another_device_fails_before_any_model_work(tmp_path, m
     m = tiny_model(vocab_size=V)
     path = tmp_path / "elsewhere.json"
     CostModel("cpu: elsewhere", "*", "any", "any", (1,), (1, 2), (0,), (((1.0, 2.0),),)).save(str(path))
-    monkeypatch.setattr(Stepper, "prefill", lambda *a: pytest.fail("model work before the error"))
+    monkeypatch.setattr(PrefillSteps, "prefill", lambda *a: pytest.fail("model work before the error"))
     with pytest.raises(ValueError, match="measured for device"):
         Decoder(m, _prompts()[:2], DecodeConfig(max_new_tokens=12), batch_size=2, profile=str(path))
 
@@ -264,7 +264,7 @@ def test_the_planner_is_told_when_the_batch_drains(monkeypatch):
     assert all(len(rooms) <= 2 and all(1 <= x <= 9 for x in rooms) for _, rooms in seen[first:])
 
 
-@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS_KV8)
 def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_one(fmt):
     """Mode "auto" keeps the room its usual rounds take (a lookup chain, a probe's group, a draft
     pass), not the widest round it may choose; on flat costs it lays out trees with a group on
@@ -284,7 +284,7 @@ def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_on
     dec.start()
     before = dec.cache.capacity
     assert before == 9 + 12 + round_room(cfg) + 1 and round_room(cfg) == 11 < scratch(cfg)
-    assert dec.planner.max_width == round_room(cfg)  # no round padded past the room: its own width only grows it
+    assert dec.planner.costs.max_width == round_room(cfg)  # no round padded past the room: its own width only grows it
     widths = []
     dec.on_round = lambda info: widths.append(info["query_tokens"])
     for _ in dec:

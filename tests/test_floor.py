@@ -16,7 +16,7 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import lookup_chain
 
 from conftest import FakeClock, PricedForward, tiny_model
-from test_invariance import FORMATS, set_weights
+from matrix import FORMATS_KV8, set_weights
 
 # a CPU: 2 query tokens cost 1.15 AR steps, 5 cost 2, a mask group of 8 with its tree ~3-4
 CPU = CostModel.one_row((1, 2, 4, 5, 8, 16, 64, 256), ((1e-2, 1.15e-2, 1.3e-2, 2e-2, 2.5e-2, 3.5e-2, 9e-2, 0.3),))
@@ -197,9 +197,9 @@ def test_one_stalled_ar_forward_moves_the_time_scale_as_a_round_pause_times_slow
         return Seen(AR, rows=1, width=1, cache_len=64, model_seconds=factor * predicted, seconds=factor * predicted,
                     plan_seconds=0.0, bare=True, draining=False, value=1.0)
 
-    pl._observe_time(ar_round(1.0))
-    pl._observe_time(ar_round(30.0))
-    assert pl.scale["ar"] == pytest.approx(1.0 + EMA * (ledger_mod.PAUSE - 1.0))
+    pl.costs.observe(ar_round(1.0))
+    pl.costs.observe(ar_round(30.0))
+    assert pl.costs.scale["ar"] == pytest.approx(1.0 + EMA * (ledger_mod.PAUSE - 1.0))
 
 
 def test_the_ledger_counts_a_stalled_round_at_pause_times_its_prediction():
@@ -257,14 +257,14 @@ def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards
     from selfspec.engine.planner import Planner, Seen
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
-    ar = pl.seconds(AR, 1, 64)[1]
+    ar = pl.costs.seconds(AR, 1, 64)[1]
     for model_seconds, plan in ((ar, 0.0), (2 * ar, 0.02 * ar), (0.5 * ar, 0.02 * ar)):
         before = pl.ledger.funds
         pl.unsettled.append(Seen(AR, rows=1, width=1, cache_len=64, model_seconds=model_seconds,
                                  seconds=model_seconds + plan, plan_seconds=plan, bare=False, draining=False,
                                  value=1.0))
         pl.settle()
-        spent = 1.0 + plan / pl.seconds(AR, 1, 64)[1]  # the AR time as it stood when the round was accounted
+        spent = 1.0 + plan / pl.costs.seconds(AR, 1, 64)[1]  # the AR time as it stood when the round was accounted
         assert pl.ledger.funds == pytest.approx(before + ledger_mod.EPS * spent + 1.0 - spent), model_seconds / ar
 
 
@@ -334,7 +334,7 @@ def _after_switch(m, prompt, cfg, switch: float, reference=None):
     return dec.outputs[0], (clock.t - at[0]) / (len(dec.outputs[0]) - at[1]), dec.planner
 
 
-@pytest.mark.parametrize("fmt", ["fp32"] + FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS_KV8)
 def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_behind(fmt):
     """Only bare AR rounds measure AR's time now, the floor's reference. Chains right while the
     machine runs at half speed: auto bets round after round, and runs no bare round; then the
@@ -349,4 +349,4 @@ def test_a_machine_that_gets_faster_while_auto_bets_leaves_no_stale_reference_be
     out, auto_after, planner = _after_switch(m, prompt, DecodeConfig(mode="auto", max_new_tokens=n), 1.5, reference=ar)
     assert out == ar
     assert ar_after / auto_after >= 0.95
-    assert planner.scale["ar"] == pytest.approx(1.0, abs=0.05) and planner.relative["lookup"] == pytest.approx(1.0, abs=0.05)
+    assert planner.costs.scale["ar"] == pytest.approx(1.0, abs=0.05) and planner.costs.relative["lookup"] == pytest.approx(1.0, abs=0.05)

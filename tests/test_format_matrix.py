@@ -23,10 +23,10 @@ from selfspec.engine.cost import CostModel
 from selfspec.engine.formats import set_weights
 
 from conftest import tiny_model
+from matrix import EXACT, FORMATS
 
 V, MASK = 16, 4
 NEW = 10
-FORMATS = ["fp32", "bf16", "int8", "int4", "w4a8"]
 PROMPT = [5, 9, 7, 5, 9, 7, 11, 5, 9]  # repeats: lookup and the n-gram rho have something to find
 
 # name -> (options, what the cell checks besides running)
@@ -121,7 +121,7 @@ WIDE_HEADS = dict(head_dim=32, max_position_embeddings=1 << 16, rope_parameters=
     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
 
 
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "fp32"])
+@pytest.mark.parametrize("fmt", EXACT)
 def test_greedy_output_equals_ar_with_the_integer_weighted_sums_in_every_exact_format(fmt):
     """The attention's weighted sums in int32 lanes (AVX-512 VNNI, `kernels/attn16_words.h`) run
     where heads are 32 dims wide and V's shifts agree, which the tiny model above never has (8-dim

@@ -4,7 +4,7 @@ Ministral3Model (the reference), and the KV cache."""
 import pytest
 import torch
 
-from selfspec.engine.batch_forward import MaskBuffer
+from selfspec.engine.masks import MaskBuffer
 from selfspec.engine.cache import BatchKVCache
 from selfspec.engine.masks import additive, tree_block
 from selfspec.drafting.tree import ancestors

@@ -123,10 +123,8 @@ def test_a_prompt_shorter_than_the_ngram_is_no_match_and_no_error():
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.safetensors")), reason="no shipped model")
-def test_on_the_shipped_model_context_candidates_raise_tau_and_keep_greedy_exact():
-    import selfspec
-
-    model, tok = selfspec.load()
+def test_on_the_shipped_model_context_candidates_raise_tau_and_keep_greedy_exact(default_model):
+    model, tok = default_model
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompts = [json.loads(line)["prompt"] for line in itertools.islice(f, 4)]
     taus = {}

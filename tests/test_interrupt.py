@@ -176,7 +176,7 @@ def test_cli_text_on_sigint_keeps_the_streamed_text_and_prints_only_a_newline(ti
 
 
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.safetensors")), reason="no shipped model")
-def test_sigint_to_a_streaming_cli_process_exits_130_with_the_streamed_prefix():
+def test_sigint_to_a_streaming_cli_process_exits_130_with_the_streamed_prefix(default_model):
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompt = json.loads(f.readline())["prompt"]
     opts = ["--mode", "presto", "--schedule", "one-pass", "--block-length", "8", "--group-size", "8", "--budget", "16",
@@ -198,7 +198,7 @@ def test_sigint_to_a_streaming_cli_process_exits_130_with_the_streamed_prefix():
     assert proc.returncode == 130, err.decode()
     assert err.decode() == "" and out.endswith("\n")
     assert stopped_after < 5  # at once, not after 3000 tokens
-    model, tok = selfspec.load()
+    model, tok = default_model
     full = selfspec.generate(model, tok, prompt, max_new_tokens=len(tok.encode(out)) + 16, mode="ar", eos_token_id=[])
     assert full.text.startswith(out[:-1]) and len(out) > 1
 

@@ -10,26 +10,14 @@ import torch
 
 from selfspec.drafting.tree import Tree, ancestors, chain
 from selfspec.engine.attention import exact_attention, grid_for, on_grid
-from selfspec.engine import formats
-from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
+from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.decoder import generate_batch_ids, generate_ids
 from selfspec.engine.masks import additive, rows_layout, tree_block
 from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
+from matrix import EXACT_KV8, set_weights
 
-# every exact weight format, with the int16 cache and with the one-byte (int8) cache
-FORMATS = ["bf16", "int8", "int4", "w4a8", "bf16+kv8", "int8+kv8", "int4+kv8", "w4a8+kv8"]
-
-
-def set_weights(m, fmt: str):
-    """`fmt` ("w4a8", or "w4a8+kv8": with K and V cached as int8) put on m."""
-    name, _, kv = fmt.partition("+")
-    m = formats.set_weights(m, name)
-    if kv:
-        set_kv_cache_dtype(m, "int8")
-        assert BatchForward.of(m).new_cache(1, 4).k[0].dtype == torch.int8
-    return m
 NEG = float("-inf")
 
 
@@ -65,7 +53,7 @@ def _prefilled(m, prompts):
     return bf, cache
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT_KV8)
 def test_a_rows_logits_are_bitwise_the_same_alone_in_a_wide_tree_and_in_a_batch(fmt):
     """Path root -> a -> b: AR computes it one token at a time; the same nodes inside a 16-node
     tree with mask groups, and inside a batch beside rows of other lengths and widths, give the
@@ -100,7 +88,7 @@ def test_a_rows_logits_are_bitwise_the_same_alone_in_a_wide_tree_and_in_a_batch(
     assert bool(ancestors(parents)[9, 3]) and bool(ancestors(parents)[3, 0])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT_KV8)
 @pytest.mark.parametrize("mode", [dict(mode="lookup"), dict(mode="linear", schedule="two-pass"),
                                   dict(mode="linear", schedule="one-pass", group_nodes=2),
                                   dict(mode="presto", schedule="two-pass", budget=12),
@@ -116,7 +104,7 @@ def test_greedy_output_equals_ar_in_every_mode_and_format_alone_and_in_batches(f
     assert generate_batch_ids(m, prompts, cfg, eos_token_id=[], batch_size=2)[0] == ar
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT_KV8)
 def test_plan_auto_equals_ar_in_every_format_on_flat_and_steep_costs(fmt):
     from selfspec.engine.cost import CostModel
 
@@ -148,7 +136,7 @@ def _lora(m, seed=0):
     return DraftLoRA(m, weights, scale=0.5, mask_embedding=torch.randn(m.config.hidden_size, generator=g))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT_KV8)
 @pytest.mark.parametrize("live, chunk", [(1, (1, 3)), (1, (1, 20)), (2, (2, 6)), (2, (1, 3))])
 def test_a_prompt_chunk_joined_to_a_round_gives_every_row_the_bits_of_its_own_forward(fmt, live, chunk):
     """A round of one or two rows (a tree with mask groups under the draft LoRA, and a chain)
@@ -186,7 +174,7 @@ def test_a_prompt_chunk_joined_to_a_round_gives_every_row_the_bits_of_its_own_fo
                                                        slice(0, live), block=lay.blocks)[0, N:])  # the LoRA ran
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT_KV8)
 def test_greedy_output_equals_ar_past_512_cached_keys_with_64_dim_heads_in_every_format(fmt):
     """The long-context attention paths (keys split over the threads from 512, the weighted sums'
     chunks and skipped high limbs, 512-bit scores: all for 64-dim heads) under real decoding: a

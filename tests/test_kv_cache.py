@@ -12,6 +12,7 @@ from selfspec.engine.cost import identity
 from selfspec.engine.formats import set_weights
 
 from conftest import tiny_model
+from matrix import EXACT
 
 
 def test_the_one_byte_cache_holds_a_token_in_about_half_the_bytes():
@@ -75,7 +76,7 @@ def test_a_cost_model_is_measured_for_the_cache_it_plans_over():
     assert int8 != int16 and int8["weights"] == "w4a8, int8 KV cache" and int16["weights"] == "w4a8"
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", EXACT)
 def test_with_the_one_byte_cache_every_mode_samples_ars_tokens_for_a_seed_in_every_exact_format(fmt):
     """Reproducible sampling over the one-byte cache: the same seed gives AR's tokens in every mode,
     alone and in a batch (greedy: test_invariance)."""

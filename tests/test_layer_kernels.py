@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from selfspec.engine.attention import write_attend
 from selfspec.kernels import attn16, build
 from selfspec.kernels import layer as kl
 
@@ -116,7 +117,7 @@ def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first,
     c1, x = _layer_inputs(R, S, first=first, dtype=dtype)  # rows first.. (a prefill chunk's rows behind the live ones)
     c2, _ = _layer_inputs(R, S, first=first, dtype=dtype)
     rows = slice(first, first + R)
-    a = c1.write_attend(0, rows, starts, x, 9, mask, *args)
+    a = write_attend(c1, 0, rows, starts, x, 9, mask, *args)
     assert a is not None and a.shape == (R, 1, 9 * 64)
     xs = x.transpose(1, 2)
     kc, vc = c2.write(0, rows, starts, xs[:, 9:12], xs[:, 12:])
@@ -152,7 +153,7 @@ def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w
         c1, x = _layer_inputs(R, S, bits=12, dtype=dtype)
         c2, _ = _layer_inputs(R, S, bits=12, dtype=dtype)
         x = torch.cat([x] * w, 1) + torch.arange(w, dtype=torch.float64).view(1, w, 1, 1)  # w different tokens
-        a = c1.write_attend(0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
+        a = write_attend(c1, 0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
         xs = x.transpose(1, 2)
         kc, vc = c2.write(0, slice(0, R), starts, xs[:, 9:12], xs[:, 12:])
         grid = type("G", (), {"scale": args[0], "shift": args[1], "v": 10})
@@ -190,7 +191,7 @@ def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, fi
         assert vmax == 0 if dtype == torch.int16 else 0 < vmax <= 8
         before = toggle(on)
         try:
-            outs.append(cache.write_attend(0, slice(first, first + R), starts, torch.cat([x] * w, 1), 9, mask, *args))
+            outs.append(write_attend(cache, 0, slice(first, first + R), starts, torch.cat([x] * w, 1), 9, mask, *args))
         finally:
             toggle(before)
     assert outs[0] is not None and torch.equal(outs[0], outs[1])
@@ -226,7 +227,7 @@ def test_one_call_attention_gives_the_same_bits_on_one_thread_and_shared_out(R, 
                 for seed in (par_min % 7 + 1, 6):  # other inputs first: no step passes on the last call's scratch
                     cache, x = _layer_inputs(R, S, seed=seed, bits=bits, dtype=dtype)
                     x = torch.cat([x] * w, 1) + torch.arange(w, dtype=torch.float64).view(1, w, 1, 1)
-                    out = cache.write_attend(0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
+                    out = write_attend(cache, 0, slice(0, R), starts, x.contiguous(), 9, mask, *args)
                 outs.append(out)
             finally:
                 setp(before)
@@ -244,7 +245,7 @@ def test_one_call_attention_declines_wide_rounds_and_leaves_the_cache_alone(past
     cache, x = _layer_inputs(1, 20 + w)
     wide = torch.cat([x] * w, 1)
     before = [b.clone() for b in cache._buffers()]
-    assert cache.write_attend(0, slice(0, 1), [20], wide, 9, None, 1.0, 1.0, 1.0) is None
+    assert write_attend(cache, 0, slice(0, 1), [20], wide, 9, None, 1.0, 1.0, 1.0) is None
     assert all(torch.equal(a, b) for a, b in zip(before, cache._buffers()))
 
 

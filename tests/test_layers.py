@@ -1,8 +1,10 @@
 """The layering: every module sits in one layer, imports only from its own layer or below
-(nested imports included, read from the source), and no import circle exists anywhere."""
+(nested imports included, read from the source), and no import circle exists anywhere; no engine
+class inherits from a class of another engine file; the layer body is written once."""
 
 import ast
 import os
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +118,86 @@ def test_the_layer_check_reads_nested_imports(tmp_path):
     p = tmp_path / "m.py"
     p.write_text("def f():\n    from selfspec.tools.bench import x\n")
     assert imports("selfspec.drafting.m", str(p), {"selfspec.tools.bench"}) == {"selfspec.tools.bench"}
+
+
+# -- composition, not mixins across files ------------------------------------------------------------
+# An engine class holds a collaborator as a field (`Decoder.pacing`, `Stepper.prefills`,
+# `Planner.costs`); a base class from another engine file splits one class over two files.
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str, list[str]]]:
+    """(line, imported module, names taken) of every import in a module, relative ones resolved."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            out.append((node.lineno, target, [a.asname or a.name for a in node.names]))
+    return out
+
+
+def _files(root: Path):
+    for path in sorted(root.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def foreign_bases(engine: Path) -> list[str]:
+    """`file: Class(Base)` for each engine class whose base is a class of another engine file."""
+    defined = {}  # class name -> the engine file defining it
+    trees = list(_files(engine))
+    for path, tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, set()).add(path)
+    bad = []
+    for path, tree in trees:
+        package = engine.parent.name + "." + engine.name
+        imported = {}  # local name -> module, for names taken from engine modules
+        for _, target, names in _imports(tree, _module(path, engine.parent), path.name == "__init__.py"):
+            for name in names:
+                imported[name] = target
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+                source = imported.get(name, "")
+                other_file = source.startswith(package) or (name in defined and path not in defined[name])
+                if other_file and not any(path == p for p in defined.get(name, ())):
+                    bad.append(f"{path.name}: {node.name}({name})")
+    return bad
+
+
+def test_no_engine_class_inherits_from_a_class_of_another_engine_file():
+    assert foreign_bases(Path(PKG) / "engine") == []
+
+
+def test_the_mixin_check_finds_a_base_from_another_engine_file(tmp_path):
+    """Bases from another engine file (imported by name or through its module) are reported; a base
+    from the same file or from the standard library is not."""
+    engine = tmp_path / "selfspec" / "engine"
+    engine.mkdir(parents=True)
+    (engine / "__init__.py").write_text("")
+    (engine / "pacing.py").write_text("class Pacing:\n    pass\n")
+    (engine / "decoder.py").write_text("from typing import NamedTuple\n"
+                                       "from selfspec.engine.pacing import Pacing\n"
+                                       "import selfspec.engine.pacing as p\n"
+                                       "class Base:\n    pass\n"
+                                       "class Same(Base):\n    pass\n"
+                                       "class Row(NamedTuple):\n    a: int\n"
+                                       "class Decoder(Pacing):\n    pass\n"
+                                       "class Other(p.Pacing):\n    pass\n")
+    assert foreign_bases(engine) == ["decoder.py: Decoder(Pacing)", "decoder.py: Other(Pacing)"]
 
 
 # -- one layer body ----------------------------------------------------------------------------------

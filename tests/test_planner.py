@@ -180,7 +180,7 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
                                   target_rows=0)
             pl.observe(rnd)
     assert len(resting.unsettled) == 4 and not at_once.unsettled
-    assert resting.ledger.rounds == 0.0 and "ar" not in resting.scale
+    assert resting.ledger.rounds == 0.0 and "ar" not in resting.costs.scale
     forked = resting.fork()
     resting.dormant = 0
     for pl in (at_once, resting):
@@ -189,7 +189,7 @@ def test_resting_rounds_are_accounted_when_the_rest_ends_exactly_as_they_would_h
                                    plan_seconds=0.0, bare=True, draining=False, join_tokens=0, refresh=False,
                                    target_seconds=0.0, target_rows=0))
         pl.settle()  # plain AR rounds settle SETTLE_AFTER at a time: the fifth waits
-    state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
+    state = lambda pl: (pl.ledger, pl.costs.scale, pl.costs.overhead, pl.costs._recent)  # noqa: E731
     assert state(resting) == state(at_once) and not resting.unsettled
     assert not forked.unsettled and forked.ledger.rounds > 0
 
@@ -202,7 +202,7 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
 
     n = math.ceil((0.5 - 0.11) / EPS - 1e-9)
     pl = _planner(CostModel.flat(0.1))
-    pl.ledger.funds, pl.ledger.plan_seconds, pl.scale["ar"] = 0.11, 0.05, 1.0
+    pl.ledger.funds, pl.ledger.plan_seconds, pl.costs.scale["ar"] = 0.11, 0.05, 1.0
     forecast_at, waiting = [], []
     pl.forecast = lambda r: forecast_at.append(len(waiting)) or Forecast()
     for _ in range(n + 4):
@@ -395,8 +395,8 @@ def test_before_any_ar_round_every_kind_is_priced_on_the_clock_of_the_rounds_tha
     for _ in range(3):
         _observe(pl, Option("lookup", 1), 0.2)
     pl.settle()
-    assert pl.model_seconds("ar", 1, 1, 0) == pytest.approx(0.2)
-    assert pl.model_seconds("lookup", 1, 2, 0) == pytest.approx(0.2)
+    assert pl.costs.model_seconds("ar", 1, 1, 0) == pytest.approx(0.2)
+    assert pl.costs.model_seconds("lookup", 1, 2, 0) == pytest.approx(0.2)
 
 
 def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_price_it_out():
@@ -417,8 +417,8 @@ def test_a_chain_pays_for_every_target_token_it_draws_and_sampled_draws_can_pric
         return pl
 
     cheap, dear = planner(20e-6), planner(5e-3)
-    assert cheap.draw == pytest.approx(20e-6) and dear.draw == pytest.approx(5e-3)
-    assert cheap.overhead["lookup"] == pytest.approx(dear.overhead["lookup"]) == pytest.approx(1e-3)
+    assert cheap.costs.draw == pytest.approx(20e-6) and dear.costs.draw == pytest.approx(5e-3)
+    assert cheap.costs.overhead["lookup"] == pytest.approx(dear.costs.overhead["lookup"]) == pytest.approx(1e-3)
     rows = _rows(_chain(0.2, 3))
     assert cheap.choose(rows, cache=0).draft == "lookup"
     assert dear.choose(rows, cache=0) == AR
@@ -452,10 +452,8 @@ shipped = pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.saf
 
 
 @shipped
-def test_on_the_shipped_model_a_flat_cost_model_plans_one_pass_presto_with_budget_32():
-    import selfspec
-
-    model, tok = selfspec.load()
+def test_on_the_shipped_model_a_flat_cost_model_plans_one_pass_presto_with_budget_32(default_model):
+    model, tok = default_model
     with open(os.path.join(SHIPPED, "prompts.jsonl")) as f:
         prompt = json.loads(f.readline())["prompt"]
     dec = Decoder(model, [tok.encode(prompt)], DecodeConfig(max_new_tokens=48), profile=CostModel.flat())
@@ -544,7 +542,7 @@ def test_plain_ar_rounds_settle_four_at_a_time_as_they_would_one_by_one_and_a_dr
     for pl in (batched, single):
         _observe(pl, Option("lookup", 2), 0.15, rows=1, width=3, committed=2)
     assert not batched.unsettled
-    state = lambda pl: (pl.ledger, pl.scale, pl.overhead, pl._recent)  # noqa: E731
+    state = lambda pl: (pl.ledger, pl.costs.scale, pl.costs.overhead, pl.costs._recent)  # noqa: E731
     assert state(batched) == state(single)
 
 

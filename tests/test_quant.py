@@ -11,6 +11,7 @@ from selfspec.engine.formats import set_weights
 from selfspec.engine.forward import FastForward
 
 from conftest import tiny_model
+from matrix import FORMATS
 
 
 def _w(n=64, k=96, seed=0):
@@ -74,7 +75,7 @@ def test_int4_takes_only_the_shapes_its_kernel_takes_and_falls_back_to_int8():
         quantize(_w(), "int3")
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_model_in_a_format_runs_it(fmt):
     m = set_weights(tiny_model(), fmt)
     ff = FastForward.of(m)

@@ -12,9 +12,9 @@ from selfspec.engine.formats import set_weights
 from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
+from matrix import EXACT
 
 V = 16
-FORMATS = ["int8", "int4", "w4a8", "bf16"]
 LAYOUTS = [dict(mode="ar"), dict(block_length=4, budget=6), dict(mode="lookup"),
            dict(mode="presto", schedule="one-pass", block_length=4, budget=6)]
 _M = {}
@@ -61,7 +61,7 @@ def _same(a, b):
     return all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q)) and len(a) == len(b)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["ar", "auto", "lookup", "presto-one-pass"])
 def test_a_chats_next_turn_copies_the_history_a_finished_answer_left_in_its_row(fmt, layout):
     """Turn 1 (a 20-token prompt) is answered and finishes; its row's K/V (prompt and answer, as
@@ -197,20 +197,20 @@ def _text_model(fmt):
 
 
 def _prefilled(monkeypatch) -> list[int]:
-    """Every prefill forward's prompt tokens from now on (`Stepper._prefill_forward`), in a list."""
-    from selfspec.engine.step import Stepper
+    """Every prefill forward's prompt tokens from now on (`PrefillSteps._prefill_forward`), in a list."""
+    from selfspec.engine.prefill_steps import PrefillSteps
 
-    seen, real = [], Stepper._prefill_forward
+    seen, real = [], PrefillSteps._prefill_forward
 
     def spy(self, seqs, slot, widths):
         seen.append(sum(widths))
         return real(self, seqs, slot, widths)
 
-    monkeypatch.setattr(Stepper, "_prefill_forward", spy)
+    monkeypatch.setattr(PrefillSteps, "_prefill_forward", spy)
     return seen
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 @pytest.mark.parametrize("layout", LAYOUTS[:2] + LAYOUTS[3:], ids=["ar", "auto", "presto-one-pass"])
 def test_a_generation_continued_with_past_prefills_only_what_its_cache_lacked_and_equals_a_fresh_one(
         fmt, layout, monkeypatch):

@@ -15,6 +15,7 @@ from selfspec.engine.decoder import Decoder
 from selfspec.engine.options import DecodeConfig
 
 from conftest import tiny_model
+from matrix import FORMATS
 from test_sampled_exactness import chi2, critical
 
 V = 8
@@ -202,7 +203,7 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
     assert _run(big, prompts, seeds, mode, T=2.0, top_p=1.0, new=16) == want
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_in_every_weight_format_the_copy_free_draw_at_t1_is_the_full_draw(fmt, monkeypatch):
     """At T = 1 the candidates' kernel reads each format's logits as the head leaves them (float32
     in fp32, bf16 in the others) and every mode's tokens are the draw over the whole vocabulary's."""

@@ -15,6 +15,8 @@ from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import Planner
 from selfspec.engine.shadow import Shadow, follow
 
+from matrix import FORMATS
+
 
 def test_a_shadow_ends_at_its_first_wrong_token_or_when_the_whole_chain_came_true():
     assert follow([4, 9, 2], 0, [4]) == (1, False)
@@ -155,7 +157,7 @@ def test_a_finished_generation_leaves_no_sequence_in_the_planner_kept_for_the_ne
     assert kept == [pl] and pl.shadows == {}
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w4a8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_in_every_weight_format_hindsight_pays_the_first_bet_on_a_loop_and_greedy_output_is_ar(fmt, monkeypatch):
     # the tiny model's answer loops (15, 3, 13, 13, ...): real context chains, verified for real, on a
     # fake clock that prices rounds as a CPU does, from a ledger without funds

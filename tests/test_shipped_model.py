@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-import selfspec
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.decoder import generate_ids
 
@@ -17,8 +16,8 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(SHIPPED, "model.
 
 
 @pytest.fixture(scope="module")
-def shipped():
-    return selfspec.load()
+def shipped(default_model):
+    return default_model
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ class _Node:
     most recent first without sorting (the O(1) LFU layout). The counts are made when the node's
     successors are first read, from its ends in order (the same steps `add` would have taken):
     indexing a long prompt then costs a list append per n-gram, and the few n-grams a decode asks
-    about pay for their own counts (8,000 prompt tokens: 48-59 -> 17-20 ms, and see `_catch_up`).
+    about pay for their own counts (and see `_catch_up`).
     """
 
     __slots__ = ("kids", "ends", "freq", "buckets", "higher", "lower", "top", "bottom")
@@ -154,7 +154,7 @@ class ContextIndex:
         """Index the appended tokens: each one updates the n-grams (n <= max_ngram) that end just before it.
         A prompt's worth at once (a first lookup over a long context) runs with the cyclic GC off:
         its ~7 objects a token (no cycles among them) would otherwise set off a young collection
-        every ~100 tokens (8,000 tokens: 17-20 -> 9-10 ms, half of it those collections)."""
+        every ~100 tokens."""
         if len(self._new) >= BULK and gc.isenabled():
             gc.disable()
             try:

@@ -129,8 +129,8 @@ def gumbel_argmax(x: torch.Tensor, noise: NoiseRows, candidates=None, banned: in
     the blocks whose largest logit reaches lb with the block's largest noise, and those only where
     x_k >= lb - top (`top`, the position's largest noise). At temperature 1 a median of 1 of the
     default model's 49,152 tokens is left a row (~140 passed x_k >= lb - top alone), and the two
-    float64 logs over the vocabulary (with the full row's add and argmax ~0.5 ms a token on a
-    2-core CPU: a sampled token cost ~1 ms more than a greedy one) become that many.
+    float64 logs over the vocabulary (with the full row's add and argmax, what had made a sampled
+    token dearer than a greedy one on a CPU) become that many.
 
     Example: x = [[0, 5, 4]], noise [0.3, 0.1, 2.0] (top 2.0): lb = 5.1; x >= 3.1 for tokens 1
     and 2, whose values 5.1 and 6.0 both reach lb: they are the candidates -> token 2."""

@@ -98,8 +98,8 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
 
     Requires parents to precede children. Each node's set is its parent's plus itself, kept as
     one Python integer's bits and unpacked once: a tree of n nodes costs n integer ors and a few
-    tensor ops (a step per depth of tensor ops had cost ~12 us a depth, 100 us for a lookup
-    chain of 8, 4% of a round). Example: parents [-1, 0, 0, 1] -> row 3 is [T, T, F, T].
+    tensor ops (a step per depth of tensor ops cost a few percent of a round for a lookup chain
+    of 8). Example: parents [-1, 0, 0, 1] -> row 3 is [T, T, F, T].
     """
     sets = ancestor_sets(parents.tolist())
     return unpack_bits(sets, len(sets))

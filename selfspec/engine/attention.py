@@ -123,3 +123,19 @@ def model_grids(model, head_dim: int, beta: float, orig_max: int, att_factor: fl
                             cfg.max_position_embeddings))
     qk, v = min(g.qk for g in out), min(g.v for g in out)  # one grid for every layer: the RoPE tables carry it
     return [replace(g, qk=qk, v=v, scale=head_dim ** -0.5 / 4.0 ** qk) for g in out]
+
+
+def write_attend(cache, layer: int, rows: slice, starts: list[int], x: torch.Tensor, nq: int, mask, scale: float,
+                 shift: float, vscale: float) -> torch.Tensor | None:
+    """A compact cache's narrow round in one C call (`kernels.attn16.direct`): row r's new K and V
+    (the key and value heads of x [R, q, nq + 2 kv, D], float64 grid integers) stored at slots
+    starts[r].. of `cache` (a `cache.BatchKVCache`), and the layer's exact attention over slots
+    0 .. max(starts) + q - 1 -> bf16 [R, q, nq D]; None, with nothing written, where that call does
+    not run (then `BatchKVCache.write` and `exact_attention` do the same in steps)."""
+    if not cache.block16:
+        return None
+    end = max(starts) + x.shape[1]
+    if end > cache.capacity:
+        raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {cache.capacity}")
+    return attn16.direct(x, nq, starts, cache.k[layer], cache.shifts[2 * layer], cache.v[layer],
+                         cache.shifts[2 * layer + 1], mask, scale, shift, vscale, row=rows.start or 0)

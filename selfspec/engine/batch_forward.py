@@ -8,7 +8,7 @@ plus what `block[r]` [q, q] allows among its own new tokens; every other slot (a
 stale scratch up to the batch's widest row) is hidden by the float additive [R, 1, q, S] mask.
 
 One row (a batch-1 generation) needs no prefix mask: its [q, S] mask is a reused buffer whose
-prefix columns stay zero (`MaskBuffer`), so a round costs O(q^2) mask work however long the
+prefix columns stay zero (`masks.MaskBuffer`), so a round costs O(q^2) mask work however long the
 context is, and new tokens that all see each other (AR, a draft pass) get no mask at all.
 
 Rows of a round are padded to one width q by the caller; a padding query must see at least one
@@ -24,48 +24,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from selfspec.engine.attention import exact_attention
+from selfspec.engine.attention import exact_attention, write_attend
 from selfspec.engine.cache import BatchKVCache
 from selfspec.engine.forward import FastForward
-
-NEG = float("-inf")
-
-
-class MaskBuffer:
-    """A reused float [rows, cols] buffer: zero everywhere except the last step's block.
-
-    Example: view(c=3, block) with a [2, 2] block returns a [2, 5] view whose first 3 columns
-    are 0 and whose last 2 are `block`; the next call first zeroes those 2x2 cells again.
-    """
-
-    def __init__(self, device, dtype):
-        self.device, self.dtype = device, dtype
-        self.buf = torch.zeros(0, 0, device=device, dtype=dtype)
-        self._dirty: tuple[int, int, int] | None = None  # (rows, col0, col1) written last
-
-    def view(self, c: int, block: torch.Tensor) -> torch.Tensor:
-        q = block.shape[0]
-        if self.buf.shape[0] < q or self.buf.shape[1] < c + q:
-            rows, cols = max(q, self.buf.shape[0]), max(c + q, 2 * self.buf.shape[1])
-            self.buf = torch.zeros(rows, cols, device=self.device, dtype=self.dtype)
-            self._dirty = None
-        if self._dirty is not None:
-            r, a, b = self._dirty
-            self.buf[:r, a:b] = 0
-        self.buf[:q, c : c + q] = block
-        self._dirty = (q, c, c + q)
-        return self.buf[:q, : c + q]
-
-
-def _mask_buffer(cache: BatchKVCache, device, dtype, segment: int = 0) -> MaskBuffer:
-    """The request's reused one-row mask buffer, one per segment of a forward (a joining chunk's
-    mask must not overwrite the round's)."""
-    key = ("mask", device, segment)
-    buf = cache.scratch.get(key)
-    if buf is None:
-        buf = cache.scratch[key] = MaskBuffer(device, dtype)
-    return buf
-
+from selfspec.engine.masks import batch_mask, mask_buffer, own_block
 
 class Join(NamedTuple):
     """A joining prompt's chunk run in a round's forward: `tokens` [k, c] of cache rows `rows`,
@@ -76,32 +38,10 @@ class Join(NamedTuple):
     rows: slice
 
 
-def own_block(R: int, q: int, causal: bool) -> torch.Tensor:
-    """[R, q, q] additive block of new tokens with no tree among them: all see each other, or
-    (causal) each sees itself and those before it. own_block(1, 2, True) -> [[[0, -inf], [0, 0]]]."""
-    block = torch.zeros(q, q)
-    if causal:
-        block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
-    return block.expand(R, q, q)
-
-
-def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
-    """[R, 1, q, S] additive mask, S = max(lengths) + q: row r sees slots < lengths[r], its block at
-    slots lengths[r] .. lengths[r]+q-1, nothing else."""
-    R, q = block.shape[0], block.shape[1]
-    S = int(lengths.max()) + q
-    cols = torch.arange(S)
-    prefix = torch.where(cols[None, :] < lengths[:, None], 0.0, NEG)  # [R, S]
-    mask = prefix[:, None, :].expand(R, q, S).clone()
-    idx = (lengths[:, None, None] + torch.arange(q)[None, None, :]).expand(R, q, q)
-    mask.scatter_(2, idx, block.float())
-    return mask[:, None].to(dtype)
-
-
 KV_CACHE_DTYPES = {"int16": torch.int16, "int8": torch.int8}  # the exact formats' compact caches
 # weight formats whose quality with the one-byte cache stays within issue 37's bound of their int16
 # cache's (top-1 agreement with fp32 and KL within 0.005; `python -m selfspec bench quality
-# --kv-cache`, docs/results.md: w4a8 -0.0020 / +0.0008, int8 -0.0037 / +0.0011, int4 -0.0093):
+# --kv-cache`, measured on docs/results.md):
 # kv_cache_dtype="auto" keeps int8 there
 ONE_BYTE_FORMATS = ("w4a8", "int8")
 
@@ -198,8 +138,8 @@ class BatchForward:
         """A prompt's chunk can ride in a round's forward (`join=`): the exact formats, whose rows
         are bitwise the same in any batch, except where rounds run all their layers in one C call
         (w4a8 on a CPU, `FastForward.one_call`): a riding chunk would put the round back on the
-        Python layer loop, whose ~6 ms a forward cost more than a chunk's forward of its own
-        (16 clients at once through the server: 125 against 239 tok/s, TTFT p95 6.4 against 1.7 s)."""
+        Python layer loop, which cost more than a chunk's forward of its own (many clients at once
+        through the server: lower throughput and later first tokens; `docs/results.md`)."""
         return self.ff.exact and not self.ff.one_call()
 
     def _segment(self, tokens, offsets, cache: BatchKVCache, rows: slice, block, causal: bool, index: int):
@@ -210,8 +150,8 @@ class BatchForward:
         if len(starts) != R:
             raise ValueError(f"{R} token rows for {len(starts)} cache rows")
         cache.reserve(max(starts) + q)  # a round wider than the rows' reserved scratch grows the cache first
-        # one row: its positions without a tensor of its length (a decode round's Python is ~8% of
-        # its time, most of it small torch calls like these)
+        # one row: its positions without a tensor of its length (a decode round's Python is a real
+        # share of its time, most of it small torch calls like these)
         positions = ((offsets + starts[0]).long() if R == 1 else
                      torch.tensor(starts, dtype=torch.long)[:, None] + offsets)
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
@@ -228,7 +168,7 @@ class BatchForward:
                 else:
                     full = block if block is not None else own_block(R, q, causal)
                     if R == 1:  # the request's reused buffer: O(q^2) mask work however long the prefix
-                        buf = _mask_buffer(cache, dev, mask_dtype, index)
+                        buf = mask_buffer(cache.scratch, dev, mask_dtype, index)
                         masks[dev] = buf.view(starts[0], full[0].to(dev, mask_dtype))
                     else:
                         masks[dev] = batch_mask(torch.tensor(starts, dtype=torch.long), full, mask_dtype).to(dev)
@@ -238,8 +178,8 @@ class BatchForward:
             if ff.exact:  # q, k and v come on the grid already (the RoPE tables carry its scale)
                 if fused is not None:  # a narrow round: stored and attended in one C call where it runs
                     g = ff.grids[i]
-                    a = cache.write_attend(i, rows, starts, fused, ff.n_heads, mask_on(dev), g.scale, g.shift,
-                                           2.0 ** g.v)
+                    a = write_attend(cache, i, rows, starts, fused, ff.n_heads, mask_on(dev), g.scale, g.shift,
+                                     2.0 ** g.v)
                     if a is not None:
                         return a
                     qs, ks, vs = ff.split_heads(fused)

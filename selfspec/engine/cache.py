@@ -14,14 +14,15 @@ through its methods.
 A compact cache (the exact formats') holds K and V as int16 mantissas with one shift per token and
 key head (`kernels.attn16.compress`), or (the one-byte cache, `kv_cache_dtype="int8"`) int8
 mantissas, K's with an integer scale per token and head (int32, `compress_scaled`), V's with a shift;
-`write` returns them as they are stored, for the exact attention to read in place.
+`write` returns them as they are stored, for the exact attention to read in place; the cache
+stores and never attends (`attention.write_attend` runs a narrow round's store and attention in
+one C call over its arrays).
 """
 
 from __future__ import annotations
 
 import torch
 
-from selfspec.engine.chunks import SHARED_MIN, common_prefix
 from selfspec.kernels import attn16
 
 COMPACT = tuple(attn16.SIDES)  # the compact caches' value dtypes (K's and V's side arrays: `attn16.SIDES`)
@@ -98,21 +99,6 @@ class BatchKVCache:
             vb.scatter_(2, idx, v)
         return kb[:, :, :end], vb[:, :, :end]
 
-    def write_attend(self, layer: int, rows: slice, starts: list[int], x: torch.Tensor, nq: int, mask, scale: float,
-                     shift: float, vscale: float) -> torch.Tensor | None:
-        """A compact cache's narrow round in one C call (`kernels.attn16.direct`): row r's new K and
-        V (the key and value heads of x [R, q, nq + 2 kv, D], float64 grid integers) stored at slots
-        starts[r].., and the layer's exact attention over slots 0 .. max(starts) + q - 1 ->
-        bf16 [R, q, nq D]; None, with nothing written, where that call does not run (then `write`
-        and `engine.attention.exact_attention` do the same in steps)."""
-        if not self.block16:
-            return None
-        end = max(starts) + x.shape[1]
-        if end > self.capacity:
-            raise RuntimeError(f"batch cache overflow: {end} slots needed, capacity {self.capacity}")
-        return attn16.direct(x, nq, starts, self.k[layer], self.shifts[2 * layer], self.v[layer],
-                             self.shifts[2 * layer + 1], mask, scale, shift, vscale, row=rows.start or 0)
-
     def _index(self, starts: list[int], shape, device) -> torch.Tensor:
         """The scatter index of a forward's writes, made once for all its layers (one per device kept)."""
         key = (tuple(starts), tuple(shape))
@@ -164,7 +150,7 @@ class BatchKVCache:
         """A sequence leaves row `row` (rows `free`.. are unoccupied): its first len(tokens) slots,
         the K/V of `tokens`, are copied into a free row, where a prompt entering later that starts
         alike (the next turn of a chat, the same document asked again) copies them from
-        (`Stepper.share_prefixes`) instead of running them, until a sequence takes that row
+        (`PrefillSteps.share_prefixes`) instead of running them, until a sequence takes that row
         (`claim`). The row: one retained whose tokens the new ones extend, else the highest free
         one not retained, else the one retained longest ago.
 
@@ -191,17 +177,13 @@ class BatchKVCache:
         n = min(len(tokens), self.lengths[row])
         self.retained = {row: list(tokens[:n])} if self.retains and n >= 2 else {}
 
-    def claim(self, start: int, stop: int, prompts: list[list[int]] | None = None) -> None:
-        """Rows start..stop-1 are about to hold new sequences, `prompts` in order: each starts empty,
-        except a row that retained tokens its prompt starts with (SHARED_MIN or more): it keeps
-        those slots (at most all but the prompt's last token) and the prefill starts after them.
-        What the other rows retained is given up."""
+    def claim(self, start: int, stop: int, keep: list[int] | None = None) -> None:
+        """Rows start..stop-1 are about to hold new sequences: each starts empty, except that row
+        start+i keeps its first `keep[i]` slots (what it retained of the prompt entering it,
+        `chunks.kept_prefixes`); the prefill starts after them. What they retained is given up."""
         for i, r in enumerate(range(start, stop)):
-            held, n = self.retained.pop(r, None), 0
-            if held is not None and prompts is not None:
-                c = common_prefix(held, prompts[i])
-                n = min(c, len(prompts[i]) - 1) if c >= SHARED_MIN else 0
-            self.lengths[r] = n
+            self.retained.pop(r, None)
+            self.lengths[r] = keep[i] if keep is not None else 0
 
     def compact(self, occupants: list) -> list:
         """Fill the empty rows (None in `occupants`, one entry per cache row from 0) by moving the

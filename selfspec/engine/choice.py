@@ -12,8 +12,8 @@ from selfspec.engine.layouts import AR, Option
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)
 PROBE_SHARE = 0.03  # and at least enough of them that what a probe loses is at most this share of their time:
-# the floor's tolerance (auto >= 0.97x AR); at 0.1, probes whose marginals never paid (a 4-token group with the
-# draft LoRA on a CPU, its head rows and the tree forecast after it: ~4.5 AR rounds) cost 2-3% of auto's time
+# the floor's tolerance (auto at least 1 - PROBE_SHARE of AR); at 0.1, probes whose marginals never paid (a 4-token
+# group with the draft LoRA on a CPU, its head rows and the tree forecast after it) cost more than that tolerance
 
 
 def last_rows(rooms: list[int], draining: bool) -> list[int] | None:
@@ -53,9 +53,10 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
     """No lookup option can beat AR in `Choice`: valued with every row's whole chain accepted as
     forecast and at the least time of any chain length, it is still worth less than AR (most
     forecast rounds of a chat: a one-token match whose chain the calibration gives ~nothing;
-    valuing each length there cost ~70 us of a 3.4 ms round). Example: AR 1 token in 10 ms at
-    rate 100/s (value 0); a chain whose tokens add 0.05 expected in at least 11.5 ms: 1.05 x 0.95
-    - 1.15 < 0, hopeless."""
+    valuing each length there cost a visible share of a round).
+
+    Example: AR 1 token in 10 ms at rate 100/s (value 0); a chain whose tokens add 0.05 expected
+    in at least 11.5 ms: 1.05 x 0.95 - 1.15 < 0, hopeless."""
     R, longest, per_row = len(rows), 0, []
     for r in rows:
         f = r.forecast
@@ -64,12 +65,13 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
             per_row.append(sum(f.accept))  # the root's 1 and every node's P(accepted)
         else:
             per_row.append(1.0)
-    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_seconds = pl.costs.seconds(AR, R, cache)[1]
     ar_value = 1.0 if draining else float(R)
     rate = max(pl.rates.get(draining, 0.0), ar_value / ar_seconds)
     rooms = [r.room for r in rows]
     best = round_value(per_row, rooms, last_rows(rooms, draining))
-    return best * (1 - MARGIN) - rate * pl.least_seconds("lookup", R, longest, cache) <= ar_value - rate * ar_seconds
+    least = pl.costs.least_seconds("lookup", R, longest, cache)
+    return best * (1 - MARGIN) - rate * least <= ar_value - rate * ar_seconds
 
 
 def plain(pl, rows, cache: int, draining: bool) -> Option:
@@ -77,7 +79,7 @@ def plain(pl, rows, cache: int, draining: bool) -> Option:
     price of one AR time (about half a `Choice`'s; the planner runs this on most forecast rounds)."""
     pl.since_probe += 1
     R = len(rows)
-    ar_seconds = pl.seconds(AR, R, cache)[1]
+    ar_seconds = pl.costs.seconds(AR, R, cache)[1]
     ar_value = 1.0 if draining else float(R)
     probe = due_probe(pl, R, cache, [r.room for r in rows], ar_seconds)
     if probe is not None:
@@ -106,7 +108,7 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     if pl.since_probe < pl.probe_every or max(rooms) <= 1 or not pl.group_sizes:
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
-    cost = pl.seconds(probe, R, cache)[1]
+    cost = pl.costs.seconds(probe, R, cache)[1]
     loss = max(cost / ar - 1.0, pl.probe_loss)
     # spaced by what it risks, unless the latest marginals won more than that (drafts that succeed:
     # a probe several AR steps dear had waited ~80 AR rounds, longer than most answers, every time)
@@ -132,7 +134,7 @@ class Choice:
             ys = [self.ys[i] for i in self.tree_rows]
             longest = max(len(y) for y in ys)
             pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
-        ar_seconds = pl.seconds(AR, self.R, cache)[1]
+        ar_seconds = pl.costs.seconds(AR, self.R, cache)[1]
         self.ar_value = 1.0 if draining else float(self.R)
         self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)
         self.best_option, self.best_value = AR, self.ar_value - self.rate * ar_seconds
@@ -151,7 +153,7 @@ class Choice:
         return round_value(per_row, self.rooms, self.last)
 
     def offer(self, o: Option, per_row: list[float], bonus: float = 0.0) -> float:
-        width, seconds = self.pl.seconds(o, self.R, self.cache)
+        width, seconds = self.pl.costs.seconds(o, self.R, self.cache)
         afford = not o.speculative or self.affordable(o, seconds)
         if not (afford or o.draft == "lookup"):
             return float("-inf")
@@ -229,7 +231,7 @@ class Choice:
                 self.offer(o, per_row, bonus)
 
     def _value_at(self, o: Option, per_row: list[float]) -> float:
-        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.seconds(o, self.R, self.cache)[1]
+        return self.total(per_row) * (1 - MARGIN) - self.rate * self.pl.costs.seconds(o, self.R, self.cache)[1]
 
     def _chosen(self) -> Option:
         chosen(self.pl, self.draining, self.best_e, self.best_seconds)

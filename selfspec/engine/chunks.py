@@ -13,14 +13,14 @@ then the last 70 in one.
 A chunk that cannot ride (its own forward: fp32, and w4a8, whose rounds run all their layers in
 one C call) pays a whole pass over the weights however few its tokens, so it is made big enough
 to be worth one (PREFILL_OWN_ROUNDS AR rounds) and spaced (`chunk_due`): the rows run twice its
-time before the next one. A 2,000-token prompt joining 4 running rows (w4a8, AVX-512): every
-turn a 3-4-token chunk made each row's gap 2.7x (p95) and took 11.4 s to its first token.
+time before the next one (a few tokens' chunk every turn had stretched each running row's gap
+several-fold and delayed a long prompt's first token for seconds).
 
 Spacing is for a long prompt's pieces: a chunk that prefills short prompts whole (each from its
 first token) runs at once, as many of them as fit in one such forward (`whole_prompts`), since a
 free row that waits for its prompt decodes nothing and the chunk's time is paid whenever it runs.
-At B = 4 on the default bench, spacing them too left rows empty 3-4x as long as a fixed mode's
-immediate joins (0.11-0.17 s against 0.04 s of a 3.4 s run) and cost `auto` its floor.
+Spacing them too left rows empty several times as long as a fixed mode's immediate joins and
+cost `auto` its floor.
 
 A burst is another matter: while more prompts wait for their first token than rows run, every
 waiting prompt is prefilled in the turn (`prefill_first`): each of them gains a whole row's
@@ -186,6 +186,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two token lists."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def kept_prefixes(retained: dict, start: int, prompts: list[list[int]]) -> list[int]:
+    """The slots each of rows start.. keeps for the prompt entering it (`BatchKVCache.claim`): what
+    the row retained of a finished sequence (`retained`: row -> tokens), where the prompt starts
+    with SHARED_MIN or more of those tokens, all but the prompt's last token at most; else 0."""
+    keep = []
+    for i, p in enumerate(prompts):
+        held = retained.get(start + i)
+        c = common_prefix(held, p) if held is not None else 0
+        keep.append(min(c, len(p) - 1) if c >= SHARED_MIN else 0)
+    return keep
 
 
 def shared_prefixes(prompts: list, donors: list, least: int = SHARED_MIN) -> list[tuple]:

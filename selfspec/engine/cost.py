@@ -9,7 +9,7 @@ every token, and not always monotonically (a kernel may run 5 rows cheaper than 
 so it is measured here, once per device, model, dtype and weight format, and cached in the
 user's cache folder (`$SELFSPEC_CACHE`, else `$XDG_CACHE_HOME/selfspec`, else
 `~/.cache/selfspec`). The rows axis is measured as far as a run needs it: a single prompt measures
-rows = 1 (about 20 s on 2 CPU cores for the default model), the first batch of 16 rows the rest;
+rows = 1, the first batch of 16 rows the rest;
 both land in the same file. A progress bar shows on stderr.
 
 File format (JSON; a synthetic one can be written by hand):
@@ -258,10 +258,11 @@ def best_of_sweeps(points: list, run, *, sweeps: int, budget_s: float, desc: str
                    settle: int = SETTLE_CALLS, timed: int = TIMED_CALLS, clock=None) -> list[float]:
     """The fastest time of `run(point)` per point over up to `sweeps` sweeps (fewer, at least one,
     when a sweep is slow against `budget_s`), each point in its steady state: `settle` untimed
-    calls of its shape, then `timed` timed ones, in the given order (similar points adjacent). On
-    a 2-core Xeon with AMX a one-token forward ran 1.7x slower after a 128-token one for ~10 calls,
-    pause or not: timed once after another shape, f(1) read 1.5x and f(4) read f(1). Interference
-    only adds time, so the minimum is the device's own cost; sweeps spread a burst over the grid."""
+    calls of its shape, then `timed` timed ones, in the given order (similar points adjacent): a
+    forward runs slower for several calls after one of another shape, pause or not, so a point
+    timed once after another shape reads too high. Interference only adds time, so the minimum is
+    the device's own cost; sweeps spread a burst over the grid. The one helper that times a
+    forward (`measure`, `formats._round_seconds`)."""
     import sys
     import time
 

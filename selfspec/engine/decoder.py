@@ -24,7 +24,7 @@ import torch
 
 from selfspec.engine.batch_forward import BatchForward
 from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    ChunkScale, pick_chunk, prefill_first)
+                                    kept_prefixes, pick_chunk, prefill_first)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
@@ -43,7 +43,7 @@ from selfspec.engine.step import Stepper
 _PAST_LOCK = threading.Lock()  # a past decoder's cache goes to one new decoder, whatever the threads
 
 
-class Decoder(PrefillPacing):
+class Decoder:
     """Iterates `(row, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]` hold
     prompt i's ids and measurements (input order), `PerSequence` containers keyed by sequence index
     (`forget` removes a finished sequence from all of them).
@@ -53,7 +53,7 @@ class Decoder(PrefillPacing):
     plan "auto"'s cost model (`cost.CostModel` or a file; default: this device's, measured once).
     `params`: one `SamplingParams` per prompt (default: the config's). `prefill_chunk`: how many
     prompt tokens a turn prefills while other rows run (None: plan "auto" picks it from its cost
-    model, `chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
+    model, `PrefillPacing.chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
     running is prefilled whole in one forward whatever it is. `past`: a finished decoder of this
     model whose cache this one continues in (`_take_past`: the next turn of a conversation).
     `replay`: a replay profile (`drafting.replay.load_profile`: name, JSON path or profile): the
@@ -103,10 +103,7 @@ class Decoder(PrefillPacing):
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
                                           or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
-        self.prefill_chunk = prefill_chunk
-        self._chunk_scale = ChunkScale()  # what this decoder's chunks took over their price
-        self._since_chunk = self._chunk_seconds = 0.0  # own-forward chunks: rounds' time since the last, its time
-        # the model's forward, as the checks found it (finding it walks every parameter: ~0.3 ms)
+        # the model's forward, as the checks found it (finding it walks every parameter: once)
         self.bf = check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds,
                               max_cache_bytes) or BatchForward.of(model)
         self.model, self.cfg = model, cfg
@@ -145,6 +142,8 @@ class Decoder(PrefillPacing):
             st.replay = None if replayed is None else replayed.name
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         self.scheduler = Scheduler(self.batch_size)
+        self.pacing = PrefillPacing(prefill_chunk=prefill_chunk, bf=self.bf, scheduler=self.scheduler,
+                                    stepper=self.stepper)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
         self._past = None if past is None else self._take_past(past)  # now: two turns never take one cache
         self.closed = False  # `close` ran: the iteration ended (finished or stopped)
@@ -271,10 +270,10 @@ class Decoder(PrefillPacing):
         """One turn: finished rows leave, waiting prompts take free rows, then one round runs over
         the live rows. With nothing running, the entering prompts are prefilled whole in one forward
         (their first tokens are yielded right away: time to first token is one prefill); while rows
-        run, the prompts being prefilled run their next chunk (`chunk_tokens` query tokens at most):
+        run, the prompts being prefilled run their next chunk (`pacing.chunk_tokens` query tokens at most):
         in the round's forward where the format allows it (`step.Stepper.step`'s `join`), those
         whose last chunk is in yielding their first tokens after the round's; else in a forward of
-        its own before the round (`step.Stepper.prefill_chunk`), those whose last chunk is in
+        its own before the round (`prefill_steps.PrefillSteps.prefill_chunk`), those whose last chunk is in
         joining that round. Yields `(row, chunk)` as rows commit."""
         self.start()
         sched, cache = self.scheduler, self.stepper.cache
@@ -284,40 +283,40 @@ class Decoder(PrefillPacing):
         entering, slot = sched.admit()
         if entering and self.planner is not None and self.batch_size == 1:
             self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
-        burst = running and self.prefill_chunk is None and prefill_first(len(sched.prefilling) + len(entering),
-                                                                         len(sched.live))
+        waiting = len(sched.prefilling) + len(entering)
+        burst = running and self.pacing.prefill_chunk is None and prefill_first(waiting, len(sched.live))
         if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
             entering.sort(key=lambda s: len(s.prompt))
         # rows slot.. in this order from here on: a row keeps what it retained only for its own prompt
-        cache.claim(slot, slot + len(entering), [s.prompt for s in entering])
+        cache.claim(slot, slot + len(entering), kept_prefixes(cache.retained, slot, [s.prompt for s in entering]))
         if entering and not running:  # nobody waits for them: the whole prompts at once
-            chunks = self.stepper.prefill(entering, slot, self._donors())
+            chunks = self.stepper.prefills.prefill(entering, slot, self._donors())
             sched.place(entering, cache)
         else:
             if entering and not burst:  # the burst shares below, with the rows that prefill together
-                self.stepper.share_prefixes(entering, slot, self._donors())
+                self.stepper.prefills.share_prefixes(entering, slot, self._donors())
             sched.start_prefill(entering)
             entering, chunks = [], []
             if burst:  # more prompts wait for their first token than rows run: all of them now
                 R = len(sched.live)
-                n, chunks = self.stepper.prefill_rest(sched.prefilling, R, self._donors())
+                n, chunks = self.stepper.prefills.prefill_rest(sched.prefilling, R, self._donors())
                 entering, chunked = sched.join(n, cache), True
             # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
             # its tokens pay their arithmetic, not another pass over the weights
-            elif sched.prefilling and not (sched.live and self.rides):
-                tokens = self._due_chunk()
+            elif sched.prefilling and not (sched.live and self.pacing.rides):
+                tokens = self.pacing.due_chunk()
                 if tokens:
                     t0 = self.stepper.clock()
-                    n, chunks = self.stepper.prefill_chunk(sched.prefilling, len(sched.live), tokens)
+                    n, chunks = self.stepper.prefills.prefill_chunk(sched.prefilling, len(sched.live), tokens)
                     entering, chunked = sched.join(n, cache), True
-                    self._since_chunk, self._chunk_seconds = 0.0, self.stepper.clock() - t0
+                    self.pacing.ran_chunk(self.stepper.clock() - t0)
         yield from self._welcome(entering, chunks)
         if sched.live:
             join = None
-            if sched.prefilling and self.rides and not chunked:  # one chunk a turn
-                join = (sched.prefilling, len(sched.live), self.chunk_tokens())
+            if sched.prefilling and self.pacing.rides and not chunked:  # one chunk a turn
+                join = (sched.prefilling, len(sched.live), self.pacing.chunk_tokens())
             rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
-            self._since_chunk += rnd.seconds
+            self.pacing.ran_round(rnd.seconds)
             n, chunks = rnd.joined
             entering = sched.join(n, cache) if n else []
             sched.retire(cache)

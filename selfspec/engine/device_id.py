@@ -25,8 +25,7 @@ def device_key(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _cpu_name() -> tuple[str, str | None]:
-    """The CPU's model name and its widest vector ISA (read once: asked at every generation, the
-    file read cost ~40 us)."""
+    """The CPU's model name and its widest vector ISA (read once: asked at every generation)."""
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         with open("/proc/cpuinfo") as f:

@@ -19,8 +19,7 @@ native bf16 dot products (`invariant` probes it; "auto" drops a format that fail
 "auto" (`choose`): the format with the fastest rounds (widths 1 and 8) on this device among those
 whose forward is width-invariant and whose quality check passes: top-1 agreement with fp32 of at
 least `MIN_AGREEMENT` over a built-in probe text (teacher-forced) and a mean KL below `MAX_KL`.
-Measured once per device, model and torch version (~20 s for the default model on 2 CPU cores,
-a progress bar) and cached beside the cost models; the file says what was measured.
+Measured once per device, model and torch version (a progress bar shows) and cached beside the cost models; the file says what was measured.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -193,26 +191,23 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def _round_seconds(model, cached: int = 128) -> float:
     """The mean of a width-1 and a width-8 forward's seconds over `cached` tokens (fastest of 7
-    each, after a warm-up): a decode step and a typical verification round, since `auto` runs both
-    (a format that is fast at one row only, like torch's int4 kernel past 4 rows, is not the
+    each, after a warm-up, `cost.best_of_sweeps`): a decode step and a typical verification round,
+    since `auto` runs both (a format that is fast at one row only, like torch's int4 kernel past 4 rows, is not the
     fastest for speculation)."""
     from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.cost import best_of_sweeps
 
     bf = BatchForward.of(model)
     cache = bf.new_cache(1, cached + 10)
     ids = torch.arange(cached) % 100 + 5
     bf(ids[None], torch.arange(cached)[None], cache, slice(0, 1), causal=True)
     cache.set_length(0, cached)
-    out = []
-    for w in (1, 8):
-        toks, pos = (torch.arange(w) + 7)[None], torch.arange(w)[None]
+
+    def run(w: int) -> None:
         block = torch.full((w, w), float("-inf")).triu(1)[None]
-        times = []
-        for _ in range(8):
-            t0 = time.perf_counter()
-            bf.logits(bf(toks, pos, cache, slice(0, 1), block=block)[0])
-            times.append(time.perf_counter() - t0)
-        out.append(min(times[1:]))
+        bf.logits(bf((torch.arange(w) + 7)[None], torch.arange(w)[None], cache, slice(0, 1), block=block)[0])
+
+    out = best_of_sweeps([1, 8], run, sweeps=1, budget_s=1e9, desc="", progress=False, settle=1, timed=7)
     return sum(out) / 2
 
 

@@ -31,9 +31,8 @@ from selfspec.kernels import layer as kl
 
 
 # Fused q/k/v and gate/up copies save kernel calls, which matters for tiny models only, and
-# double those weights in memory. Measured on 2 CPU cores: SmolLM2-135M AR at B = 1 and B = 8 was
-# as fast unfused (19.7 vs 19.6 tok/s, 87.5 vs 85.8 at B = 8, one thread, 3 repeats) and the
-# copies cost 279 MB; the 9M model keeps them.
+# double those weights in memory: SmolLM2-135M ran as fast unfused (B = 1 and 8) and the copies
+# cost it hundreds of MB; the 9M model keeps them.
 FUSE_MAX_PARAMS = 50_000_000
 
 
@@ -242,9 +241,8 @@ class FastForward:
 
     def prepare_lora(self, lora) -> None:
         """Make a draft LoRA's tables now (the one-call block's where it runs, else the layer
-        loop's), not in the first round that drafts: 22 ms on the default model, which made a
-        generation's first probe cost 4x its prediction (45 ms against an AR round's 4) and its
-        ledger charge a lost bet."""
+        loop's), not in the first round that drafts, whose probe it made cost several times its
+        prediction and its ledger charge a lost bet."""
         if lora is None:
             return
         if self.one_call():
@@ -335,7 +333,7 @@ def weights_key(model) -> tuple:
 def parameters(model) -> list:
     """`list(model.parameters())` (the same tensors in the same order, a shared one once) by a plain
     walk over the modules' own dicts: read two to four times per generation (`weights_key`,
-    `FastForward.supports`), where `Module.parameters()`' generic walk took ~0.4 ms of ~1 ms a key."""
+    `FastForward.supports`), where `Module.parameters()`' generic walk was most of a key's time."""
     out, seen, done = [], set(), set()
 
     def walk(m):

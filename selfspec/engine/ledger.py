@@ -20,11 +20,10 @@ probe lost at the end of one answer had kept the next ones from every bet for ~2
 and across a server's requests (which share one planner).
 
 A round that took more than PAUSE times its prediction was stalled by something it did not
-cause (a full collection of the cyclic GC among torch's ~370,000 objects: 100-200 ms on a 2-core
-CPU; another process): it is counted at PAUSE times the prediction, and a forecast's time at most
-PAUSE times the larger of its running estimate and PLAN_FIRST AR rounds. Charged whole, one 180 ms
-stall in a 1k-token prompt's first lookup (6 ms AR rounds) cost 30 AR rounds and a forecast
-estimate of 36 ms: no bet for the next ~1,700 rounds, i.e. auto ran AR for the rest of a bench.
+cause (a full collection of the cyclic GC among torch's many objects; another process): it is
+counted at PAUSE times the prediction, and a forecast's time at most PAUSE times the larger of its
+running estimate and PLAN_FIRST AR rounds. Charged whole, one such stall in a prompt's first lookup
+cost dozens of AR rounds and inflated the forecast estimate: no bet for the rest of a bench.
 
 Lookup bets may also draw on `shadow`: what lookup bets the funds could not cover would have
 won, in hindsight (`shadow.py`: the row's own later tokens show how much of each chain a
@@ -38,20 +37,20 @@ chains all correct). Chains never accepted win nothing in hindsight either.
 
 Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
 from CREDIT 1 the funds reach 3 after 100 AR rounds; the probe is bet and lost (funds 0), and the
-next one waits for another 150 AR rounds: 3 of every 153 rounds' time, ~2%.
+next one waits for another 150 AR rounds: 3 of every 153 rounds' time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-EPS = 0.02  # share of the time speculation may lose beyond what it has won (0.01 measured: chat prompts
-# within noise, code prompts 3% slower at T = 0: fewer of their chains bet on)
+EPS = 0.02  # share of the time speculation may lose beyond what it has won (half of it left code prompts
+# slower at T = 0: fewer of their chains bet on)
 CREDIT = 1.0  # AR rounds a new planner may lose before anything was won: a first cheap bet
 CAP = 8.0  # funds never exceed this many AR rounds: when a text stops being predictable, old wins pay
 # for at most this much of the losing streak
 START_MIN = 0.0  # the least funds a generation starts with (`Planner.begin`): no debt carried into it. In a
-# policy A/B (one model, one process, bench prompts) -1 and no floor were within noise (1-2%) of it; in a
+# policy A/B (one model, one process, bench prompts) -1 and no floor were within noise of it; in a
 # bench, one probe lost in the first answer had left every later answer at T = 0 nearly without a bet
 PLAN_EMA = 0.2  # weight of a new forecast's time in its running estimate
 PAUSE = 4.0  # a round's time beyond this many times its prediction is a stall it did not cause

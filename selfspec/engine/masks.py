@@ -153,7 +153,7 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
         return RowsLayout(torch.cat([t.tokens for t in trees]).view(R, 1),
                           torch.cat([t.depths for t in trees]).view(R, 1), None, N)
     # every row's allowed columns as bit sets, unpacked at once: a few tensor ops a round whatever
-    # its rows and trees (a row's block built of tensor ops had cost 250 us for a chain of 8)
+    # its rows and trees (a row's block built of tensor ops had cost more per row than the rest)
     sets, offsets, tokens = [], [], []
     for t, o in zip(trees, owners):
         s, offs = row_sets(t.parents.tolist(), t.depths.tolist(), [] if o is None else o.tolist(), G, N, q)
@@ -163,3 +163,62 @@ def rows_layout(trees, owners: list[torch.Tensor | None], group: int, mask_id: i
         tokens += toks + [mask_id] * (q - len(toks))
     blocks = additive(unpack_bits(sets, q).view(R, q, q))
     return RowsLayout(torch.tensor(tokens).view(R, q), torch.tensor(offsets).view(R, q), blocks, N)
+
+
+# -- the forward's additive masks (`batch_forward.BatchForward`) ----------------------------------
+class MaskBuffer:
+    """A reused float [rows, cols] buffer: zero everywhere except the last step's block.
+
+    Example: view(c=3, block) with a [2, 2] block returns a [2, 5] view whose first 3 columns
+    are 0 and whose last 2 are `block`; the next call first zeroes those 2x2 cells again.
+    """
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype = device, dtype
+        self.buf = torch.zeros(0, 0, device=device, dtype=dtype)
+        self._dirty: tuple[int, int, int] | None = None  # (rows, col0, col1) written last
+
+    def view(self, c: int, block: torch.Tensor) -> torch.Tensor:
+        q = block.shape[0]
+        if self.buf.shape[0] < q or self.buf.shape[1] < c + q:
+            rows, cols = max(q, self.buf.shape[0]), max(c + q, 2 * self.buf.shape[1])
+            self.buf = torch.zeros(rows, cols, device=self.device, dtype=self.dtype)
+            self._dirty = None
+        if self._dirty is not None:
+            r, a, b = self._dirty
+            self.buf[:r, a:b] = 0
+        self.buf[:q, c : c + q] = block
+        self._dirty = (q, c, c + q)
+        return self.buf[:q, : c + q]
+
+
+def mask_buffer(scratch: dict, device, dtype, segment: int = 0) -> MaskBuffer:
+    """The request's reused one-row mask buffer (kept in the cache's `scratch`), one per segment of
+    a forward (a joining chunk's mask must not overwrite the round's)."""
+    key = ("mask", device, segment)
+    buf = scratch.get(key)
+    if buf is None:
+        buf = scratch[key] = MaskBuffer(device, dtype)
+    return buf
+
+
+def own_block(R: int, q: int, causal: bool) -> torch.Tensor:
+    """[R, q, q] additive block of new tokens with no tree among them: all see each other, or
+    (causal) each sees itself and those before it. own_block(1, 2, True) -> [[[0, -inf], [0, 0]]]."""
+    block = torch.zeros(q, q)
+    if causal:
+        block = block.masked_fill(torch.ones(q, q, dtype=torch.bool).triu(1), NEG)
+    return block.expand(R, q, q)
+
+
+def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
+    """[R, 1, q, S] additive mask, S = max(lengths) + q: row r sees slots < lengths[r], its block at
+    slots lengths[r] .. lengths[r]+q-1, nothing else."""
+    R, q = block.shape[0], block.shape[1]
+    S = int(lengths.max()) + q
+    cols = torch.arange(S)
+    prefix = torch.where(cols[None, :] < lengths[:, None], 0.0, NEG)  # [R, S]
+    mask = prefix[:, None, :].expand(R, q, S).clone()
+    idx = (lengths[:, None, None] + torch.arange(q)[None, None, :]).expand(R, q, q)
+    mask.scatter_(2, idx, block.float())
+    return mask[:, None].to(dtype)

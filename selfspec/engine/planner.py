@@ -53,11 +53,11 @@ RUN_KEYS = 2  # lookup chains are calibrated apart after 0, 1 and 2+ chains of t
 # that repeats itself keeps doing so: chains of a model's loop were right ~every time, the others ~a third)
 REST_MAX = 32  # the longest rest (AR rounds with nothing forecast) after a run of 8 AR choices
 REFRESH_AR = 32  # rounds after which a bare AR round runs even while the planner bets: only bare rounds measure AR's
-# time now (the floor's reference), and a machine that got 2x faster during a streak of bets had the stale AR time
-# price wrong chains as wins (fake clock: 0.86x AR, 186 of 187 rounds bets; `round_costs.REFRESH_EMA`)
+# time now (the floor's reference), and a machine that got faster during a streak of bets had the stale AR time
+# price wrong chains as wins (`round_costs.REFRESH_EMA`; tests/test_floor.py runs it on a fake clock)
 
 
-class Planner(RoundCosts):
+class Planner:
     """Chooses each round's `Option` (`plan`) and learns from the finished round (`observe`).
 
     `cost(rows, width, cache)` is a `cost.CostModel`; `cfg` the generation's `DecodeConfig` (how
@@ -68,7 +68,7 @@ class Planner(RoundCosts):
     def __init__(self, cost, cfg, *, budgets: list[int] | None = None, group_sizes: list[int] | None = None):
         # a round is never padded beyond the room its cache rows keep (`request.round_room`): past it the
         # forward grows the cache first
-        RoundCosts.__init__(self, cost, block_length=cfg.block_length, max_width=round_room(cfg))
+        self.costs = RoundCosts(cost, block_length=cfg.block_length, max_width=round_room(cfg))
         self.cfg = cfg
         self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
         g = cfg.group
@@ -88,7 +88,7 @@ class Planner(RoundCosts):
         self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
-        # planning time (AR mode does none of it; uncharged, it was ~1.4% of an AR round beyond the ledger's bound)
+        # planning time (AR mode does none of it; uncharged, it went past the ledger's bound)
         self.shadows: dict = {}  # sequence -> `shadow.Shadow`: its lookup chain not verified, followed in hindsight
         self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, AR rounds)
 
@@ -97,21 +97,20 @@ class Planner(RoundCosts):
         state, so generations in several threads never update one planner at once."""
         self.settle()
         new = copy.copy(self)
-        for name in ("calibrator", "lookup_calibrator", "overhead", "_recent", "_draws", "scale", "two_pass_yield",
-                     "rates", "ledger", "unsettled", "relative", "since_ar"):
+        for name in ("calibrator", "lookup_calibrator", "two_pass_yield", "rates", "ledger", "unsettled"):
             setattr(new, name, copy.deepcopy(getattr(self, name)))
-        new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
+        new.costs = self.costs.fork()
         new.shadows = {}
         return new
 
     def begin(self) -> None:
         """Start a generation: what was learnt (calibration, overheads, time scale) carries over
         from earlier generations with the same settings, the ledger's funds without a debt (a probe
-        lost at the end of one answer had left the next ones without a bet for ~200 AR rounds;
-        capping what a generation inherits at 2 AR rounds measured 6% slower on code, no faster on
-        chat); the rate estimate restarts. The probe clock runs on: a probe's spacing bounds the
-        share of time it risks, whatever the answers' lengths (restarted per answer, a probe several
-        AR steps dear never came in answers under ~100 tokens, so drafts that succeed went unseen)."""
+        lost at the end of one answer had left the next ones without a bet for a long time; capping
+        what a generation inherits at 2 AR rounds was slower on code, no faster on chat); the rate
+        estimate restarts. The probe clock runs on: a probe's spacing bounds the share of time it
+        risks, whatever the answers' lengths (restarted per answer, a probe several AR steps dear
+        never came in short answers, so drafts that succeed went unseen)."""
         self.rates, self.last_yields, self.trailing, self.shadows = {}, [1.0], 0.0, {}
         self.ledger.funds = max(self.ledger.funds, START_MIN)
 
@@ -123,8 +122,8 @@ class Planner(RoundCosts):
         self.settle()
         if self.probe_every > PROBE_MIN or not self.group_sizes:
             return False
-        extra = self._f(rows, group, cache) * self._scale("one-pass")
-        ar = self.seconds(AR, rows, cache)[1]
+        extra = self.costs.model_seconds("one-pass", rows, group, cache)
+        ar = self.costs.seconds(AR, rows, cache)[1]
         loss = extra / ar  # in AR rounds; worst case: the marginals buy nothing
         # dear, it still pays where the latest marginals won more than it risks (drafts that succeed)
         dear = extra > ar * max(1.0, PROBE_SHARE * room) and self.last_win <= loss
@@ -144,12 +143,13 @@ class Planner(RoundCosts):
             self.dormant -= 1
         elif self._settle_due():  # what the rest's rounds measured, before anything is weighed
             self.settle()
-        unmeasured = "ar" not in self.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
-        refresh = (not (resting or unmeasured) and (self.since_bare >= REFRESH_AR or self.refresh_moved > REFRESH_MOVE)
-                   and "ar" in self.scale and all(r.marg is None for r in rnd.rows))  # the reference, again
+        unmeasured = "ar" not in self.costs.scale and self.ledger.rounds > MEASURE_AR  # the ledger's reference, once
+        stale = self.since_bare >= REFRESH_AR or self.costs.refresh_moved > REFRESH_MOVE
+        refresh = (not (resting or unmeasured) and stale
+                   and "ar" in self.costs.scale and all(r.marg is None for r in rnd.rows))  # the reference, again
         if not (resting or unmeasured or refresh):
-            loss = (self.ledger.plan_seconds + self.forecast_drag(len(rnd.rows), rnd.cache_len)) / self.seconds(
-                AR, len(rnd.rows), rnd.cache_len)[1]
+            R, cache = len(rnd.rows), rnd.cache_len
+            loss = (self.ledger.plan_seconds + self.costs.forecast_drag(R, cache)) / self.costs.seconds(AR, R, cache)[1]
             if not self.ledger.may_bet(loss):  # the forecast is a bet too: rest until the funds cover it
                 # (they grow by EPS an AR round), its rounds settled in one batch then
                 self.dormant = max(0, math.ceil((loss - self.ledger.funds) / EPS) - 1)
@@ -158,7 +158,7 @@ class Planner(RoundCosts):
             self.predicted = None  # a bare AR round: nothing forecast
             rnd.bare, rnd.refresh = True, refresh
             if refresh:  # this round measures AR's time again; its settling says how far that moved it
-                self.refresh_moved = 0.0
+                self.costs.refresh_moved = 0.0
             return AR
         for r in rnd.rows:
             r.forecast = self.forecast(r)
@@ -314,8 +314,8 @@ class Planner(RoundCosts):
         hand (its outcome moves the next choice), one that closes the marginals' episode, or
         SETTLE_AFTER plain AR rounds. A plain AR round moves the funds by EPS and the AR time by a
         tenth of its error, so the choices in between read numbers at most three rounds old, and
-        the planner's Python runs once for four (right after a forward its first round runs cold:
-        settling cost 34 us a round one at a time, 18 four at a time, default model, 2-core CPU)."""
+        the planner's Python runs once for four (right after a forward its first round runs cold,
+        so settling four at a time costs less a round than one at a time)."""
         if len(self.unsettled) >= SETTLE_AFTER or (self.unsettled and self.marg_gain is not None):
             return True
         last = self.unsettled[-1] if self.unsettled else None
@@ -325,23 +325,23 @@ class Planner(RoundCosts):
         """Rounds observed but not yet timed and accounted, in order. A resting round (bare, more
         to come) leaves its numbers here until the rest ends: nothing reads the scale or the ledger
         while the planner rests, and the same arithmetic on a batch of rounds runs with warm
-        caches (right after a forward it cost ~60 us a round on a 2-core CPU, ~1.5% of an AR round)."""
+        caches (right after a forward it runs cold)."""
         for seen in self.unsettled:
-            self._observe_time(seen)
+            self.costs.observe(seen)
             self._account(seen)
         self.unsettled.clear()
 
     def _account(self, seen: "Seen") -> None:
         """The round into the ledger: its committed progress against AR's in the same time."""
         R = seen.rows
-        ar = self.seconds(AR, R, seen.cache_len)[1]
-        expected = (ar if seen.option is AR else self.seconds(seen.option, R, seen.cache_len)[1]) + (
+        ar = self.costs.seconds(AR, R, seen.cache_len)[1]
+        expected = (ar if seen.option is AR else self.costs.seconds(seen.option, R, seen.cache_len)[1]) + (
             0.0 if seen.bare else self.ledger.plan_seconds)
         seconds = seen.seconds
         if seen.option is AR and not seen.bare:  # its forward is AR's own: what it lost is the planning and
             # the forward's measured drag after it, smoothed. Its own measured time also held the forward's
             # noise, and one 2x stall (another process) put a 1k-token generation 1.1 AR rounds in debt
-            seconds = ar + seen.plan_seconds + self.forecast_drag(R, seen.cache_len)
+            seconds = ar + seen.plan_seconds + self.costs.forecast_drag(R, seen.cache_len)
         gain = self.ledger.record(committed=seen.value / (1.0 if seen.draining else R), seconds=seconds,
                                   ar_seconds=ar, bare=seen.bare, plan_seconds=seen.plan_seconds, expected=expected,
                                   lookup=seen.option.draft == "lookup")

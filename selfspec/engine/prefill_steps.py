@@ -1,5 +1,7 @@
-"""Prompts into the cache: the `Stepper`'s prefill steps (a mixin of `step.Stepper`, which holds
-the forward `bf`, the cache, the planner and the chunking settings they read).
+"""Prompts into the cache: the prefill steps, a field of `step.Stepper` (`stepper.prefills`),
+whose forward `bf`, cache, planner and model calls (`timed`, `targets_of`, `group_marginals`,
+`lora_rows`) they use; the chunking settings (`piece`, `shares`) and the latest chunk's run
+(`last_chunk`) are their own.
 
 A prompt enters whole (`prefill`, `prefill_rest`: groups of rows of similar length in causal
 forwards of their own, past `piece` tokens in forwards of `piece` columns) or in chunks while
@@ -18,7 +20,21 @@ from selfspec.engine.chunks import ChunkRun, prefill_groups, shared_prefixes, to
 from selfspec.engine.sequence import Sequence
 
 
+# A prompt longer than this is prefilled in forwards of this many tokens: the exact attention's
+# float64 scores of one forward grow with the square of its width (the K/V are bitwise the same).
+PREFILL_PIECE = 128
+
+
 class PrefillSteps:
+    """The prefill steps of one stepper (`host`: a `step.Stepper`, read through its public fields)."""
+
+    def __init__(self, host, *, prefill_group: bool):
+        self.host = host
+        self.prefill_group = prefill_group  # one-pass layouts: the first round's marginals come with the prefill
+        self.piece = PREFILL_PIECE
+        self.shares = bool(host.bf.ff.exact)  # prompts that start alike share their prefix's K/V (`_share_prefixes`)
+        self.last_chunk = None  # the latest chunk's `chunks.ChunkRun`, until the pacing reads it
+
     def prefill(self, seqs: list[Sequence], slot: int, donors: list | None = None) -> list[list[int]]:
         """The prompts causally into cache rows slot .. slot+k-1 (claimed, `BatchKVCache.claim`:
         empty, or holding the start of their prompt), `_prefill_rows`; then (one-pass layouts) one
@@ -30,7 +46,7 @@ class PrefillSteps:
         """What is left of every prompt of `seqs` (cache rows slot.., partly in or not yet) in this
         turn (`_prefill_rows`); each gets its first token as `prefill` gives it. Returns len(seqs)
         and their first chunks."""
-        return self._ready(seqs, slot, self._prefill_rows(seqs, slot, donors))
+        return self.ready(seqs, slot, self._prefill_rows(seqs, slot, donors))
 
     def _prefill_rows(self, seqs: list[Sequence], slot: int, donors: list | None) -> torch.Tensor:
         """The rest of the prompts of `seqs` (cache rows slot..): first the prefixes they share
@@ -43,10 +59,10 @@ class PrefillSteps:
 
         The groups are priced by tokens (`chunks.token_price`) in every mode: priced by plan
         "auto"'s cost model (its steady-state f(rows, width), which overrates a wide forward run
-        once), the tune prompts (`git show a547250:benchmarks/tune_prompts.jsonl`) prefilled 8 / 16 at a time took
-        1.08x / 1.03x the time in more, narrower forwards, and `auto` would prefill slower than AR."""
+        once), prompts prefilled 8 / 16 at a time took longer in more, narrower forwards, and `auto`
+        would prefill slower than AR."""
         self._share_prefixes(seqs, slot, donors or [])
-        lengths = self.cache.lengths
+        lengths = self.host.cache.lengths
         last = [None] * len(seqs)
         for a, b in prefill_groups([len(s.prompt) - lengths[slot + i] for i, s in enumerate(seqs)], token_price):
             part = seqs[a:b]
@@ -73,7 +89,7 @@ class PrefillSteps:
         (width, batch and chunking aside), so a copy is bitwise what the row would write itself."""
         if not self.shares:
             return
-        lengths = self.cache.lengths
+        lengths = self.host.cache.lengths
         prompts = [s.prompt if lengths[slot + i] == 0 else None for i, s in enumerate(seqs)]
         for donor, src, n, rows in shared_prefixes(prompts, [(r, p[:lengths[r]]) for r, p in donors]):
             if not (donor or own):
@@ -83,7 +99,7 @@ class PrefillSteps:
                 while lengths[src] < n:
                     self._prefill_forward([seqs[src - slot]], src, [min(self.piece, n - lengths[src])])
             for i in rows:
-                self.cache.copy_prefix(src, slot + i, n)
+                self.host.cache.copy_prefix(src, slot + i, n)
 
     def prefill_chunk(self, seqs: list[Sequence], slot: int, budget: int) -> tuple[int, list[list[int]]]:
         """One chunk of a chunked prefill in its own forward: `seqs` hold cache rows slot.. with
@@ -94,10 +110,11 @@ class PrefillSteps:
         their first chunks."""
         widths = self.chunk_widths(seqs, slot, budget)
         taken = seqs[: len(widths)]
-        cached = max(self.cache.lengths[slot : slot + len(taken)])
+        cached = max(self.host.cache.lengths[slot : slot + len(taken)])
         last = self._prefill_forward(taken, slot, widths)
-        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.last_seconds)  # what chunk picking learns from
-        return self._ready(taken, slot, last)
+        # what chunk picking learns from
+        self.last_chunk = ChunkRun(len(taken), max(widths), cached, self.host.last_seconds)
+        return self.ready(taken, slot, last)
 
     def chunk_widths(self, seqs: list[Sequence], slot: int, budget: int) -> list[int]:
         """The next chunk's tokens per row, for the first rows of `seqs` (cache rows slot..): at
@@ -106,7 +123,7 @@ class PrefillSteps:
         taken."""
         budget, widths = max(1, int(budget)), []
         for s in seqs:
-            left = len(s.prompt) - self.cache.lengths[slot + len(widths)]
+            left = len(s.prompt) - self.host.cache.lengths[slot + len(widths)]
             w = min(left, budget)
             if widths and (len(widths) + 1) * max(w, max(widths)) > budget:
                 break
@@ -115,11 +132,11 @@ class PrefillSteps:
                 break
         return widths
 
-    def _chunk_tokens(self, seqs: list[Sequence], slot: int, widths: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def chunk_tokens(self, seqs: list[Sequence], slot: int, widths: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Row slot+i's next `widths[i]` prompt tokens [k, widest] (padded at the end: the padding's
         K/V lands past the row's length and the next chunk or round overwrites it), and the rows'
         lengths before them."""
-        k, L, starts = len(seqs), max(widths), self.cache.lengths[slot : slot + len(seqs)]
+        k, L, starts = len(seqs), max(widths), self.host.cache.lengths[slot : slot + len(seqs)]
         tokens = torch.zeros(k, L, dtype=torch.long)
         for i, s in enumerate(seqs):
             tokens[i, : widths[i]] = torch.tensor(s.prompt[starts[i] : starts[i] + widths[i]])
@@ -127,27 +144,27 @@ class PrefillSteps:
 
     def _prefill_forward(self, seqs: list[Sequence], slot: int, widths: list[int]) -> torch.Tensor:
         """Row slot+i's next `widths[i]` prompt tokens causally at its cache length, in a forward of
-        their own; the rows' lengths move past them (`_advance`). Returns the hidden state of each
+        their own; the rows' lengths move past them (`advance`). Returns the hidden state of each
         row's last token written [k, H]."""
-        tokens, starts = self._chunk_tokens(seqs, slot, widths)
+        tokens, starts = self.chunk_tokens(seqs, slot, widths)
         k, L = tokens.shape
-        hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(L).expand(k, L), self.cache,
+        hidden = self.host.timed(seqs, lambda: self.host.bf(tokens, torch.arange(L).expand(k, L), self.host.cache,
                                                   slice(slot, slot + k), causal=True))
-        return self._advance(seqs, slot, widths, starts, hidden)
+        return self.advance(seqs, slot, widths, starts, hidden)
 
-    def _advance(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
+    def advance(self, seqs: list[Sequence], slot: int, widths: list[int], starts: list[int],
                  hidden: torch.Tensor) -> torch.Tensor:
         """A chunk's forward ran (`hidden` [k, widest, H]): rows slot..'s lengths move past it.
         Returns the hidden state of each row's last token written [k, H]."""
         for i, s in enumerate(seqs):
-            self.cache.set_length(slot + i, starts[i] + widths[i])
+            self.host.cache.set_length(slot + i, starts[i] + widths[i])
             s.stats.prefill_forwards += 1
         return hidden[torch.arange(len(seqs)), torch.tensor(widths) - 1]
 
-    def _ready(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> tuple[int, list[list[int]]]:
+    def ready(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> tuple[int, list[list[int]]]:
         """After a chunk (`last` [k, H]: each row's last token written): the rows whose prompts are
         now in, the first n of `seqs`, get their first tokens. Returns n and those."""
-        n = sum(self.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
+        n = sum(self.host.cache.lengths[slot + i] == len(s.prompt) for i, s in enumerate(seqs))  # a prefix of them
         return n, (self._first_tokens(seqs[:n], slot, last[:n]) if n else [])
 
     def _first_tokens(self, seqs: list[Sequence], slot: int, last: torch.Tensor) -> list[list[int]]:
@@ -156,19 +173,20 @@ class PrefillSteps:
         mask group per row for the first round's marginals. Returns each one's first chunk."""
         k, L = len(seqs), max(len(s.prompt) for s in seqs)
         rows = slice(slot, slot + k)
-        logits = self.timed(seqs, lambda: self.bf.logits(last))
-        for s, t in zip(seqs, self.targets_of([(s, logits[i : i + 1], [0]) for i, s in enumerate(seqs)])):
+        logits = self.host.timed(seqs, lambda: self.host.bf.logits(last))
+        for s, t in zip(seqs, self.host.targets_of([(s, logits[i : i + 1], [0]) for i, s in enumerate(seqs)])):
             s.root = int(t[0])
-        if self.prefill_group and (self.planner is None or self.planner.marginals_at_prefill(
-                k, L, self.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
-            G = self.cfg.group
-            lora, lora_rows = self._lora_rows(0)
-            hidden = self.timed(seqs, lambda: self.bf(torch.full((k, G), self.mask_id), torch.arange(G).expand(k, G),
-                                                      self.cache, rows, lora=lora, lora_rows=lora_rows))
+        if self.prefill_group and (self.host.planner is None or self.host.planner.marginals_at_prefill(
+                k, L, self.host.cfg.group, max(s.room for s in seqs))):  # the group sits at L .. L+G-1
+            G = self.host.cfg.group
+            lora, lora_rows = self.host.lora_rows(0)
+            masks = torch.full((k, G), self.host.mask_id)
+            hidden = self.host.timed(seqs, lambda: self.host.bf(masks, torch.arange(G).expand(k, G), self.host.cache, rows,
+                                                                lora=lora, lora_rows=lora_rows))
             for i, s in enumerate(seqs):
                 s.stats.prefill_forwards += 1
-                s.marg = self.group_marginals(s, hidden[i, 1:], at=len(s.emitted) + 1)  # the root comes first
+                s.marg = self.host.group_marginals(s, hidden[i, 1:], at=len(s.emitted) + 1)  # the root comes first
         for s in seqs:  # the prompt's lookup index, as part of its prefill: a first round that read it would pay
-            if s.lookup is not None:  # for it (3.7 ms at 1,000 tokens), charged to speculation as a lost bet
+            if s.lookup is not None:  # for it, charged to speculation as a lost bet
                 s.lookup.catch_up()
-        return [s.emit([s.root], self.eos) for s in seqs]
+        return [s.emit([s.root], self.host.eos) for s in seqs]

@@ -113,9 +113,7 @@ def round_room(cfg: DecodeConfig) -> int:
     before it writes (`BatchForward._segment`). A fixed layout keeps its own rounds' (`scratch`),
     up to ROUND_SCRATCH. Mode "auto" keeps what its usual rounds take (a lookup chain and its root,
     a probe's mask group on the root, a draft pass of block_length), not the widest round it may
-    choose: slots past what a round reads still slow every forward over the rows (8 rows, 60 cached
-    tokens, one token a row: 175 slots a row against 112 cost 0.4-3%, and `auto` had reserved 63
-    more than AR), and on a CPU's cost curve its rounds are 17 tokens wide at most.
+    choose: slots past what a round reads still slow every forward over the rows), and on a CPU's cost curve its rounds are 17 tokens wide at most.
 
     Example (defaults): AR 1, lookup 11, a fixed one-pass PRESTO tree 64 (of 561), auto 17."""
     if cfg.mode == "auto":

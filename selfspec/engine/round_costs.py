@@ -1,24 +1,23 @@
-"""What a round costs, for `planner.Planner`: the device's cost model f(rows, width, cache)
-(`cost.CostModel`, memoised per 32 cached tokens) at the cheapest width the round can be padded
+"""What a round costs, a field of `planner.Planner` (`planner.costs`): the device's cost model
+f(rows, width, cache) (`cost.CostModel`, memoised per 32 cached tokens) at the cheapest width the round can be padded
 to, times a scale per kind of round measured from the rounds that ran, plus a measured overhead
 per row and a measured time per target token drawn. AR rounds that a forecast preceded keep their
 own scale and overhead ("ar-forecast"): what they take beyond a bare AR round is the forecast's
 drag on the forward (`forecast_drag`), which the ledger charges to speculation.
 
 Only AR's scale is absolute (the machine's speed now against the cost model's); every other kind
-keeps its scale relative to AR's at the time it ran. The machine's speed drifts by 10-30% within
-a minute, so two absolute scales taken at different times compared the drift, not the kinds: a
-warm-up's lookup rounds, run before any AR round while the machine was slow, were priced 1.9x
-AR's for every later generation on that planner, which then never looked anything up (a 1,000-
-token source file to edit: tau 1.0 after the warm-up, 2.4 without it). Unlike the overheads, the
-relative scales do not drift back towards AR's while a kind does not run: measured beside AR,
-lookup rounds really take 1.2-1.35x the cost model's prediction, and forgetting it between bets
-lost 5% at T = 0 (`git show a547250:benchmarks/planner_ab.py`).
+keeps its scale relative to AR's at the time it ran. The machine's speed drifts within a minute,
+so two absolute scales taken at different times compared the drift, not the kinds: a warm-up's
+lookup rounds, run before any AR round while the machine was slow, were priced far above AR's for
+every later generation on that planner, which then never looked anything up. Unlike the
+overheads, the relative scales do not drift back towards AR's while a kind does not run: measured
+beside AR, lookup rounds really take more than the cost model's prediction, and forgetting it
+between bets lost time.
 
 AR's scale is measured by bare AR rounds only, and a streak of bets runs none: the planner then runs
 one every `planner.REFRESH_AR` rounds, weighted REFRESH_EMA, again at once while one moves the scale by
 more than REFRESH_MOVE, and the kinds measured against the stale scale meanwhile are re-based on the
-new one (a machine 2x faster by then had priced wrong chains as wins: 0.86x AR on a fake clock).
+new one (a machine faster by then had priced wrong chains as wins).
 
 Example: f(1, 1, 64) = 3.0 ms from the cost model and AR rounds measured at 3.3 ms of model time
 give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5 ms) not yet run is priced with AR's
@@ -27,6 +26,8 @@ scale, 4.95 ms, plus its overhead and four draws a row.
 
 from __future__ import annotations
 
+import copy
+
 from selfspec.engine.layouts import AR, Option
 from selfspec.engine.ledger import PAUSE
 from selfspec.engine.rounds import Seen
@@ -34,9 +35,9 @@ from selfspec.engine.rounds import Seen
 EMA = 0.1  # weight of a new observation in the smoothed time scales
 REFRESH_MOVE = 0.1  # a refresh that moved AR's scale by more than this share is followed by another at once
 REFRESH_EMA = 0.5  # weight of AR's time measured after a streak of bets (`planner.REFRESH_AR`): one sample in dozens
-# of rounds, when the machine's speed may have moved by a third; the sample is clipped to within 2x of the scale, so
-# one stall moves it 1.5x at most (and the follow-up refresh measures again)
-FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`_observe_time`)
+# of rounds, when the machine's speed may have moved a lot; the sample is clipped to within 2x of the scale, so
+# one stall moves it by half at most (and the follow-up refresh measures again)
+FORECAST_AR = "ar-forecast"  # the scale and overhead of AR rounds that a forecast preceded (`observe`)
 
 
 class RoundCosts:
@@ -56,12 +57,20 @@ class RoundCosts:
         self.refresh_moved = 0.0  # how far the latest refresh moved AR's scale (a share): another one follows
         self.first_scale = 1.0  # before any bare AR round: the latest round's measured / predicted model time
 
+    def fork(self) -> "RoundCosts":
+        """A copy that writes only its own tables (`planner.Planner.fork`)."""
+        new = copy.copy(self)
+        for name in ("overhead", "_recent", "_draws", "scale", "relative", "since_ar"):
+            setattr(new, name, copy.deepcopy(getattr(self, name)))
+        new._memo = dict(self._memo)  # floats and (width, float) tuples: nothing in it changes in place
+        return new
+
     def seconds(self, o: Option, rows: int, cache: int) -> tuple[int, float]:
         """(padded width, predicted seconds) of a round of `o` over `rows` rows: the cost model at
         the cheapest width from o's up to twice it (and `max_width`) among the measured ones (a
         device may run a wider forward faster), times the kind's scale, plus its overhead and the
-        target's draws (one per verified node and root: at T = 1 ~0.5 ms each on a CPU, about a
-        tenth of an AR round, so a chain of 3 pays ~1.5 ms that argmax would not)."""
+        target's draws (one per verified node and root: a sampled draw on a CPU is a sizeable share
+        of an AR round, which a chain pays per node where argmax would not)."""
         width, s = self._padded(rows, o.width, cache)
         if o.draft_pass:
             s += self._f(rows, self.block_length, cache)
@@ -84,9 +93,9 @@ class RoundCosts:
 
     def forecast_drag(self, rows: int, cache: int) -> float:
         """Seconds an AR round that a forecast preceded takes beyond a bare one, outside the
-        forecast itself: its forward and the rest of its round, as measured (default model, Xeon
-        with AMX: forwards 0.1-0.2 ms slower after a forecast's Python, ~5% of an AR round, which
-        the ledger did not see while it priced such a round as AR's forward plus the forecast)."""
+        forecast itself: its forward and the rest of its round, as measured (a forward runs slower
+        right after a forecast's Python, which the ledger did not see while it priced such a round
+        as AR's forward plus the forecast)."""
         if FORECAST_AR not in self.relative or "ar" not in self.scale:
             return 0.0
         model = (self.relative[FORECAST_AR] - 1.0) * self.scale["ar"] * self._f(rows, 1, cache)
@@ -127,7 +136,7 @@ class RoundCosts:
             v = self._memo[key] = self.cost(rows, width, cache)
         return v
 
-    def _observe_time(self, seen: "Seen") -> None:
+    def observe(self, seen: "Seen") -> None:
         """The round's model time against the prediction (a scale per kind of round: a cost
         model taken under other load can be off in its 1 -> 2 token step, which only rounds of
         both kinds show) and its overhead per row (a median of the last 9, so first-call costs

@@ -88,7 +88,7 @@ class Round:
     width: int = 0  # query tokens per row of the verification forward (padding included)
     model_seconds: float = 0.0  # the round's model time (every forward, both passes)
     plan_seconds: float = 0.0  # the planner's time (forecasts: charged to speculation)
-    target_seconds: float = 0.0  # the target's tokens drawn for every verified node (a sampled one ~0.5 ms on a CPU)
+    target_seconds: float = 0.0  # the target's tokens drawn for every verified node (sampled ones are dear on a CPU)
     target_rows: int = 0  # how many (each row's tree nodes and root)
     seconds: float = 0.0
     bare: bool = False  # plan "auto": an AR round the planner forecast nothing for (its floor's reference)

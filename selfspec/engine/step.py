@@ -21,7 +21,7 @@ states, one `RowRound` per row) and returns it after every row's observers have 
 
 Nothing is committed before its row was verified, and a round reads no state a previous round
 left outside the sequences, the cache and the planner. Prompts enter the cache by the steps of
-`prefill_steps.PrefillSteps`, which the stepper inherits.
+`prefill_steps.PrefillSteps`, a field of the stepper (`stepper.prefills`).
 """
 
 from __future__ import annotations
@@ -42,29 +42,19 @@ from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
 from selfspec.engine.targets import targets_of
 
 
-# A prompt longer than this is prefilled in forwards of this many tokens: the exact attention's
-# float64 scores of one forward grow with the square of its width. The default model in int4 on a
-# 2-core AVX-512 CPU: 3,000 tokens in one forward 36.4 s, in pieces of 1,024 21.0 s, 256 11.5 s,
-# 128 10.6 s (2,000 tokens: 15.4 s -> 5.0 s), K/V bitwise the same.
-PREFILL_PIECE = 128
-
-
-class Stepper(PrefillSteps):
+class Stepper:
     """Runs rounds for a decoder: the forward (`bf`), the cache rows, the settings, the plan."""
 
     def __init__(self, bf, cfg, *, mask_id: int, eos: set[int], lora=None, planner=None, fixed=None,
                  fixed_label: str = "", prefill_group: bool = False):
         self.bf, self.cfg, self.mask_id, self.eos, self.lora = bf, cfg, mask_id, eos, lora
-        self.prefill_group = prefill_group  # one-pass layouts: the first round's marginals come with the prefill
         self.planner, self.fixed, self.fixed_label = planner, fixed, fixed_label
         self.cache = None  # the decoder's `cache.BatchKVCache`
         self.recorder = None  # the predictor's recorder, when collecting (needs the marginals' entropy)
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.clock = time.perf_counter  # every time the planner learns from is read here (tests run a fake one)
-        self.piece = PREFILL_PIECE
-        self.shares = bool(bf.ff.exact)  # prompts that start alike share their prefix's K/V (`_share_prefixes`)
         self.last_seconds = 0.0  # the latest `timed` call's
-        self.last_chunk = None  # the latest chunk's `chunks.ChunkRun`, until the decoder reads it
+        self.prefills = PrefillSteps(self, prefill_group=prefill_group)  # prompts into the cache
         self.replay = None  # `drafting.replay.Replay`: replaced draft marginals (acceptance replay)
 
     # -- model calls ------------------------------------------------------------------------------------
@@ -106,7 +96,7 @@ class Stepper(PrefillSteps):
             return None
         return self.marginals(self.timed([seq], lambda: self.bf.logits(hidden), rnd), seq, at, depth)
 
-    def _lora_rows(self, start: int):
+    def lora_rows(self, start: int):
         return (self.lora, slice(start, None)) if self.lora is not None else (None, None)
 
     # -- the round --------------------------------------------------------------------------------------
@@ -126,7 +116,7 @@ class Stepper(PrefillSteps):
         for r in rows:
             self.verify_commit(r, rnd)
         if ridden is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
-            rnd.joined = self._ready(ridden[0], join[1], ridden[1])
+            rnd.joined = self.prefills.ready(ridden[0], join[1], ridden[1])
         rnd.seconds = self.clock() - t0
         for r in rows:
             r.seconds = rnd.seconds
@@ -181,7 +171,7 @@ class Stepper(PrefillSteps):
         B, R, seqs = self.cfg.block_length, len(rnd.rows), [r.seq for r in rnd.rows]
         tokens = torch.full((R, B), self.mask_id)
         tokens[:, 0] = torch.tensor([r.root for r in rnd.rows])
-        lora, lora_rows = self._lora_rows(0)
+        lora, lora_rows = self.lora_rows(0)
         hidden = self.timed(seqs, lambda: self.bf(tokens, torch.arange(B).expand(R, B), self.cache, slice(0, R),
                                                   lora=lora, lora_rows=lora_rows), rnd)
         logits = self.timed(seqs, lambda: self.bf.logits(hidden[:, 1:].reshape(R * (B - 1), -1)), rnd)
@@ -204,26 +194,26 @@ class Stepper(PrefillSteps):
         lay = rows_layout([r.tree for r in rnd.rows], [r.owners for r in rnd.rows], G, self.mask_id, width=o.pad_to)
         N, q = lay.nodes, lay.tokens.shape[1]
         rnd.nodes_width, rnd.width = N, q
-        lora, lora_rows = self._lora_rows(N) if q > N and any(r.owners is not None for r in rnd.rows) else (None, None)
+        lora, lora_rows = self.lora_rows(N) if q > N and any(r.owners is not None for r in rnd.rows) else (None, None)
         ridden = None
         if join is None:
             rnd.hidden = self.timed(seqs, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R),
                                                           block=lay.blocks, lora=lora, lora_rows=lora_rows), rnd)
         else:
             waiting, slot, budget = join
-            widths = self.chunk_widths(waiting, slot, budget)
+            widths = self.prefills.chunk_widths(waiting, slot, budget)
             taken = waiting[: len(widths)]
-            tokens, starts = self._chunk_tokens(taken, slot, widths)
+            tokens, starts = self.prefills.chunk_tokens(taken, slot, widths)
             part = Join(tokens, slice(slot, slot + len(taken)))
             rnd.hidden, chunk = self.timed(seqs + taken, lambda: self.bf(
                 lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks, lora=lora, lora_rows=lora_rows,
                 join=part), rnd)
             rnd.join_tokens = int(tokens.numel())
             # the chunk's part: the forward beyond the round's own predicted time (`chunks.ChunkScale`)
-            own = self.planner.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
-            self.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
+            own = self.planner.costs.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
+            self.prefills.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
                                        base=R * q, round_seconds=own)
-            ridden = taken, self._advance(taken, slot, widths, starts, chunk)
+            ridden = taken, self.prefills.advance(taken, slot, widths, starts, chunk)
         if q == 1:  # one node a row: every column is real
             logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R, -1)), rnd)
         else:

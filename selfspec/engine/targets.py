@@ -1,12 +1,12 @@
 """The target's tokens after a round's logits: every row's argmax, or its draw (see
 `drafting.sampling`), in as few calls as the rows' settings allow.
 
-Greedy rows of every sequence go through one argmax (bf16 rows in one C pass: a 49,152-wide row
-~18 us, torch's ~80-120); the reproducible rows of each temperature and filter through one
+Greedy rows of every sequence go through one argmax (bf16 rows in one C pass, cheaper than
+torch's); the reproducible rows of each temperature and filter through one
 Gumbel-max draw, their noise side by side (`PositionNoise.rows_of`: each sequence's own keyed
 positions); an independent draw reads its own sequence's generator, so those go one sequence at a
-time. Every step is row by row, so each row's token is the one it gets alone: a batch of 8
-sampled rows had cost 2.2 ms a round one row at a time.
+time. Every step is row by row, so each row's token is the one it gets alone (one call a row
+had made a sampled batch's draws a visible share of its round).
 """
 
 from __future__ import annotations

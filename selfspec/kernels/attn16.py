@@ -43,12 +43,12 @@ _EXP = [_P, _I]
 _OUT = [_P, _P, _I, _I, _I, _I, _I, _P]
 _DIRECT = [_P, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _D, _D, _D, _P, _C, _C]
 # queries per key head read in place (rounds of up to 32 tokens here; 48 until a linear one-pass
-# round of 20 tokens was measured: a forward of 20 / 32 tokens 20-25% / 10-15% faster in place at
-# 128-3,000 cached tokens, `python -m selfspec profile --table`); wider ones decompress once and run a GEMM
+# round of 20 tokens was measured: forwards of 20 and 32 tokens ran faster in place at every cache
+# length tried); wider ones decompress once and run a GEMM
 DIRECT_MAX = 96
 # ... and where the weighted sums have AVX-512 tiles (`_pv_wide`): a prefill's pieces of 128 tokens
 # (384 queries a key head on the default model, 512 with four query heads a key head) run in one
-# call too. A 3,000-token prefill 11.5 -> 7.5-7.9 s (the per-layer steps with the tiles: 8.3 s)
+# call too (a long prefill ran faster so than in per-layer steps with the tiles)
 DIRECT_MAX_WIDE = 512
 DIRECT_SCORES = 1 << 25  # at most this many scores (float64) in one call's kept scratch: 256 MiB
 _scratch = threading.local()

@@ -171,7 +171,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, *, fallback: bool = False) -> tor
 def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = False) -> torch.Tensor:
     """logits [M, V] -> int64 [M]: each row's first largest entry, `banned` counted as -inf (the
     greedy target's token; `drafting.sampling.select` at temperature 0 gives the same). bf16 rows in
-    one C pass (torch's bf16 argmax reads a 49,152-wide row in ~180 us, its float32 copy's ~70);
+    one C pass (torch's bf16 argmax is slower than its float32 copy's, and that copy costs too);
     rows holding a NaN, other dtypes and the fallback: torch."""
     fn = None if logits.dtype != torch.bfloat16 or logits.dim() != 2 else _c(fallback, "sample_argmax_bf16", logits)
     if fn is None:  # drafting.sampling.ban_token's steps: kernels sit below drafting and keep their own twin
@@ -182,7 +182,7 @@ def argmax(logits: torch.Tensor, banned: int | None = None, *, fallback: bool = 
         return x.argmax(-1)
     M, V = logits.shape
     out = torch.empty(M, dtype=torch.long)
-    # rows with a NaN, counted in C: a tensor test of `out` cost ~24 us right after the forward (~1% of an AR round)
+    # rows with a NaN, counted in C: a tensor test of `out` right after the forward ran cold
     if fn(logits.data_ptr(), M, V, -1 if banned is None else banned, out.data_ptr(), torch.get_num_threads()):
         bad = out < 0
         out[bad] = argmax(logits[bad], banned, fallback=True)
@@ -210,8 +210,8 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
     tokens whose logit with their own noise may reach the noisy value of the row's first largest
     logit (libm's logs, with a margin), looked for in the blocks of 64 whose largest logit with the
     position's largest noise, then with the block's own, may reach it. The kernel makes each
-    position's largest uniforms, of all and of each block (its whole row read or made once, ~20 us
-    at V = 49,152; the positions, then the rows, shared out over torch's threads). A few C passes
+    position's largest uniforms, of all and of each block (its whole row read or made once; the
+    positions, then the rows, shared out over torch's threads). A few C passes
     a row; None (the caller computes every token) without the C steps, for other dtypes, a NaN or
     a row where more than 1/CANDIDATES_MAX of the tokens pass (the full computation is cheaper
     then). flat=True: such rows decline alone (`flat` [M] bool), with none of their pairs."""
@@ -239,7 +239,7 @@ def gumbel_candidates(x: torch.Tensor, u: torch.Tensor | None, rows: torch.Tenso
 
 def uniforms(seed: int, V: int) -> torch.Tensor | None:
     """A position's V float64 uniforms in (0, 1) from its 64-bit `seed` (splitmix64 per index, one
-    C pass: ~30 us for 49,152 where torch.rand's generator took ~0.3 ms); None without the C steps
+    C pass, far cheaper than torch.rand's generator); None without the C steps
     (`drafting.sampling.splitmix_uniforms` makes the same bits in torch ops)."""
     fn = _fn("sample_uniforms")
     if fn is None:

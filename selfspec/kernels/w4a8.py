@@ -10,7 +10,7 @@ rows and multiplied as integers (AVX-512 VNNI: 64 products a instruction): 16 ro
 more than one. The numerics (`w4a8.c`'s header) are exact integer dot products per block of 32
 and one fixed order of float steps per output element, so a row's output is bitwise the same at
 any number of rows; `reference` computes the same bits with torch ops and is what runs when the
-C kernel cannot be built (no compiler), about 10x slower.
+C kernel cannot be built (no compiler), much slower.
 
 Weights on GGUF's Q4_1 grid (the default model: blocks of 32, fp16 scale and minimum) are kept
 exactly; others are put on it here (scale = (max - min) / 15 and minimum, both rounded to fp16).

@@ -131,9 +131,8 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
                                decode_tokens=max(0, len(out) - 1))
             if kind != "cfg" or r[0] is not model:
                 # untimed, a few AR tokens of the default model: the first run of ours after a peer's ran
-                # 2-4.5% slower (its caches and tables cold; 0.995-1.003x after this), after the fp32
-                # baseline's 0.94x (its weights push ours out of the cache), and in the mirrored order that
-                # run is always the same row (auto at T = 1 behind llama.cpp: 0.93x AR one run)
+                # slower (its caches and tables cold), after the fp32 baseline's slower still (its weights
+                # push ours out of the cache), and in the mirrored order that run is always the same row
                 for _ in Decoder(model, [warm], DecodeConfig(mode="ar", max_new_tokens=warmup_tokens), **no_eos):
                     pass
             rec.update({k: p[k] for k in META if k in p})

@@ -83,7 +83,7 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
                 timed.setdefault(mode, [outs, extra, []])[2].append((sum(len(o) for o in outs), dt))
                 bar.update(1)
                 if mode == "hf":  # untimed, a few AR tokens of ours: the run after transformers' fp32 weights
-                    for _ in Decoder(model, prompts_ids[:2], warm):  # starts cold (0.94x, `run_bench`)
+                    for _ in Decoder(model, prompts_ids[:2], warm):  # starts cold (`run_bench`)
                         pass
             for mode in runs:
                 outs, extra, each = timed[mode]

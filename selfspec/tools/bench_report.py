@@ -124,8 +124,8 @@ def _floor_line(name: str, r: dict) -> str:
 
 
 def _worst_text(w: dict | None) -> str:
-    """"; worst prompt chat01 0.93x (held-out; AR in 377 of 378 rounds)": its split where the row
-    has splits, and how many of its rounds auto ran AR."""
+    """The "; worst prompt ..." note: the worst prompt's ratio to AR, its split where the row has
+    splits, and how many of its rounds auto ran AR."""
     if not w:
         return ""
     notes = ([w["split"]] if w.get("split") else []) + (

@@ -122,8 +122,8 @@ class LlamaCppPeer:
             eos: set[int], seed: int) -> tuple[list[int], float]:
         self.llm.set_seed(seed)
         # generate(reset=True) still reuses the longest prefix its cache holds from the last call (a
-        # prompt run twice, or after the warm-up's first 256 tokens, skipped its prefill: first
-        # tokens ~0 s, half of a `--repeats 2` row's); an emptied cache makes every run prefill it all
+        # prompt run twice, or after the warm-up's first 256 tokens, skipped its prefill: its first
+        # token came at once in half of a `--repeats 2` row's runs); an emptied cache makes every run prefill it all
         self.llm.reset()
         out: list[int] = []
         self.first_token_seconds = None

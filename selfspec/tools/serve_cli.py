@@ -287,8 +287,8 @@ def cmd_serve(a) -> int:
           f"{a.max_batch} rows ({service.kv_cache_bytes / 2**20:.0f} MiB of KV cache reserved; {memory_line(memory)}) "
           f"and a queue of {a.max_queue}; defaults from {options.defaults.source}", file=sys.stderr)
     # What exists now lives as long as the server: out of the collector's sight (torch and
-    # transformers leave ~350,000 objects, a full collection of which stalls every row ~240 ms on
-    # a 2-core CPU, now and then, mid-answer); what the requests allocate is collected as before
+    # transformers leave hundreds of thousands of objects, a full collection of which stalls every
+    # row now and then, mid-answer); what the requests allocate is collected as before
     gc.collect()
     gc.freeze()
     return serve(build_app(service, api_key=a.api_key), service, host=a.host, port=a.port, log_level=a.log_level)

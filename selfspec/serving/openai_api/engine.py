@@ -12,17 +12,16 @@ The first token of a request is sent as soon as its prefill yields it, before th
 Later text is handed over at most once per `Job.interval` (`--stream-interval-ms`; a whole,
 not streamed, answer: once, at its end), what comes sooner is held and joins the next delta. Each
 hand-over is an event through the loop, an SSE line, a `send` on the socket and a read and parse
-in the client; on 2 cores every one of those runs beside the forward and slows it (one streamed
-request: ~0.15 ms of the loop's CPU and ~0.2 ms of a Python client's per event, where a token
-takes ~4.5 ms), while a human reader or a terminal sees no difference below a screen's frame.
+in the client; on 2 cores every one of those runs beside the forward and slows it (per event,
+a measurable share of a token's time), while a human reader or a terminal sees no difference below a screen's frame.
 
 Sequences are dropped from the decoder (`Decoder.forget`) once their row has left, so a server
 that runs for weeks keeps no per-request data.
 
 `python -m selfspec serve` runs the engine on the process's main thread (`run_foreground`) and
 the HTTP event loop in a thread of its own: torch's CPU kernels fork and join their OpenMP team
-about twice as slowly from any other thread (a bf16 576 x 1536 matmul of one row: 59 us on the
-main thread, 122 us on another; a whole AR step of the default model ~2x), and a decode step is
+about twice as slowly from any other thread (a small bf16 matmul and a whole AR step of the
+default model alike), and a decode step is
 hundreds of such small ops. `start()` (a background thread) is for embedding and tests.
 """
 
@@ -199,10 +198,10 @@ class Engine:
         """An idle engine woken by a request waits while requests keep coming (each within
         `window` seconds of the last, or still being read), GATHER_ROUNDS windows at most, so that
         a burst is prefilled in one turn. Without it the first request of a burst is prefilled
-        alone and those that arrive meanwhile wait for that turn, then for their own: 16 clients
-        started at once reach this engine over 40-70 ms, and one arriving during the burst's
-        prefill waited for it too (first tokens p95 up to 1.2-1.3 s; with the window 0.65-0.85 s,
-        at the price of the median: `docs/serving.md`). A lone request pays one window. Called
+        alone and those that arrive meanwhile wait for that turn, then for their own: clients
+        started at once reach this engine spread over tens of ms, and one arriving during the
+        burst's prefill waited for it too (the window lowers the p95 of first tokens at the price
+        of the median: `docs/serving.md`). A lone request pays one window. Called
         with the lock held; waiting releases it."""
         now = time.perf_counter()
         end, quiet = now + GATHER_ROUNDS * self.window, now + self.window
