@@ -123,8 +123,10 @@ class Decoder:
         self._observers: dict[int, list] = {}  # the rows that entered, until forgotten
         self._next = len(prompts)  # the index `add` gives the next sequence
         self.on_round = None
-        replayed = None if replay is None else replaying(model, prompts, cfg, params, replay, eos_token_id,
-                                                         max_cache_bytes, batch_size)
+        # the reference is a decode of its own (this class, so replaying needs no import of it)
+        replayed = None if replay is None else replaying(model, prompts, cfg, params, replay, lambda ar: _decode_all(
+            type(self)(model, prompts, ar, eos_token_id=eos_token_id, params=params,
+                       max_cache_bytes=max_cache_bytes, batch_size=batch_size)))
         planner = fixed = None
         if cfg.plan == "auto":
             rows = min(self.batch_size, len(self.prompts)) if self.prompts else self.batch_size
@@ -386,3 +388,10 @@ def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[lis
     for _ in dec:
         pass
     return list(dec.outputs), list(dec.stats)
+
+
+def _decode_all(decoder) -> dict:
+    """Run `decoder` to the end; its outputs by sequence index."""
+    for _ in decoder:
+        pass
+    return decoder.outputs

@@ -8,21 +8,16 @@ from dataclasses import replace
 from selfspec.drafting.replay import Replay, load_profile
 
 
-def replaying(model, prompts: list[list[int]], cfg, params: list, spec, eos_token_id, max_cache_bytes,
-              batch_size: int | None = None) -> Replay:
+def replaying(model, prompts: list[list[int]], cfg, params: list, spec, decode_ar) -> Replay:
     """A `Replay` for these prompts: the profile `spec` loaded (a bad one fails here, before any
-    model work) and every prompt's greedy AR continuation decoded (untimed, its own decoder; the
-    replayed run's stats never see it). Greedy only: at temperature > 0 the target's draws, not a
-    fixed continuation, decide what is accepted, so a replay there is refused."""
-    from selfspec.engine.decoder import Decoder  # the reference is a decode of its own
-
+    model work) and every prompt's greedy AR continuation decoded by `decode_ar(ar_cfg)` (the
+    caller's own decoder, untimed; the replayed run's stats never see it). Greedy only: at
+    temperature > 0 the target's draws, not a fixed continuation, decide what is accepted, so a
+    replay there is refused."""
     profile = load_profile(spec)
     if cfg.temperature > 0 or any(p.temperature > 0 for p in params):
         raise ValueError("replay replays greedy acceptance against the AR output: it needs temperature 0")
     ar = replace(cfg, mode="ar", plan=None, schedule=None, group_nodes=None, lookup=None)
-    ref = Decoder(model, prompts, ar, eos_token_id=eos_token_id, params=params, max_cache_bytes=max_cache_bytes,
-                  batch_size=batch_size)
-    for _ in ref:
-        pass
-    return Replay(profile, {i: list(ref.outputs[i]) for i in range(len(prompts))}, dict(enumerate(prompts)),
+    outputs = decode_ar(ar)
+    return Replay(profile, {i: list(outputs[i]) for i in range(len(prompts))}, dict(enumerate(prompts)),
                   mask_id=int(model.config.mask_token_id), top_k=cfg.tree_top_k)
