@@ -74,7 +74,9 @@ def rss():
         return int(f.read().split()[1]) * resource.getpagesize()
 before = rss()
 model, tok, packed = synthetic.build("synthetic:mid", fmt="int8", progress=False)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM is this image's own high-water mark; ru_maxrss also keeps the forking parent's RSS from exec
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
 n = sum(p.numel() for p in model.parameters())
 print(json.dumps({"growth": peak - before, "fp32": 4 * n}))
 """
