@@ -19,6 +19,7 @@ from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
 from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
                                          long_floor_lines, long_report, long_table, markdown_table,
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
+from selfspec.tools.bench_common import check_out
 from selfspec.tools.bench_grid import grid, label  # noqa: F401  (read from here)
 from selfspec.tools.bench_prompts import META, read_prompts, read_suite
 from selfspec.tools.hindsight import replay_arg, replay_figures, replay_label, replay_lines
@@ -292,15 +293,7 @@ def cmd_bench(a) -> int:
         from selfspec.engine.cost import CostModel
 
         CostModel.load(a.profile)  # a bad file fails before the model loads
-    out = a.out or os.path.join("bench_out", time.strftime("%Y%m%d-%H%M%S"))
-    try:
-        os.makedirs(out, exist_ok=True)
-        probe = os.path.join(out, ".write_test")
-        with open(probe, "w") as f:
-            f.write("")
-        os.remove(probe)
-    except OSError as e:
-        raise ValueError(f"output folder {out} cannot be written: {e}") from None
+    out = check_out(a.out)
     model, tok = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, device_map=a.device_map,
                       kv_cache_dtype=a.kv_cache_dtype)
     from selfspec.kernels import build as kernels_build
