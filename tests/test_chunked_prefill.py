@@ -6,11 +6,12 @@ test_invariance), so greedy output equals AR and every row equals its batch-1 ru
 import pytest
 import torch
 
-from selfspec.engine.chunks import prefill_first, prefill_groups, shared_prefixes, token_price, whole_prompts
 from selfspec.engine.cost import CostModel
 from selfspec.engine.forward import FastForward
-from selfspec.engine.chunks import PREFILL_OWN_ROUNDS, PREFILL_SHARE
-from selfspec.engine.decoder import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, Decoder, generate_ids, pick_chunk
+from selfspec.engine.decoder import Decoder, generate_ids
+from selfspec.engine.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_SHARE, prefill_first,
+                                           prefill_groups, shared_prefixes, whole_prompts)
+from selfspec.engine.round_costs import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, pick_chunk, token_price
 from selfspec.engine.formats import set_weights
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
@@ -143,9 +144,8 @@ def test_without_chunking_the_running_rows_wait_for_the_whole_prefill():
     running, (long,) = _prompts((5, 9)), _prompts((70,), seed=1)
     dec, (kv,), between = _join(m, cfg, running, [long], chunk=70)
     assert between == len(running) and dec.stats[2].prefill_forwards == 1 and _same_kv(kv, _alone_kv(m, long))
-    from selfspec.engine.decoder import PREFILL_CHUNK
 
-    assert Decoder(m, running, cfg).pacing.chunk_tokens() == PREFILL_CHUNK
+    assert Decoder(m, running, cfg).scheduler.prefill.chunk_tokens() == PREFILL_CHUNK
     with pytest.raises(ValueError, match="prefill_chunk"):
         Decoder(m, running, cfg, prefill_chunk=0)
 
@@ -257,7 +257,7 @@ def test_the_chunk_is_the_largest_whose_forward_fits_the_rounds_given():
 
 def _chunk_spans(dec, clock) -> list:
     """Wraps the decoder's own-forward chunk call: (start, end) on the fake clock of each, as they run."""
-    own, spans = dec.stepper.prefills.prefill_chunk, []
+    own, spans = dec.scheduler.prefill.run_chunk, []
 
     def timed(*a):
         t0 = clock.t
@@ -265,7 +265,7 @@ def _chunk_spans(dec, clock) -> list:
         spans.append((t0, clock.t))
         return out
 
-    dec.stepper.prefills.prefill_chunk = timed
+    dec.scheduler.prefill.run_chunk = timed
     return spans
 
 
@@ -293,7 +293,7 @@ def _join_on_a_clock(learn: bool, fmt: str = "fp32", length: int = 150, per_toke
     priced.prefills, spans = [], _chunk_spans(dec, clock)
     while dec.scheduler.prefilling or dec.scheduler.waiting:
         if not learn:
-            dec.stepper.prefills.last_chunk = None  # a decoder that never learns what its chunks took
+            dec.scheduler.prefill.last_chunk = None  # a decoder that never learns what its chunks took
         dec.step()
     return priced.prefills, truth(2, 1, 10), spans, dec
 
@@ -398,7 +398,7 @@ def test_a_long_prompt_joining_a_stream_through_the_server_is_chunked_and_exact(
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_same_kv(fmt):
-    """Past `PrefillSteps.piece` tokens the prompts entering together run in forwards of that many
+    """Past `Prefill.piece` tokens the prompts entering together run in forwards of that many
     columns (the exact attention's scores grow with the square of a forward's width); the K/V,
     the first tokens and the output are the one-forward prefill's, bit for bit."""
     m = _model(fmt)
@@ -407,7 +407,7 @@ def test_prompts_entering_with_nothing_running_are_prefilled_in_pieces_with_the_
     for piece in (8, 1000):
         dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=6), eos_token_id=[])
         dec.start()
-        dec.stepper.prefills.piece = piece
+        dec.scheduler.prefill.piece = piece
         widths = Widths(dec)
         dec.step()  # the prefill turn: every prompt enters, nothing runs
         cache = dec.stepper.cache
@@ -438,7 +438,7 @@ def test_a_prompt_prefilled_in_pieces_gives_ar_output_in_every_mode_and_format(f
                       ("linear", DecodeConfig(mode="linear", schedule="two-pass", block_length=4, max_new_tokens=12))):
         dec = Decoder(m, [prompt], cfg, eos_token_id=[])
         dec.start()
-        dec.stepper.prefills.piece = 8
+        dec.scheduler.prefill.piece = 8
         for _ in dec:
             pass
         assert dec.stats[0].prefill_forwards >= 5, name
@@ -626,7 +626,7 @@ def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spa
     run (1 - PREFILL_SHARE) / PREFILL_SHARE times a piece's time before the next (a 256-token piece
     every turn had held 4 rows to a token per ~0.3 s while a 2,000-token prompt joined, w4a8); every
     output equals AR."""
-    monkeypatch.setattr("selfspec.engine.prefill_pacing.PREFILL_CHUNK", 32)
+    monkeypatch.setattr("selfspec.engine.prefill.PREFILL_CHUNK", 32)
     m = tiny_model(seed=2, vocab_size=V) if fmt == "fp32" else _model(fmt)
     m.__dict__.pop("_selfspec_planners", None)
     cfg = DecodeConfig(max_new_tokens=60, **layout)

@@ -13,7 +13,7 @@ from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder, generate_batch_ids, generate_ids
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.planner import Planner
-from selfspec.engine.prefill_steps import PrefillSteps
+from selfspec.engine.prefill import Prefill
 
 from conftest import tiny_model
 
@@ -82,7 +82,7 @@ def test_a_cost_model_for_another_device_fails_before_any_model_work(tmp_path, m
     m = tiny_model(vocab_size=V)
     path = tmp_path / "elsewhere.json"
     CostModel("cpu: elsewhere", "*", "any", "any", (1,), (1, 2), (0,), (((1.0, 2.0),),)).save(str(path))
-    monkeypatch.setattr(PrefillSteps, "prefill", lambda *a: pytest.fail("model work before the error"))
+    monkeypatch.setattr(Prefill, "whole", lambda *a: pytest.fail("model work before the error"))
     with pytest.raises(ValueError, match="measured for device"):
         Decoder(m, _prompts()[:2], DecodeConfig(max_new_tokens=12), batch_size=2, profile=str(path))
 

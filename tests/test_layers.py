@@ -121,7 +121,7 @@ def test_the_layer_check_reads_nested_imports(tmp_path):
 
 
 # -- composition, not mixins across files ------------------------------------------------------------
-# An engine class holds a collaborator as a field (`Decoder.pacing`, `Stepper.prefills`,
+# An engine class holds a collaborator as a field (`Scheduler.prefill`, `Prefill.stepper`,
 # `Planner.costs`); a base class from another engine file splits one class over two files.
 def _module(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)

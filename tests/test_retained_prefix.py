@@ -197,16 +197,16 @@ def _text_model(fmt):
 
 
 def _prefilled(monkeypatch) -> list[int]:
-    """Every prefill forward's prompt tokens from now on (`PrefillSteps._prefill_forward`), in a list."""
-    from selfspec.engine.prefill_steps import PrefillSteps
+    """Every prefill forward's prompt tokens from now on (`Prefill._forward`), in a list."""
+    from selfspec.engine.prefill import Prefill
 
-    seen, real = [], PrefillSteps._prefill_forward
+    seen, real = [], Prefill._forward
 
     def spy(self, seqs, slot, widths):
         seen.append(sum(widths))
         return real(self, seqs, slot, widths)
 
-    monkeypatch.setattr(PrefillSteps, "_prefill_forward", spy)
+    monkeypatch.setattr(Prefill, "_forward", spy)
     return seen
 
 

@@ -150,7 +150,7 @@ class BatchKVCache:
         """A sequence leaves row `row` (rows `free`.. are unoccupied): its first len(tokens) slots,
         the K/V of `tokens`, are copied into a free row, where a prompt entering later that starts
         alike (the next turn of a chat, the same document asked again) copies them from
-        (`PrefillSteps.share_prefixes`) instead of running them, until a sequence takes that row
+        (`prefill.Prefill.share_prefixes`) instead of running them, until a sequence takes that row
         (`claim`). The row: one retained whose tokens the new ones extend, else the highest free
         one not retained, else the one retained longest ago.
 
@@ -180,7 +180,7 @@ class BatchKVCache:
     def claim(self, start: int, stop: int, keep: list[int] | None = None) -> None:
         """Rows start..stop-1 are about to hold new sequences: each starts empty, except that row
         start+i keeps its first `keep[i]` slots (what it retained of the prompt entering it,
-        `chunks.kept_prefixes`); the prefill starts after them. What they retained is given up."""
+        `prefill_rules.kept_prefixes`); the prefill starts after them. What they retained is given up."""
         for i, r in enumerate(range(start, stop)):
             self.retained.pop(r, None)
             self.lengths[r] = keep[i] if keep is not None else 0

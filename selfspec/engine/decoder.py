@@ -23,14 +23,11 @@ import threading
 import torch
 
 from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.chunks import (PREFILL_CHUNK, PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS,  # noqa: F401 (theirs, re-exported)
-                                    kept_prefixes, pick_chunk, prefill_first)
 from selfspec.engine.cost import cost_model
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.per_sequence import PerSequence
 from selfspec.engine.planner_store import keep_planner, planner_for
-from selfspec.engine.prefill_pacing import PrefillPacing
 from selfspec.engine.request import cache_bytes, check_batch, eos_ids, row_capacity
 from selfspec.engine.replaying import replaying
 from selfspec.engine.rounds import recorder_observer, stats_observer
@@ -53,7 +50,7 @@ class Decoder:
     plan "auto"'s cost model (`cost.CostModel` or a file; default: this device's, measured once).
     `params`: one `SamplingParams` per prompt (default: the config's). `prefill_chunk`: how many
     prompt tokens a turn prefills while other rows run (None: plan "auto" picks it from its cost
-    model, `PrefillPacing.chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
+    model, `prefill.Prefill.chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
     running is prefilled whole in one forward whatever it is. `past`: a finished decoder of this
     model whose cache this one continues in (`_take_past`: the next turn of a conversation).
     `replay`: a replay profile (`drafting.replay.load_profile`: name, JSON path or profile): the
@@ -137,15 +134,14 @@ class Decoder:
         lora = getattr(model, "draft_lora", None) if cfg.draft_lora and cfg.mode not in ("ar", "lookup") else None
         self.bf.ff.prepare_lora(lora)
         self.stepper = Stepper(self.bf, cfg, mask_id=int(model.config.mask_token_id), eos=self.eos, lora=lora,
-                               planner=planner, fixed=fixed, fixed_label=config_label(cfg),
-                               prefill_group=planner is not None or fixed.groups > 0)
+                               planner=planner, fixed=fixed, fixed_label=config_label(cfg))
         self.stepper.replay = replayed
         for st in self.stats:
             st.replay = None if replayed is None else replayed.name
         self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
-        self.scheduler = Scheduler(self.batch_size)
-        self.pacing = PrefillPacing(prefill_chunk=prefill_chunk, bf=self.bf, scheduler=self.scheduler,
-                                    stepper=self.stepper)
+        # the scheduler owns the prefill (`scheduler.prefill`), which runs its forwards on the stepper
+        self.scheduler = Scheduler(self.batch_size, stepper=self.stepper, prefill_chunk=prefill_chunk,
+                                   prefill_group=planner is not None or fixed.groups > 0)
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
         self._past = None if past is None else self._take_past(past)  # now: two turns never take one cache
         self.closed = False  # `close` ran: the iteration ended (finished or stopped)
@@ -269,70 +265,23 @@ class Decoder:
         return list(self.turn())
 
     def turn(self):
-        """One turn: finished rows leave, waiting prompts take free rows, then one round runs over
-        the live rows. With nothing running, the entering prompts are prefilled whole in one forward
-        (their first tokens are yielded right away: time to first token is one prefill); while rows
-        run, the prompts being prefilled run their next chunk (`pacing.chunk_tokens` query tokens at most):
-        in the round's forward where the format allows it (`step.Stepper.step`'s `join`), those
-        whose last chunk is in yielding their first tokens after the round's; else in a forward of
-        its own before the round (`prefill_steps.PrefillSteps.prefill_chunk`), those whose last chunk is in
-        joining that round. Yields `(row, chunk)` as rows commit."""
+        """One turn, as nano-vllm's step: schedule, run, postprocess. The scheduler's prefill
+        (`prefill.Prefill.enter`) lets finished rows leave and waiting prompts take free rows,
+        prefilling them whole with nothing running (their first tokens are yielded right away: time
+        to first token is one prefill) or a chunk while rows run; the stepper runs one round over
+        the live rows, carrying the next chunk in its forward where the format allows
+        (`Prefill.ride`); then the prompts that chunk completed go live and finished rows leave
+        (`Prefill.after_round`). Yields `(row, chunk)` as rows commit."""
         self.start()
-        sched, cache = self.scheduler, self.stepper.cache
-        sched.retire(cache)  # cancelled since the last turn
-        chunked = False  # a chunk ran in a forward of its own this turn
-        running = bool(sched.live or sched.prefilling)
-        entering, slot = sched.admit()
-        if entering and self.planner is not None and self.batch_size == 1:
-            self.planner.begin()  # one prompt at a time: each starts its rate and probe clock afresh
-        waiting = len(sched.prefilling) + len(entering)
-        burst = running and self.pacing.prefill_chunk is None and prefill_first(waiting, len(sched.live))
-        if not running or burst:  # prefilled whole this turn: shortest first (less padding, first tokens sooner)
-            entering.sort(key=lambda s: len(s.prompt))
-        # rows slot.. in this order from here on: a row keeps what it retained only for its own prompt
-        cache.claim(slot, slot + len(entering), kept_prefixes(cache.retained, slot, [s.prompt for s in entering]))
-        if entering and not running:  # nobody waits for them: the whole prompts at once
-            chunks = self.stepper.prefills.prefill(entering, slot, self._donors())
-            sched.place(entering, cache)
-        else:
-            if entering and not burst:  # the burst shares below, with the rows that prefill together
-                self.stepper.prefills.share_prefixes(entering, slot, self._donors())
-            sched.start_prefill(entering)
-            entering, chunks = [], []
-            if burst:  # more prompts wait for their first token than rows run: all of them now
-                R = len(sched.live)
-                n, chunks = self.stepper.prefills.prefill_rest(sched.prefilling, R, self._donors())
-                entering, chunked = sched.join(n, cache), True
-            # the next chunk rides in the round's forward where the format allows (`BatchForward.joins`):
-            # its tokens pay their arithmetic, not another pass over the weights
-            elif sched.prefilling and not (sched.live and self.pacing.rides):
-                tokens = self.pacing.due_chunk()
-                if tokens:
-                    t0 = self.stepper.clock()
-                    n, chunks = self.stepper.prefills.prefill_chunk(sched.prefilling, len(sched.live), tokens)
-                    entering, chunked = sched.join(n, cache), True
-                    self.pacing.ran_chunk(self.stepper.clock() - t0)
-        yield from self._welcome(entering, chunks)
+        sched = self.scheduler
+        yield from self._welcome(*sched.prefill.enter())
         if sched.live:
-            join = None
-            if sched.prefilling and self.pacing.rides and not chunked:  # one chunk a turn
-                join = (sched.prefilling, len(sched.live), self.pacing.chunk_tokens())
-            rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers, join=join)
-            self.pacing.ran_round(rnd.seconds)
-            n, chunks = rnd.joined
-            entering = sched.join(n, cache) if n else []
-            sched.retire(cache)
+            rnd = self.stepper.step(sched.live, draining=sched.draining, observers=self._observers,
+                                    join=sched.prefill.ride())
+            entering, chunks = sched.prefill.after_round(rnd)
             for r in rnd.rows:
                 yield r.seq.index, r.committed
             yield from self._welcome(entering, chunks)
-
-    def _donors(self) -> list[tuple[int, list[int]]]:
-        """Rows whose K/V (as far as each holds it) a prompt entering may copy, `(row, tokens)`: the
-        live ones' prompts, those part-way through their prefill, and the free rows that kept a
-        finished sequence's tokens (`BatchKVCache.retain`)."""
-        sched = self.scheduler
-        return [(r, s.prompt) for r, s in enumerate(sched.live + sched.prefilling)] + list(
-            self.stepper.cache.retained.items())
 
     def _welcome(self, entering: list, chunks: list):
         """Sequences that just got their first tokens: their observers, then their first chunks."""

@@ -3,30 +3,38 @@ prefilled in chunks and the live ones; live sequence i in cache row i, prefillin
 cache row len(live) + j.
 
 Free cache rows take waiting sequences (`admit`, into rows `len(live) + len(prefilling)..`).
-With nothing running the decoder prefills them together at once and they join the live ones
+With nothing running the prefill runs them together at once and they join the live ones
 (`place`); while rows run, they are prefilled a chunk per turn (`prefilling`) and join the live
 ones when their last chunk is in (`join`, in admission order). After every round the finished or
 cancelled ones leave (`retire`): the last live rows move into the freed cache rows and the
 prefilling rows move down behind them (`cache.BatchKVCache.pack`), so the live sequences always
-hold rows 0..R-1 and a round's forward runs over one contiguous block of rows. The scheduler never
-runs the model: prefill and rounds are the decoder's steps.
+hold rows 0..R-1 and a round's forward runs over one contiguous block of rows.
+
+The scheduler owns the prefill (`prefill.Prefill`, `scheduler.prefill`): which waiting prompts
+enter, how much of them a turn prefills, chunk pacing and prefix reuse; it runs the prefill
+forwards on the stepper it is given, and the rows that finish leave their K/V to it (`retain`).
+Rounds are the stepper's.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from selfspec.engine.prefill import Prefill
+
 
 class Scheduler:
-    """Waiting and live sequences for a cache of `max_rows` rows."""
+    """Waiting and live sequences for a cache of `max_rows` rows, and their prefill on `stepper`'s
+    forward and cache (`prefill_chunk`, `prefill_group`: `prefill.Prefill`'s `chunk` and `group`)."""
 
-    def __init__(self, max_rows: int):
+    def __init__(self, max_rows: int, *, stepper, prefill_chunk: int | None = None, prefill_group: bool = False):
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.max_rows = max_rows
         self.waiting: deque = deque()
         self.live: list = []  # live[i] holds cache row i
         self.prefilling: list = []  # prefilling[j] holds cache row len(live) + j, its prompt partly in
+        self.prefill = Prefill(self, stepper, chunk=prefill_chunk, group=prefill_group)
 
     def add(self, seq) -> None:
         self.waiting.append(seq)
@@ -51,7 +59,7 @@ class Scheduler:
     def place(self, entering: list, cache) -> None:
         """The entering sequences (prefilled into rows len(live)..) join the live ones, except those
         that finished at their first token (their rows are reused)."""
-        _retain_done(cache, entering, len(self.live), len(self.live) + len(entering))
+        self.prefill.retain(entering, len(self.live), len(self.live) + len(entering))
         self.live = cache.compact(self.live + [None if s.done else s for s in entering])
 
     def start_prefill(self, entering: list) -> None:
@@ -63,7 +71,7 @@ class Scheduler:
         except those that finished at their first token; the rest stay behind them. Returns the
         `n` sequences."""
         ready, rest = self.prefilling[:n], self.prefilling[n:]
-        _retain_done(cache, ready, len(self.live), len(self.live) + len(self.prefilling))
+        self.prefill.retain(ready, len(self.live), len(self.live) + len(self.prefilling))
         self.live, self.prefilling = cache.pack(self.live + [None if s.done else s for s in ready], rest)
         return ready
 
@@ -73,7 +81,7 @@ class Scheduler:
         rows = self.live + self.prefilling
         gone = [s for s in rows if s.done]
         if gone:
-            _retain_done(cache, rows, 0, len(rows))  # before the moves below overwrite their rows
+            self.prefill.retain(rows, 0, len(rows))  # before the moves below overwrite their rows
             self.live, self.prefilling = cache.pack([None if s.done else s for s in self.live],
                                                     [None if s.done else s for s in self.prefilling])
         return gone
@@ -90,10 +98,3 @@ class Scheduler:
         seq.finish()
         return True
 
-
-def _retain_done(cache, seqs: list, first: int, free: int) -> None:
-    """The finished ones of `seqs` (cache rows first..) leave their K/V to `cache.retain` (rows
-    `free`.. are unoccupied): a later prompt that starts alike copies it."""
-    for i, s in enumerate(seqs):
-        if s.done:
-            cache.retain(first + i, s.prompt + s.emitted, free)

@@ -20,8 +20,9 @@ states, one `RowRound` per row) and returns it after every row's observers have 
 5. observe: each row's observers (stats, recorder, round hook), then the planner.
 
 Nothing is committed before its row was verified, and a round reads no state a previous round
-left outside the sequences, the cache and the planner. Prompts enter the cache by the steps of
-`prefill_steps.PrefillSteps`, a field of the stepper (`stepper.prefills`).
+left outside the sequences, the cache and the planner. Prompts enter the cache by the scheduler's
+prefill (`prefill.Prefill`), which runs its forwards on the stepper and may give a round a chunk
+to carry in its forward (`step`'s `join`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,7 @@ import torch
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
-from selfspec.engine.batch_forward import Join
-from selfspec.engine.chunks import ChunkRun
 from selfspec.engine.masks import rows_layout
-from selfspec.engine.prefill_steps import PrefillSteps
 from selfspec.engine.rounds import Round, RowRound
 from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
 from selfspec.engine.targets import targets_of
@@ -46,7 +44,7 @@ class Stepper:
     """Runs rounds for a decoder: the forward (`bf`), the cache rows, the settings, the plan."""
 
     def __init__(self, bf, cfg, *, mask_id: int, eos: set[int], lora=None, planner=None, fixed=None,
-                 fixed_label: str = "", prefill_group: bool = False):
+                 fixed_label: str = ""):
         self.bf, self.cfg, self.mask_id, self.eos, self.lora = bf, cfg, mask_id, eos, lora
         self.planner, self.fixed, self.fixed_label = planner, fixed, fixed_label
         self.cache = None  # the decoder's `cache.BatchKVCache`
@@ -54,7 +52,6 @@ class Stepper:
         self.learned = cfg.mode in ("presto", "auto") and cfg.rho == "learned"
         self.clock = time.perf_counter  # every time the planner learns from is read here (tests run a fake one)
         self.last_seconds = 0.0  # the latest `timed` call's
-        self.prefills = PrefillSteps(self, prefill_group=prefill_group)  # prompts into the cache
         self.replay = None  # `drafting.replay.Replay`: replaced draft marginals (acceptance replay)
 
     # -- model calls ------------------------------------------------------------------------------------
@@ -100,23 +97,22 @@ class Stepper:
         return (self.lora, slice(start, None)) if self.lora is not None else (None, None)
 
     # -- the round --------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence], *, draining: bool, observers: dict, join: tuple | None = None) -> Round:
+    def step(self, seqs: list[Sequence], *, draining: bool, observers: dict, join=None) -> Round:
         """One round for the live sequences (cache rows 0..R-1); `observers[seq.index]` read each
-        row's part when its tokens are emitted. `join` (prefilling sequences, their first cache
-        row, a token budget; `bf.joins` only): their next chunk (`chunk_widths`) runs in the
-        round's verification forward; `rnd.joined` then holds (n, first chunks) of those whose
-        prompts are in (the first n), as `prefill_chunk` returns them."""
+        row's part when its tokens are emitted. `join` (`prefill.Ride`, `bf.joins` only): a prompt
+        chunk that runs in the round's verification forward; `rnd.joined` then holds (n, first
+        chunks) of the prompts it completed (the first n), their first tokens made in the round."""
         t0 = self.clock()
         rows = [RowRound(s, i, s.stats.rounds, self.cache.lengths[i], s.root, s.marg, s.room, len(s.emitted),
                          s.stats.forward_seconds, s.stats.query_tokens) for i, s in enumerate(seqs)]
         rnd = Round(rows, draining, t0)
         self.plan(rnd)
         self.draft(rnd)
-        ridden = self.forward(rnd, join)
+        self.forward(rnd, join)
         for r in rows:
             self.verify_commit(r, rnd)
-        if ridden is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
-            rnd.joined = self.prefills.ready(ridden[0], join[1], ridden[1])
+        if join is not None:  # after the round's own steps: the joiners' first tokens are model calls of theirs
+            rnd.joined = join.ready()
         rnd.seconds = self.clock() - t0
         for r in rows:
             r.seconds = rnd.seconds
@@ -181,11 +177,10 @@ class Stepper:
             s.stats.query_tokens += B
         return [self.marginals(row, s, len(s.emitted)) for row, s in zip(logits, seqs)]
 
-    def forward(self, rnd: Round, join: tuple | None = None) -> tuple | None:
+    def forward(self, rnd: Round, join=None) -> None:
         """Every row's tree nodes plus mask groups in one forward (padded to the option's width);
-        each row's node logits and targets. `join`: a prompt chunk in the same forward (`step`);
-        then its rows' lengths move past it, and it returns (its sequences, each one's last hidden
-        state [k, H])."""
+        each row's node logits and targets. `join`: a prompt chunk in the same forward (`step`),
+        told what the forward gave it."""
         o, R, seqs = rnd.option, len(rnd.rows), [r.seq for r in rnd.rows]
         G = o.group_size or self.cfg.group
         for r in rnd.rows:
@@ -195,25 +190,18 @@ class Stepper:
         N, q = lay.nodes, lay.tokens.shape[1]
         rnd.nodes_width, rnd.width = N, q
         lora, lora_rows = self.lora_rows(N) if q > N and any(r.owners is not None for r in rnd.rows) else (None, None)
-        ridden = None
         if join is None:
             rnd.hidden = self.timed(seqs, lambda: self.bf(lay.tokens, lay.offsets, self.cache, slice(0, R),
                                                           block=lay.blocks, lora=lora, lora_rows=lora_rows), rnd)
         else:
-            waiting, slot, budget = join
-            widths = self.prefills.chunk_widths(waiting, slot, budget)
-            taken = waiting[: len(widths)]
-            tokens, starts = self.prefills.chunk_tokens(taken, slot, widths)
-            part = Join(tokens, slice(slot, slot + len(taken)))
-            rnd.hidden, chunk = self.timed(seqs + taken, lambda: self.bf(
+            part = join.part()
+            rnd.hidden, chunk = self.timed(seqs + join.seqs, lambda: self.bf(
                 lay.tokens, lay.offsets, self.cache, slice(0, R), block=lay.blocks, lora=lora, lora_rows=lora_rows,
                 join=part), rnd)
-            rnd.join_tokens = int(tokens.numel())
-            # the chunk's part: the forward beyond the round's own predicted time (`chunks.ChunkScale`)
+            rnd.join_tokens = int(part.tokens.numel())
+            # the chunk's part: the forward beyond the round's own predicted time (`round_costs.ChunkScale`)
             own = self.planner.costs.model_seconds(o.family, R, q, rnd.cache_len) if self.planner is not None else 0.0
-            self.prefills.last_chunk = ChunkRun(len(taken), max(widths), max(starts), self.last_seconds,
-                                       base=R * q, round_seconds=own)
-            ridden = taken, self.prefills.advance(taken, slot, widths, starts, chunk)
+            join.ran(chunk, seconds=self.last_seconds, base=R * q, round_seconds=own)
         if q == 1:  # one node a row: every column is real
             logits = self.timed(seqs, lambda: self.bf.logits(rnd.hidden.reshape(R, -1)), rnd)
         else:
@@ -230,7 +218,6 @@ class Stepper:
         for r, t in zip(rnd.rows, got):
             r.targets = t
         rnd.target_seconds, rnd.target_rows = self.clock() - t0, start
-        return ridden
 
     def verify_commit(self, r: RowRound, rnd: Round) -> None:
         """Walk, next marginals (one-pass), commit into the row's cache slots, emit."""

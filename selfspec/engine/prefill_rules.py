@@ -1,20 +1,13 @@
-"""How much of a joining prompt a turn prefills while rows run (the decoder's chunked prefill).
+"""The prefill's pure rules (`prefill.Prefill` applies them; `round_costs` prices the chunks).
 
-A chunk stalls the running rows for its time. In a forward of its own it pays a whole pass over
-the weights however few its tokens; where it rides in the round's forward (the exact formats,
-`BatchForward.joins`) only what its tokens add. Plan "auto" sizes it from what rounds and chunks are measured
-to take (`pick_chunk`); a fixed mode takes PREFILL_CHUNK tokens.
+A prompt that joins running rows goes in chunks. Plan "auto" sizes a chunk from what rounds and
+chunks are measured to take (`round_costs.pick_chunk`); a fixed mode takes PREFILL_CHUNK tokens.
 
-Example: AR rounds of the running rows take 30 ms and a chunk's forward is priced 10 ms + 1 ms a
-token, chunks having taken 1.5x their price: a 2,000-token prompt goes in chunks of 10 tokens
-(1.5 x 20 ms <= 30 ms) until what is left costs at most 4 rounds (1.5 x (10 + 70) ms = 120 ms),
-then the last 70 in one.
-
-A chunk that cannot ride (its own forward: fp32, and w4a8, whose rounds run all their layers in
-one C call) pays a whole pass over the weights however few its tokens, so it is made big enough
-to be worth one (PREFILL_OWN_ROUNDS AR rounds) and spaced (`chunk_due`): the rows run twice its
-time before the next one (a few tokens' chunk every turn had stretched each running row's gap
-several-fold and delayed a long prompt's first token for seconds).
+A chunk that cannot ride in the round's forward (its own forward: fp32, and w4a8, whose rounds run
+all their layers in one C call) pays a whole pass over the weights however few its tokens, so it
+is made big enough to be worth one (PREFILL_OWN_ROUNDS AR rounds) and spaced (`chunk_due`): the
+rows run twice its time before the next one (a few tokens' chunk every turn had stretched each
+running row's gap several-fold and delayed a long prompt's first token for seconds).
 
 Spacing is for a long prompt's pieces: a chunk that prefills short prompts whole (each from its
 first token) runs at once, as many of them as fit in one such forward (`whole_prompts`), since a
@@ -27,27 +20,24 @@ waiting prompt is prefilled in the turn (`prefill_first`): each of them gains a 
 tokens from joining, each running row loses one gap. Prompts that enter together take rows
 shortest first, and are prefilled in forwards over groups of rows of similar length
 (`prefill_groups`): a forward pads every row to its longest.
+
+Prompts that start alike share their prefix's K/V (`shared_prefixes`, `kept_prefixes`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 PREFILL_CHUNK = 256  # prompt tokens a turn prefills while rows run, when no cost model picks it
-PREFILL_FLOOR = 1  # the least a cost model's chunk may be
-PREFILL_ROUNDS = 1.0  # a picked chunk's forward costs at most this many AR rounds of the live rows: a running
-# row then waits at most about twice its usual gap between tokens while a long prompt joins
-PREFILL_WHOLE_ROUNDS = 4.0  # what is left of a prompt goes in one chunk when it costs at most this many: a
-# short prompt joins in one forward (a chunk pays a whole forward's weight reads however few its tokens)
-PREFILL_OWN_ROUNDS = 12.0  # ... except a chunk in a forward of its own (it cannot ride: fp32, w4a8's one-call rounds),
-# which pays a whole pass over the weights however few its tokens (a 1-token chunk already costs about an AR round
-# of 4 rows): it may cost this many, and such chunks come spaced (PREFILL_SHARE)
+PREFILL_OWN_ROUNDS = 12.0  # a chunk in a forward of its own (it cannot ride: fp32, w4a8's one-call rounds)
+# pays a whole pass over the weights however few its tokens (a 1-token chunk already costs about an AR round
+# of 4 rows): it may cost this many AR rounds (`round_costs.PREFILL_ROUNDS` where it rides), and such chunks
+# come spaced (PREFILL_SHARE)
 PREFILL_SHARE = 1 / 3  # own-forward chunks take at most this share of the time while rows run: the next one waits
 # until the rows have run (1 - share) / share times the last one's time. At 12 rounds a chunk, about 1 turn in 25
 # has one: the running rows' p95 gap stays their own, their slowest ~13 rounds
-CHUNK_EMA = 0.5  # weight of the latest chunk's measured / predicted time
 SHARED_MIN = 16  # prompts starting with this many tokens alike or more prefill their common prefix once
-GROUP_FIXED_TOKENS = 8  # without a cost model: a forward's fixed cost (its pass over the weights) in query tokens
+# A prompt longer than this is prefilled in forwards of this many tokens: the exact attention's
+# float64 scores of one forward grow with the square of its width (the K/V are bitwise the same).
+PREFILL_PIECE = 128
 
 
 def prefill_first(prefilling: int, live: int) -> bool:
@@ -63,7 +53,7 @@ def prefill_groups(lefts: list[int], price) -> list[tuple[int, int]]:
     `lefts[i]` prompt tokens to go (shortest first, as they take rows), a forward over rows a..b-1
     costing price(b - a, max(lefts[a:b])) (every row padded to its longest). Dynamic programming
     over the split points; `price(rows, width)` is a cost model's f(rows, width), or tokens plus a
-    forward's fixed cost (`token_price`).
+    forward's fixed cost (`round_costs.token_price`).
 
     Example: lefts [10, 12, 40, 44] at 8 tokens a forward plus 1 a token: one forward pads to
     4 x 44 + 8 = 184, two forwards [10, 12] and [40, 44] cost 2 x 12 + 8 + 2 x 44 + 8 = 128."""
@@ -79,83 +69,6 @@ def prefill_groups(lefts: list[int], price) -> list[tuple[int, int]]:
         groups.append((cut[b], b))
         b = cut[b]
     return groups[::-1]
-
-
-def token_price(rows: int, width: int) -> float:
-    """A forward's price without a cost model: its query tokens plus GROUP_FIXED_TOKENS."""
-    return rows * width + GROUP_FIXED_TOKENS
-
-
-@dataclass(frozen=True)
-class ChunkRun:
-    """A chunk's forward as run: `rows` x `width` query tokens over `cached` ones (the longest
-    row's), `seconds` of model time. A chunk that rode in a round's forward has `base`, the
-    round's query rows, and `round_seconds`, the round's own predicted model time: the chunk's
-    part is what the forward took beyond it."""
-
-    rows: int
-    width: int
-    cached: int
-    seconds: float
-    base: int = 0
-    round_seconds: float = 0.0
-
-    def price(self, cost) -> float:
-        return chunk_price(cost, self.rows, self.width, self.cached, self.base)
-
-
-def chunk_price(cost, rows: int, width: int, cached: int, base: int = 0) -> float:
-    """The cost model's price of a chunk of `rows` x `width` tokens over `cached` ones: its own
-    forward's, or, riding with `base` query rows in their forward, what it adds to them
-    (cost(1, base + its tokens) - cost(1, base))."""
-    if not base:
-        return cost(rows, width, cached)
-    return cost(1, base + rows * width, cached) - cost(1, base, cached)
-
-
-class ChunkScale:
-    """What chunks took over the cost model's price, smoothed: a cost model's cache axis ends at
-    1,024 tokens, and a long prompt's chunks run past it."""
-
-    def __init__(self):
-        self.ratio: float | None = None
-
-    def observe(self, cost, run: ChunkRun) -> None:
-        """A chunk ran (`run`); `cost` priced it. A riding chunk's time is its forward's beyond
-        the round's prediction (at least a tenth of its price: a fast round is not a free chunk)."""
-        price = max(run.price(cost), 1e-9)
-        r = max(run.seconds - run.round_seconds, 0.1 * price) / price
-        self.ratio = r if self.ratio is None else self.ratio + CHUNK_EMA * (r - self.ratio)
-
-    @property
-    def factor(self) -> float:
-        return 1.0 if self.ratio is None else self.ratio
-
-
-def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: float = PREFILL_ROUNDS,
-               floor: int = PREFILL_FLOOR, round_seconds: float | None = None, scale: float = 1.0,
-               whole: float = PREFILL_WHOLE_ROUNDS, base: int = 0) -> int:
-    """`most` (all that is left) when its price is at most `whole` AR rounds of `rows` live rows
-    at `cache` tokens (`round_seconds`, else cost(rows, 1, cache)); else the largest prefill
-    chunk c <= `most` whose price is at most `rounds` of them: a long prompt's chunks stall the
-    live rows for at most `rounds` AR rounds each, a short prompt joins at once. At least
-    `floor`. A chunk's price: scale x cost(1, c, cached) in a forward of its own; with `base`
-    query rows it joins in the same forward, what it adds to them, scale x (cost(1, base + c,
-    cached) - cost(1, base, cached)). `cost`: a `cost.CostModel`; `scale`: measured over
-    predicted chunk time. Assumes the cost grows with the width (a binary search)."""
-    most = max(1, int(most))
-    ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
-    budget = rounds * ar
-    def price(c: int) -> float:
-        return scale * chunk_price(cost, 1, c, cached, base)
-
-    if price(most) <= max(budget, whole * ar):
-        return most
-    lo, hi = 0, most  # price(lo) <= budget (or lo = 0), price(hi) > budget
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if price(mid) <= budget else (lo, mid)
-    return max(lo, min(floor, most))
 
 
 def whole_prompts(lefts: list[int], price, budget: float) -> int:
