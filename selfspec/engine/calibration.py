@@ -113,6 +113,27 @@ class PositionCalibrator:
             accepted_l[i] += 1
 
 
+def walked(tokens: list[int], parents: list[int], committed: list[int]) -> tuple[list[bool], list[bool]]:
+    """(reached, accepted) for every non-root node of a tree, from the tokens its row committed
+    after the root (greedy: a node is accepted exactly when its parent was and its token is the
+    one committed at its depth): a node is reached when its parent was accepted and the row has
+    committed a token at its depth. Any round's tokens judge the whole tree this way, the
+    nodes it did not verify too (an AR round after a probe judges the probe's depth-1 candidates).
+    Example: root 7 with children 4 and 5, 4's child 9; committed [4, 2] -> reached [T, T, T],
+    accepted [T, F, F]."""
+    n = len(tokens)
+    ok = [True] + [False] * (n - 1)
+    depth = [0] * n
+    reached, accepted = [False] * (n - 1), [False] * (n - 1)
+    for v in range(1, n):
+        p = parents[v]
+        depth[v] = depth[p] + 1
+        if ok[p] and depth[v] <= len(committed):
+            reached[v - 1] = True
+            ok[v] = accepted[v - 1] = tokens[v] == committed[depth[v] - 1]
+    return reached, accepted
+
+
 def local_scores(scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """Each non-root node's score minus its parent's ([n-1]): its own log-probability term."""
     return scores[1:] - scores[parents[1:]]

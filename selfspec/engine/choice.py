@@ -105,18 +105,47 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     4 with the draft LoRA costs ~3.5 AR steps and the tree forecast after it ~1) and within the
     ledger's funds; where the latest marginals' episode won more than the probe risks
     (`last_win`), every `probe_every` rounds."""
-    if pl.since_probe < pl.probe_every or max(rooms) <= 1 or not pl.group_sizes:
+    if pl.since_probe < PROBE_MIN or max(rooms) <= 1 or not pl.group_sizes:
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
     cost = pl.costs.seconds(probe, R, cache)[1]
+    pays = probe_pays(pl, R, cache, ar, cost, probe.group_size - 1)
+    if pl.since_probe < pl.probe_every and not pays:
+        return None
     loss = max(cost / ar - 1.0, pl.probe_loss)
-    # spaced by what it risks, unless the latest marginals won more than that (drafts that succeed:
-    # a probe several AR steps dear had waited ~80 AR rounds, longer than most answers, every time)
-    paid = pl.last_win > loss
+    # spaced by what it risks, unless the latest marginals won more than that, or the calibrated
+    # forecast says a probe and the tree it buys beat AR (drafts that succeed: a probe several AR
+    # steps dear had waited ~80 AR rounds, longer than most answers, every time)
+    paid = pl.last_win > loss or pays
     if (paid or pl.since_probe >= loss / PROBE_SHARE) and pl.ledger.may_bet(cost / ar - 1.0):
         pl.since_probe = 0
         return probe, cost
     return None
+
+
+def probe_pays(pl, R: int, cache: int, ar: float, cost: float, reach: int) -> bool:
+    """Whether the latest marginals' tree (`Planner.last_tree`, a `Forecast`), read through the calibration as it
+    is now (every greedy round's tokens keep it up to date: `calibration.walked`), says that a
+    probe of `cost` seconds and a verification of its best top-N tree (`reach` deep) after it
+    commit more than AR in their time: 1 + E(N) (1 - MARGIN) > (probe + verification) / AR round.
+    Where drafts fail the calibration reads them low and this is never true; the ledger still
+    bounds every probe."""
+    tree = pl.last_tree
+    if tree is None:
+        return False
+    key = (pl.calibrated, id(tree), reach)
+    if pl.pays_memo[0] == key:
+        ys = pl.pays_memo[1]
+    else:
+        ys = pl.forecast_tree(tree).yields(reach)
+        pl.pays_memo = (key, ys)
+    for n in pl.budgets[1:]:
+        if n >= len(ys):
+            break
+        verify = pl.costs.seconds(Option("tree", n), R, cache)[1]
+        if 1.0 + ys[n] * (1 - MARGIN) > (cost + verify) / ar:
+            return True
+    return False
 
 
 class Choice:
@@ -134,6 +163,7 @@ class Choice:
             ys = [self.ys[i] for i in self.tree_rows]
             longest = max(len(y) for y in ys)
             pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
+            pl.last_tree = self.fc[self.tree_rows[0]]  # what marginals offered lately (`probe_pays`)
         ar_seconds = pl.costs.seconds(AR, self.R, cache)[1]
         self.ar_value = 1.0 if draining else float(self.R)
         self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores
+from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores, walked
 from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.layouts import AR, Option
@@ -71,13 +71,14 @@ class Planner:
         self.costs = RoundCosts(cost, block_length=cfg.block_length, max_width=round_room(cfg))
         self.cfg = cfg
         self.budgets = sorted({0} | {b for b in (budgets or log2_budgets(cfg.budget)) if b > 0})
-        g = cfg.group
-        self.group_sizes = sorted({x for x in (group_sizes or (min(4, g), min(8, g), g)) if x >= 2})
+        self.group_sizes = sorted({x for x in group_sizes if x >= 2}) if group_sizes else default_group_sizes(cfg.group)
         self.calibrator = Calibrator()
         self.lookup_calibrator = PositionCalibrator()
         self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
         self.two_pass_yield: dict[int, float] = {}  # expected tokens per row of two-pass trees, smoothed
         self.last_yields: list[float] = [1.0]  # of the latest tree forecast, for rounds without one
+        self.last_tree = None  # the latest tree forecast from marginals (`choice.probe_pays`)
+        self.calibrated, self.pays_memo = 0, (None, None)  # calibration updates so far; probe_pays's latest answer
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
         self.since_bare = 0  # rounds since the latest bare AR round (`REFRESH_AR`)
@@ -275,6 +276,16 @@ class Planner:
         option, faded, first, yields = rnd.option, set(), True, []
         if self.shadows:
             self._follow(rnd)
+        judged = set()
+        for r in rnd.rows:  # greedy rows: the tokens committed judge the whole forecast tree
+            tree = getattr(r, "big", None)
+            if tree is not None and len(tree) > 1 and r.committed and r.seq.params.temperature == 0:
+                reached, accepted = walked(tree.tokens.tolist(), tree.parents.tolist(), r.committed)
+                self.calibrator.update(local_scores(tree.scores, tree.parents), torch.tensor(reached),
+                                       torch.tensor(accepted), fade=first)
+                first = False
+                judged.add(id(r))
+                self.calibrated += 1
         for r in (rnd.rows if option.nodes or option.draft_pass else ()):  # AR rounds and probes drafted nothing
             n = r.nodes
             if n == 0:
@@ -288,6 +299,8 @@ class Planner:
                 continue
             if option.draft_pass:
                 yields.append(self.forecast_tree(r.tree).yields())
+            if id(r) in judged and not option.draft_pass:  # a two-pass tree came from its own draft pass
+                continue
             on_path = torch.zeros(n + 1, dtype=torch.bool)
             on_path[r.path] = True
             tree = r.tree
@@ -369,6 +382,11 @@ class Planner:
                 e = sum(reached) / len(reached)
                 old = self.two_pass_yield.get(n)
                 self.two_pass_yield[n] = e if old is None else 0.7 * old + 0.3 * e
+
+
+def default_group_sizes(g: int) -> list[int]:
+    """The mask-group lengths auto considers for groups of at most `g`: 4, 8 and g."""
+    return sorted({x for x in (min(4, g), min(8, g), g) if x >= 2})
 
 
 def log2_budgets(limit: int) -> list[int]:

@@ -357,7 +357,8 @@ def cmd_bench(a) -> int:
                          if k in ("label", "tau", "tpf", "tokens_per_second", "speedup_vs_ar", "speedup_vs_linear",
                                   "oracle_tau", "matches_ar", "overhead_share", "tree_share", "temperature", "accept_by_depth",
                                   "plan_hist", "by_kind", "worst_vs_ar", "replay", "modeled_speedup",
-                                  "hindsight_speedup", "of_hindsight", "hindsight_plan")} for r in rows]}
+                                  "hindsight_speedup", "of_hindsight", "hindsight_plan", "expected_speedup",
+                                  "of_expected")} for r in rows]}
     print(json.dumps(summary))
     return 0
 

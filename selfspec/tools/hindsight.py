@@ -42,25 +42,33 @@ def rank_tree(profile, nodes: int, max_depth: int = 64) -> frozenset:
     return frozenset(out)
 
 
-def candidates(profile, cfg) -> list[tuple[Option, frozenset, bool, bool]]:
-    """(option, rank paths it drafts, needs marginals, leaves marginals)."""
+def candidates(profile, cfg) -> list[tuple[Option, tuple, int, int]]:
+    """`auto`'s own options (`planner.Planner`'s budgets and group sizes), each as (option, the
+    rank paths it drafts, the marginals' reach it needs (0: none), the reach it leaves (0: none)).
+    A group of G slots gives marginals G - 1 deep; a draft pass, block_length - 1. Trees only: `auto`
+    never drafts a top-1 chain (a max-probability tree holds at least as many expected tokens), so
+    the bound takes none either (it once did, which let hindsight pick the chain exactly where
+    the top-1 run was long). One-pass rounds put a group on every node (`auto` may put fewer)."""
+    from selfspec.engine.planner import default_group_sizes, log2_budgets
+
     B = cfg.block_length
-    out = [(AR, frozenset(), False, False), (Option("none", 0, 1, B), frozenset(), False, True)]
-    n, budgets = 1, set()
-    while n < cfg.budget:
-        budgets.add(n)
-        n *= 2
-    budgets.add(cfg.budget)
-    for n in sorted(budgets):
-        chain = frozenset(tuple([0] * k) for k in range(1, min(n, B - 1) + 1))
-        for draft, paths in (("chain", chain), ("tree", rank_tree(profile, n, B - 1))):
-            k = len(paths)
-            out += [(Option(draft, k, k + 1, B), paths, True, True), (Option(draft, k), paths, True, False),
-                    (Option(draft, k, draft_pass=True), paths, False, False)]
+    sizes = default_group_sizes(cfg.group)
+    out = [(AR, (), 0, 0)] + [(Option("none", 0, 1, g), (), 0, g - 1) for g in sizes]
+    reaches = sorted({g - 1 for g in sizes} | {B - 1})
+    for n in log2_budgets(cfg.budget):
+        two = rank_tree(profile, n, B - 1)
+        out.append((Option("tree", len(two), draft_pass=True), two, 0, 0))
+        shallower = None
+        for r in reaches:
+            paths = rank_tree(profile, n, r)
+            if paths == shallower:
+                continue  # the same tree as a shallower reach's: offered there (needing less)
+            shallower, k = paths, len(paths)
+            out += [(Option("tree", k), paths, r, 0)] + [(Option("tree", k, k + 1, g), paths, r, g - 1) for g in sizes]
     return out
 
 
-def committed(replay, row: int, emitted: int, paths: frozenset) -> int:
+def committed(replay, row: int, emitted: int, paths) -> int:
     """Tokens a round commits when `emitted` tokens are out (its root the last) and it drafts
     `paths`: the accepted path and the bonus."""
     path: tuple = ()
@@ -72,11 +80,28 @@ def committed(replay, row: int, emitted: int, paths: frozenset) -> int:
         path += (o,)
 
 
-def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost, cfg, plan=None) -> float:
-    """The least cost (AR steps) of emitting tokens 1 .. new_tokens - 1 (the first comes with the
-    prefill, as do its marginals), each round one candidate, knowing every outcome. `plan` (a
-    dict): the bound's rounds by layout label are added to it."""
-    cands = candidates(replay.profile, cfg)
+def commit_odds(profile, paths) -> dict[int, float]:
+    """What a round drafting `paths` commits, in expectation over the profile's draws: {tokens:
+    probability}. A path is reached with the product of its ranks' odds; the round stops at it
+    when neither child it holds is the true token."""
+    paths = set(paths)
+    out: dict[int, float] = {}
+
+    def walk(path, p):
+        d = len(path) + 1
+        p1, s = profile.at(d)
+        go = 0.0
+        for r, q in ((0, p1), (1, (1 - p1) * s)):
+            if path + (r,) in paths:
+                go += q
+                walk(path + (r,), p * q)
+        out[len(path) + 1] = out.get(len(path) + 1, 0.0) + p * (1.0 - go)
+
+    walk((), 1.0)
+    return out
+
+
+def _pricer(cost, cfg, prompt_len: int):
     steps: dict = {}
 
     def price(o: Option, cache: int) -> float:
@@ -84,22 +109,59 @@ def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost,
         if key not in steps:
             steps[key] = cost.ar_steps(o, block_length=cfg.block_length, cache=prompt_len + 64 * (cache // 64))
         return steps[key]
+    return price
 
-    best = {(new_tokens, False): (0.0, None), (new_tokens, True): (0.0, None)}
+
+def _start(cfg) -> int:
+    """The reach of the first round's marginals: the prefill's group (cfg.group), bought at no
+    cost here as in `modeled_steps` (a prefill is no round); `auto` takes it when it bets."""
+    return cfg.group - 1
+
+
+def hindsight_steps(replay, row: int, *, new_tokens: int, prompt_len: int, cost, cfg, plan=None) -> float:
+    """The least cost (AR steps) of emitting tokens 1 .. new_tokens - 1 (the first comes with the
+    prefill, as do its marginals), each round one of `auto`'s options, knowing every outcome.
+    `plan` (a dict): the bound's rounds by layout label are added to it."""
+    cands, price = candidates(replay.profile, cfg), _pricer(cost, cfg, prompt_len)
+    reaches = sorted({0} | {c[3] for c in cands} | {_start(cfg)})
+    best = {(new_tokens, r): (0.0, None) for r in reaches}
     for e in range(new_tokens - 1, 0, -1):
-        for marg in (False, True):
+        for r in reaches:
             v = (math.inf, None)
             for o, paths, needs, leaves in cands:
-                if needs and not marg:
+                if needs > r:  # it drafts from marginals at least this deep
                     continue
                 nxt = (min(e + (committed(replay, row, e, paths) if paths else 1), new_tokens), leaves)
                 v = min(v, (price(o, e) + best[nxt][0], (o, nxt)), key=lambda x: x[0])
-            best[(e, marg)] = v
-    state = (1, True)
+            best[(e, r)] = v
+    state = (1, _start(cfg))
     while plan is not None and best.get(state, (0, None))[1] is not None:
         o, state = best[state][1]
         plan[o.label] = plan.get(o.label, 0) + 1
-    return best[(1, True)][0] if new_tokens > 1 else 0.0
+    return best[(1, _start(cfg))][0] if new_tokens > 1 else 0.0
+
+
+def expected_steps(profile, *, new_tokens: int, prompt_len: int, cost, cfg) -> float:
+    """The same least cost for a planner that knows the profile but not the outcomes (the best
+    `auto` can do, in expectation: under replay the marginals state the profile's odds and the
+    draws are independent, so nothing else foretells a round): each round one of `auto`'s options
+    chosen by the expected cost of the rest (a Markov decision process over tokens emitted and
+    the marginals' reach)."""
+    cands, price = candidates(profile, cfg), _pricer(cost, cfg, prompt_len)
+    odds = {id(paths): commit_odds(profile, paths) for _, paths, _, _ in cands if paths}
+    reaches = sorted({0} | {c[3] for c in cands} | {_start(cfg)})
+    best = {(e, r): 0.0 for e in range(new_tokens, new_tokens + 64) for r in reaches}
+    for e in range(new_tokens - 1, 0, -1):
+        for r in reaches:
+            v = math.inf
+            for o, paths, needs, leaves in cands:
+                if needs > r:
+                    continue
+                rest = sum(p * best[(min(e + j, new_tokens), leaves)] for j, p in odds[id(paths)].items()) \
+                    if paths else best[(e + 1, leaves)]
+                v = min(v, price(o, e) + rest)
+            best[(e, r)] = v
+    return best[(1, _start(cfg))] if new_tokens > 1 else 0.0
 
 
 def option_of(label: str) -> Option:
@@ -135,6 +197,8 @@ def replayed(dec, cfg, seen: list[tuple[str, int]], prompt_len: int, cost) -> di
         out["hindsight_steps"] = hindsight_steps(rep, 0, new_tokens=len(dec.outputs[0]), prompt_len=prompt_len,
                                                  cost=cost, cfg=cfg, plan=plan)
         out["hindsight_plan"] = plan
+        out["expected_steps"] = expected_steps(rep.profile, new_tokens=len(dec.outputs[0]), prompt_len=prompt_len,
+                                               cost=cost, cfg=cfg)
     return out
 
 
@@ -153,6 +217,10 @@ def replay_figures(records: list[dict]) -> dict:
             for k, v in r.get("hindsight_plan", {}).items():
                 plan[k] = plan.get(k, 0) + v
         out["hindsight_plan"] = dict(sorted(plan.items(), key=lambda kv: -kv[1]))
+    if all("expected_steps" in r for r in records) and records:
+        best = sum(r["expected_steps"] for r in records)
+        out["expected_speedup"] = tokens / best if best else None
+        out["of_expected"] = best / steps if steps else None
     return out
 
 
@@ -168,6 +236,9 @@ def replay_lines(rows: list[dict]) -> list[str]:
             top = ", ".join(f"{k} {v}" for k, v in list(r["hindsight_plan"].items())[:3])
             line += (f"; hindsight bound {r['hindsight_speedup']:.2f}x AR ({top}), auto at {r['of_hindsight']:.2f} "
                      f"of it")
+        if r.get("expected_speedup") is not None:
+            line += (f"; best without hindsight {r['expected_speedup']:.2f}x AR in expectation, auto at "
+                     f"{r['of_expected']:.2f} of it")
         lines.append(line)
     return lines
 
