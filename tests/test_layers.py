@@ -234,6 +234,26 @@ def test_the_layer_body_check_finds_a_second_body(tmp_path):
     assert body_ops(str(p)) == {"silu", "rms_norm"}
 
 
+def matmul_loops(path: str) -> list[int]:
+    """Lines of the `for` loops in `path` that run matmuls: loops over a model's layers."""
+    return [node.lineno for node in ast.walk(ast.parse(open(path).read())) if isinstance(node, ast.For)
+            and any(isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == "matmul"
+                    for c in ast.walk(node))]
+
+
+def test_the_forward_runs_its_layers_in_one_loop():
+    """One layer body for every format (the float and the exact ones differ in their steps only),
+    its C twin `kernels/block.c`."""
+    assert len(matmul_loops(os.path.join(PKG, LAYER_BODY))) == 1
+
+
+def test_the_loop_check_finds_a_second_loop(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("def run(x, ws):\n    for w in ws:\n        x = matmul(x, w)\n    for w in ws:\n"
+                 "        x = q.matmul(x, w)\n    return [w for w in ws]\n")
+    assert matmul_loops(str(p)) == [2, 4]
+
+
 # -- short functions ---------------------------------------------------------------------------------
 def long_functions(folder: str, limit: int = 60) -> list[str]:
     out = []
