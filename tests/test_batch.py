@@ -53,7 +53,7 @@ def _batch1(m, prompts, cfg, **kw):
 def test_a_padded_row_block_and_the_batch_mask():
     blk = rows_layout([chain([5, 6])], [None], 1, mask_id=4, width=3).blocks[0]  # a chain of 2, padded to 3
     assert (blk == 0).tolist() == [[True, False, False], [True, True, False], [False, False, True]]
-    m = batch_mask(torch.tensor([1, 3]), torch.stack([blk, blk]), torch.float32)
+    m = batch_mask([1, 3], torch.stack([blk, blk]), torch.float32)
     assert m.shape == (2, 1, 3, 6)
     seen = (m[:, 0] == 0)
     # row 0: slot 0 (prefix), its block at slots 1..3, nothing at 4, 5 (stale for this row)

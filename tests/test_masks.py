@@ -93,6 +93,8 @@ def test_rows_layout_keeps_each_rows_block_and_padding_sees_only_itself(rows, G)
     N = max(len(t) for t in trees)
     q = N + max(0 if o is None else len(o) for o in owners) * G
     assert lay.tokens.shape == (len(trees), q) and lay.nodes == N
+    # no token sits later than its column: the forward bounds positions by max(lengths) + q, no read
+    assert (lay.offsets <= torch.arange(q)).all()
     for i, (t, o) in enumerate(zip(trees, owners)):
         n, m = len(t), 0 if o is None else len(o)
         cols = list(range(n)) + [N + j for j in range(m * G)]

@@ -199,9 +199,9 @@ class DraftLoRA:
         sel = torch.zeros_like(t, dtype=torch.bool)
         sel[:, rows] = True
         sel &= t == self.mask_id
-        if bool(sel.any()):
-            h[sel] = self.mask_embedding.to(h.device, h.dtype)
-        return h
+        # a select, not h[sel] = ...: boolean indexing (and asking whether any is set) reads the
+        # tensor on the host, a device sync in every drafting round
+        return torch.where(sel[..., None], self.mask_embedding.to(h.device, h.dtype), h)
 
     def _ab(self, name: str, layer: int, x: torch.Tensor):
         per = self.ab.get(name)

@@ -115,12 +115,12 @@ class BatchForward:
         seg = self._segment(tokens, offsets, cache, rows, block, causal, 0)
         h = F.embedding(tokens.to(ff.embed.device), ff.embed)
         if join is None:
-            return ff.layers_forward(tokens, h, seg.positions, seg.attend, lora, lora_rows)
+            return ff.layers_forward(tokens, h, seg.positions, seg.attend, lora, lora_rows, end=seg.end)
         if not ff.exact:
             raise ValueError("a joining chunk runs in a round's forward in the exact formats only")
-        k, c = (int(n) for n in join.tokens.shape)
+        k, c = join.tokens.shape
         tail = self._segment(join.tokens, torch.arange(c).expand(k, c), cache, join.rows, None, True, 1)
-        R, q = int(tokens.shape[0]), int(tokens.shape[1])
+        R, q = tokens.shape
         M0, heads, D = R * q, ff.n_heads + 2 * ff.n_kv, ff.head_dim
 
         def attend(i, dev, qs, ks, vs, fused):  # every row's heads flat: each segment attends on its own
@@ -130,7 +130,7 @@ class BatchForward:
 
         th = F.embedding(join.tokens.reshape(-1).to(ff.embed.device), ff.embed)
         hidden, rest = ff.layers_forward(tokens, h, seg.positions, attend, lora, lora_rows,
-                                         tail=(th, tail.positions.reshape(-1)))
+                                         tail=(th, tail.positions.reshape(-1)), end=max(seg.end, tail.end))
         return hidden, rest.view(k, c, -1)
 
     @property
@@ -143,9 +143,10 @@ class BatchForward:
         return self.ff.exact and not self.ff.one_call()
 
     def _segment(self, tokens, offsets, cache: BatchKVCache, rows: slice, block, causal: bool, index: int):
-        """One block of cache rows of a forward: its positions and its `attend`."""
+        """One block of cache rows of a forward: its positions, their bound and its `attend`, from
+        host data alone (the cache lengths are Python ints): nothing here waits on a device."""
         ff = self.ff
-        R, q = int(tokens.shape[0]), int(tokens.shape[1])
+        R, q = tokens.shape
         starts = cache.lengths[rows]
         if len(starts) != R:
             raise ValueError(f"{R} token rows for {len(starts)} cache rows")
@@ -153,7 +154,13 @@ class BatchForward:
         # one row: its positions without a tensor of its length (a decode round's Python is a real
         # share of its time, most of it small torch calls like these)
         positions = ((offsets + starts[0]).long() if R == 1 else
-                     torch.tensor(starts, dtype=torch.long)[:, None] + offsets)
+                     torch.tensor(starts, dtype=torch.long, device=offsets.device)[:, None] + offsets)
+        # the RoPE tables' length: every layout's offsets are below its width; offsets on the host
+        # are read there (free, and a caller may place its tokens further out: positions past the
+        # original context in a short cache); on a device they stay there (a CUDA graph's inputs)
+        end = max(starts) + q
+        if positions.device.type == "cpu":
+            end = max(end, int(positions.numpy().max()) + 1)
         # one row needs no prefix mask (it may see every slot below its own new tokens): a lone
         # prefill takes SDPA's causal path, and new tokens that all see each other need no mask at all
         use_causal = causal and R == 1 and starts[0] == 0 and not ff.exact
@@ -171,30 +178,28 @@ class BatchForward:
                         buf = mask_buffer(cache.scratch, dev, mask_dtype, index)
                         masks[dev] = buf.view(starts[0], full[0].to(dev, mask_dtype))
                     else:
-                        masks[dev] = batch_mask(torch.tensor(starts, dtype=torch.long), full, mask_dtype).to(dev)
+                        masks[dev] = batch_mask(starts, full, mask_dtype).to(dev)
             return masks[dev]
 
         def attend(i, dev, qs, ks, vs, fused=None):
-            if ff.exact:  # q, k and v come on the grid already (the RoPE tables carry its scale)
-                if fused is not None:  # a narrow round: stored and attended in one C call where it runs
-                    g = ff.grids[i]
-                    a = write_attend(cache, i, rows, starts, fused, ff.n_heads, mask_on(dev), g.scale, g.shift,
-                                     2.0 ** g.v)
-                    if a is not None:
-                        return a
-                    qs, ks, vs = ff.split_heads(fused)
+            if ff.exact:  # q, k and v come fused, on the grid already (the RoPE tables carry its scale)
+                g = ff.grids[i]  # a narrow round: stored and attended in one C call where it runs
+                a = write_attend(cache, i, rows, starts, fused, ff.n_heads, mask_on(dev), g.scale, g.shift, 2.0 ** g.v)
+                if a is not None:
+                    return a
+                qs, ks, vs = ff.split_heads(fused)
                 kc, vc = cache.write(i, rows, starts, ks, vs)
-                return exact_attention(qs, kc, vc, mask_on(dev), ff.grids[i], ff.dtype, heads_last=True)
+                return exact_attention(qs, kc, vc, mask_on(dev), g, ff.dtype, heads_last=True)
             kc, vc = cache.write(i, rows, starts, ks, vs)
             return F.scaled_dot_product_attention(qs, kc, vc, attn_mask=mask_on(dev), is_causal=use_causal,
                                                   enable_gqa=ff.n_heads != ff.n_kv)
 
-        attend.reads_fused = True
         if ff.exact:  # every layer in one C call where it runs (`FastForward._one_call`)
             attend.block = lambda dev: (cache, rows.start or 0, starts, mask_on(dev))
-        return _Segment(positions, attend)
+        return _Segment(positions, end, attend)
 
 
 class _Segment(NamedTuple):
-    positions: torch.Tensor  # [R, q]
+    positions: torch.Tensor  # [R, q], on the offsets' device
+    end: int  # above every position
     attend: object  # the layer body's attend(i, dev, q, k, v, fused=)

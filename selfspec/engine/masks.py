@@ -211,11 +211,12 @@ def own_block(R: int, q: int, causal: bool) -> torch.Tensor:
     return block.expand(R, q, q)
 
 
-def batch_mask(lengths: torch.Tensor, block: torch.Tensor, dtype) -> torch.Tensor:
-    """[R, 1, q, S] additive mask, S = max(lengths) + q: row r sees slots < lengths[r], its block at
-    slots lengths[r] .. lengths[r]+q-1, nothing else."""
+def batch_mask(starts: list[int], block: torch.Tensor, dtype) -> torch.Tensor:
+    """[R, 1, q, S] additive mask, S = max(starts) + q: row r sees slots < starts[r], its block at
+    slots starts[r] .. starts[r]+q-1, nothing else (the lengths are host ints: no read of a tensor)."""
     R, q = block.shape[0], block.shape[1]
-    S = int(lengths.max()) + q
+    S = max(starts) + q
+    lengths = torch.tensor(starts, dtype=torch.long)
     cols = torch.arange(S)
     prefix = torch.where(cols[None, :] < lengths[:, None], 0.0, NEG)  # [R, S]
     mask = prefix[:, None, :].expand(R, q, S).clone()
