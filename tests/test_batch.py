@@ -286,7 +286,7 @@ def test_stale_and_foreign_slots_are_never_read(mode):
         calls.append(rows)
         return real(tokens, offsets, cache, rows, **kw)
 
-    dec.stepper.bf = type("Poisoned", (), {"__call__": staticmethod(poisoned), "logits": dec.bf.logits})()
+    dec.stepper.bf = type("Poisoned", (), {"__call__": staticmethod(poisoned), "logits": dec.bf.logits, "joins": dec.bf.joins})()
     for _ in dec:
         pass
     assert len(calls) > 12 and dec.outputs == clean
