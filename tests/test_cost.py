@@ -117,6 +117,29 @@ def test_the_rows_axis_is_measured_as_far_as_a_run_needs_and_kept_in_one_file(tm
     assert CostModel.load(default_path(m)).rows == (1, 2, 4) == cost_model(m, rows=4, progress=False).rows
 
 
+def test_building_a_decoder_measures_nothing_and_starting_it_measures_once(tmp_path, monkeypatch):
+    """Measuring is a step of its own: a plan "auto" decoder built with no cost model cached
+    measures nothing; it measures this device's when it starts (rows for its batch), and a
+    second decoder reuses that one."""
+    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.options import DecodeConfig
+
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    calls, real = [], cost.measure
+    monkeypatch.setattr(cost, "measure", lambda *a, **k: calls.append(k["rows"]) or real(*a, **k))
+    m = tiny_model()
+    cfg = DecodeConfig(max_new_tokens=2, block_length=4, budget=4)
+    dec = Decoder(m, [[5, 6, 7], [8, 9]], cfg, eos_token_id=[])
+    assert calls == [] and dec.stepper.planner is None and not os.path.exists(default_path(m))
+    dec.start()
+    assert calls == [(1, 2)] and dec.planner is not None
+    for _ in Decoder(m, [[5, 6, 7], [8, 9]], cfg, eos_token_id=[]):
+        pass
+    assert calls == [(1, 2)]
+
+
 class _Hangover:
     """A fake device: a forward of width w takes w ms, plus a 5 ms hangover for each of the next
     three forwards after one at least 8 wider (a CPU's state after a wide forward, as measured)."""

@@ -15,7 +15,6 @@ import torch
 
 from selfspec.engine.cost import CostModel
 from selfspec.engine.decoder import Decoder
-from selfspec.engine.per_sequence import PerSequence
 from selfspec.engine.options import DecodeConfig
 from selfspec.engine.sequence import SamplingParams
 
@@ -27,7 +26,7 @@ REQUESTS, WARM_UP, CHECK_EVERY = 3200, 400, 400
 # cache scratch entry of a width not seen yet): a few objects, while one object per request left
 # behind adds CHECK_EVERY between two checks
 SLACK = 64
-PER_REQUEST = ("prompts", "params", "gens", "outputs", "stats", "sequences", "observers", "waiting", "live")
+PER_REQUEST = ("sequences", "prompts", "params", "outputs", "stats", "observers", "waiting", "live")
 CONFIGS = {
     # the planner (calibration, overheads, rest), lookup indices and n-gram rho per row
     "auto": dict(mode="auto", block_length=4, budget=4, group_size=4),
@@ -52,7 +51,7 @@ def _fake_clock(monkeypatch):
 def _sizes(dec: Decoder) -> dict:
     """The length of every per-request container the decoder and its parts hold."""
     sched, step, pl = dec.scheduler, dec.stepper, dec.planner
-    out = {name: len(getattr(dec, name)) for name in ("prompts", "params", "gens", "outputs", "stats", "sequences")}
+    out = {name: len(getattr(dec, name)) for name in ("sequences", "prompts", "params", "outputs", "stats")}
     out.update(observers=len(dec._observers), waiting=len(sched.waiting), live=len(sched.live),
                cache_rows=step.cache.rows, cache_lengths=len(step.cache.lengths), cache_scratch=len(step.cache.scratch))
     if pl is not None:
@@ -132,16 +131,33 @@ def test_forgotten_requests_leave_nothing_behind(name, monkeypatch, one_thread):
         assert objects <= reach[0] + SLACK and slots <= reach[1] + SLACK, (served, (objects, slots), reach)
 
 
-def test_per_sequence_container_is_keyed_by_index_and_behaves_as_a_list():
-    x = PerSequence(["a", "b", "c"])
-    assert x == ["a", "b", "c"] and x[1] == "b" and len(x) == 3
-    x[3] = "d"
-    del x[1]
-    assert x == ["a", "c", "d"] and x[3] == "d" and x[2] == "c" and x.indices() == [0, 2, 3]
-    with pytest.raises(KeyError, match="forgotten"):
-        x[1]
-    with pytest.raises(TypeError):
-        x.append("e")
+def test_a_decoders_views_read_its_sequences_by_index_and_behave_as_lists():
+    """`outputs`, `stats`, `params`, `prompts` and `sequences` read the sequences (their own
+    objects), exist from construction, are keyed by sequence index after a `forget`, behave as
+    lists (==, len, JSON) and refuse edits: a row's state has one owner, its sequence."""
     import json
 
-    assert json.loads(json.dumps(x)) == ["a", "c", "d"]
+    m = tiny_model(vocab_size=V)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    dec = Decoder(m, prompts, DecodeConfig(mode="ar", max_new_tokens=2), eos_token_id=[], batch_size=3)
+    assert dec.outputs == [[], [], []] and len(dec.stats) == 3 and dec.prompts == prompts
+    assert dec.stats[1] is dec.sequences[1].stats and dec.params[2] is dec.sequences[2].params
+    for _ in dec:
+        pass
+    later = dec.add([14, 15])
+    while dec.busy:
+        dec.step()
+    dec.forget(dec.sequences[1])
+    outs = [dec.sequences[i].emitted for i in (0, 2, 3)]
+    assert dec.outputs == outs and all(len(o) == 2 for o in outs) and dec.outputs[3] is later.emitted
+    assert dec.outputs.indices() == [0, 2, 3] and dec.prompts[2] == prompts[2] and len(dec.stats) == 3
+    for view in (dec.outputs, dec.stats, dec.params, dec.prompts, dec.sequences):
+        with pytest.raises(KeyError, match="forgotten"):
+            view[1]
+    with pytest.raises(TypeError):
+        dec.outputs.append([1])
+    with pytest.raises(TypeError):
+        dec.stats[0] = None
+    with pytest.raises(TypeError):
+        del dec.sequences[0]
+    assert json.loads(json.dumps(dec.outputs)) == outs

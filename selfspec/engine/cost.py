@@ -203,17 +203,26 @@ def default_path(model) -> str:
 _LOCK = threading.Lock()
 
 
-def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=None) -> CostModel:
-    """The cost model to plan with: `profile` (a `CostModel` or a file path) as given; else this
-    device's cached one, with its rows axis measured now as far as `rows` needs (and cached); a
-    cached file that cannot be read or belongs elsewhere is measured again, and a cache folder
-    that cannot be written keeps the model in memory with one warning. One lock: threads that
-    start at once measure once. `ff`: the model's `FastForward`, when the caller has it."""
-    if isinstance(profile, CostModel):
+def given_profile(model, profile, *, ff=None) -> CostModel | None:
+    """A caller's `profile=`, checked without measuring anything: a `CostModel` as given, a file
+    read now (one of another device, model or format is a ValueError here, before any model work),
+    None as None (`cost_model` then finds or measures this device's when planning starts)."""
+    if profile is None or isinstance(profile, CostModel):
         return profile
-    want = identity(model, ff)
+    return CostModel.load(profile, want=identity(model, ff))
+
+
+def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=None) -> CostModel:
+    """The cost model to plan with, and the one call that may measure it: `profile` (a `CostModel`
+    or a file path) as given; else this device's cached one, with its rows axis measured now as far
+    as `rows` needs (and cached); a cached file that cannot be read or belongs elsewhere is
+    measured again, and a cache folder that cannot be written keeps the model in memory with one
+    warning. One lock: threads that start at once measure once. `ff`: the model's `FastForward`,
+    when the caller has it. A decoder calls it when it starts (`Decoder.planner`), never while it
+    is built."""
     if profile is not None:
-        return CostModel.load(profile, want=want)
+        return given_profile(model, profile, ff=ff)
+    want = identity(model, ff)
     with _LOCK:
         memo = model.__dict__.get("_selfspec_cost")
         if memo is not None and memo[0] == want and memo[1].max_rows >= min(rows, max(ROWS)):

@@ -14,6 +14,11 @@ prompt at any time (a server adds requests while the batch runs, and they join a
 
 Rows keep their own cache length, generator, sampling parameters, lookup index and rho, so a
 greedy row equals its run alone and a sampled row is an exact sample, reproducible per seed.
+
+Building a decoder reads its inputs once, in order: the request checked (before any model
+work), the sequences made (and a replay's AR reference decoded), then the stepper and the
+scheduler (which owns the prefill). It measures nothing: plan "auto" gets its planner, and this
+device's cost model (measured on first use), when the decoder starts (`start`, `planner`).
 """
 
 from __future__ import annotations
@@ -23,16 +28,15 @@ import threading
 import torch
 
 from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.cost import cost_model
+from selfspec.engine.cost import cost_model, given_profile
 from selfspec.engine.layouts import config_label, fixed_option
 from selfspec.engine.options import DecodeConfig
-from selfspec.engine.per_sequence import PerSequence
 from selfspec.engine.planner_store import keep_planner, planner_for
-from selfspec.engine.request import cache_bytes, check_batch, eos_ids, row_capacity
+from selfspec.engine.request import cache_bytes, check_batch, check_request, eos_ids, row_capacity
 from selfspec.engine.replaying import replaying
 from selfspec.engine.rounds import recorder_observer, stats_observer
 from selfspec.engine.scheduler import Scheduler
-from selfspec.engine.sequence import SamplingParams, Sequence, new_sequence
+from selfspec.engine.sequence import ByIndex, SamplingParams, Sequence, prepare, seeded
 from selfspec.engine.stats import Stats
 from selfspec.engine.step import Stepper
 
@@ -41,13 +45,15 @@ _PAST_LOCK = threading.Lock()  # a past decoder's cache goes to one new decoder,
 
 
 class Decoder:
-    """Iterates `(row, committed_chunk)` for a batch of prompts; `outputs[i]` / `stats[i]` hold
-    prompt i's ids and measurements (input order), `PerSequence` containers keyed by sequence index
-    (`forget` removes a finished sequence from all of them).
+    """Iterates `(row, committed_chunk)` for a batch of prompts. Each prompt is one `Sequence`,
+    which owns its state; `sequences[i]`, `outputs[i]`, `stats[i]`, `params[i]` and `prompts[i]`
+    read sequence i's (input order, then `add`'s), read-only and keyed by sequence index
+    (`sequence.ByIndex`; `forget` drops a finished sequence from all of them).
 
     `prompts`: token-id lists (a single list of ints is one prompt). `batch_size`: cache rows (how
     many prompts run at once; default all). `seeds` or `generators`: one per prompt. `profile`:
-    plan "auto"'s cost model (`cost.CostModel` or a file; default: this device's, measured once).
+    plan "auto"'s cost model (`cost.CostModel` or a file, read here; default: this device's,
+    measured once, when a decoder first starts: `planner`).
     `params`: one `SamplingParams` per prompt (default: the config's). `prefill_chunk`: how many
     prompt tokens a turn prefills while other rows run (None: plan "auto" picks it from its cost
     model, `prefill.Prefill.chunk_tokens`; a fixed mode takes PREFILL_CHUNK); a prompt that enters with nothing
@@ -93,6 +99,7 @@ class Decoder:
                  generators: list[torch.Generator | None] | None = None, seeds: list[int] | None = None,
                  params: list[SamplingParams] | None = None, max_cache_bytes: int | None = None, profile=None,
                  prefill_chunk: int | None = None, past: "Decoder | None" = None, replay=None):
+        # 1. the request, checked before any model work (the profile= file read, never measured)
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]
         if generators is not None and seeds is not None:
@@ -100,62 +107,75 @@ class Decoder:
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
                                           or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be None or an integer >= 1, got {prefill_chunk!r}")
-        # the model's forward, as the checks found it (finding it walks every parameter: once)
-        self.bf = check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds,
-                              max_cache_bytes) or BatchForward.of(model)
-        self.model, self.cfg = model, cfg
-        prompts = [[int(t) for t in p] for p in prompts]
         params = list(params) if params is not None else [SamplingParams.of(cfg)] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling parameters for {len(prompts)} prompts")
-        self.batch_size = batch_size or len(prompts)  # rows at most (a server adds prompts later)
+        self.model, self.cfg = model, cfg
         self.eos = eos_ids(model, eos_token_id)
-        # per sequence, by index; `forget` deletes a finished one's entries from each
-        self.prompts = PerSequence(prompts)
-        self.params = PerSequence(params)
-        self.gens = PerSequence(self._generators(model, generators, seeds, len(prompts)))
-        self.outputs = PerSequence([] for _ in prompts)
-        self.stats = PerSequence(Stats() for _ in prompts)
-        self.sequences = PerSequence()  # the queued ones (`start` queues the prompts given here)
-        self._observers: dict[int, list] = {}  # the rows that entered, until forgotten
+        # the model's forward, as the checks found it (finding it walks every parameter: once)
+        self.bf = check_batch(model, prompts, cfg, batch_size, generators if seeds is None else seeds,
+                              max_cache_bytes) or BatchForward.of(model)
+        self._profile = given_profile(model, profile, ff=self.bf.ff) if cfg.plan == "auto" else None
+        self.batch_size = batch_size or len(prompts)  # rows at most (a server adds prompts later)
+
+        # 2. the sequences, one per prompt, by index: the only owner of a row's state (`forget`
+        # drops a finished one; `outputs`, `stats`, ... read them)
+        self._device = model.get_input_embeddings().weight.device  # where the rows' generators draw
+        gens = (generators or [None] * len(prompts)) if seeds is None else [seeded(s, self._device) for s in seeds]
+        self._seqs = {i: Sequence(i, [int(t) for t in p], gen, sp)
+                      for i, (p, gen, sp) in enumerate(zip(prompts, gens, params))}
         self._next = len(prompts)  # the index `add` gives the next sequence
-        self.on_round = None
-        # the reference is a decode of its own (this class, so replaying needs no import of it)
-        replayed = None if replay is None else replaying(model, prompts, cfg, params, replay, lambda ar: _decode_all(
-            type(self)(model, prompts, ar, eos_token_id=eos_token_id, params=params,
-                       max_cache_bytes=max_cache_bytes, batch_size=batch_size)))
-        planner = fixed = None
-        if cfg.plan == "auto":
-            rows = min(self.batch_size, len(self.prompts)) if self.prompts else self.batch_size
-            planner = planner_for(model, cfg, cost_model(model, profile, rows=rows, ff=self.bf.ff),
-                                  replay=None if replayed is None else replayed.name)
-        else:
-            fixed = fixed_option(cfg)
+        self._observers: dict[int, list] = {}  # the rows that entered, until forgotten
+        self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
+        # acceptance replay: every prompt's AR reference decoded now, by a decoder of this class
+        replayed = None if replay is None else replaying(
+            model, self.prompts, cfg, self.params, replay, decoder=type(self), eos_token_id=eos_token_id,
+            max_cache_bytes=max_cache_bytes, batch_size=batch_size)
+        for s in self._seqs.values():
+            s.stats.replay = None if replayed is None else replayed.name
+
+        # 3. the stepper (rounds; plan "auto" gets its planner when it starts: `planner`) and the
+        # scheduler
         lora = getattr(model, "draft_lora", None) if cfg.draft_lora and cfg.mode not in ("ar", "lookup") else None
         self.bf.ff.prepare_lora(lora)
+        fixed = None if cfg.plan == "auto" else fixed_option(cfg)
         self.stepper = Stepper(self.bf, cfg, mask_id=int(model.config.mask_token_id), eos=self.eos, lora=lora,
-                               planner=planner, fixed=fixed, fixed_label=config_label(cfg))
+                               fixed=fixed, fixed_label=config_label(cfg))
         self.stepper.replay = replayed
-        for st in self.stats:
-            st.replay = None if replayed is None else replayed.name
-        self.uses_lookup = cfg.mode == "lookup" or (cfg.mode in ("presto", "auto") and cfg.lookup)
         # the scheduler owns the prefill (`scheduler.prefill`), which runs its forwards on the stepper
         self.scheduler = Scheduler(self.batch_size, stepper=self.stepper, prefill_chunk=prefill_chunk,
-                                   prefill_group=planner is not None or fixed.groups > 0)
+                                   prefill_group=fixed is None or fixed.groups > 0)
+        self.on_round = None
         self._capacity = row_capacity(prompts, cfg) if prompts else 1
         self._past = None if past is None else self._take_past(past)  # now: two turns never take one cache
         self.closed = False  # `close` ran: the iteration ended (finished or stopped)
 
-    @staticmethod
-    def _generators(model, generators, seeds, n: int) -> list:
-        if seeds is None:
-            return list(generators) if generators is not None else [None] * n
-        dev = model.get_input_embeddings().weight.device
-        return [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
+    # -- the sequences, read through them: snapshots keyed by sequence index (`sequence.ByIndex`) --------
+    sequences = property(lambda self: ByIndex(self._seqs), doc="Every sequence not forgotten, by index.")
+    prompts = property(lambda self: self._column("prompt"))
+    params = property(lambda self: self._column("params"))
+    outputs = property(lambda self: self._column("emitted"), doc="Each sequence's tokens so far (its own list).")
+    stats = property(lambda self: self._column("stats"))
+
+    def _column(self, field: str) -> ByIndex:
+        return ByIndex({i: getattr(s, field) for i, s in self._seqs.items()})
 
     @property
     def planner(self):
-        """plan "auto": this decoder's planner (None for a fixed mode)."""
+        """plan "auto": this decoder's planner (None for a fixed mode); made when the decoder starts,
+        or when asked for before (`_plan`)."""
+        return self._plan()
+
+    def _plan(self):
+        """plan "auto": the planner, made once, forked from the model's stored one (`planner_store`)
+        over the cost model, which `cost.cost_model` measures now when profile= gave none and this
+        device has none cached: the one place a decoder may measure (building one never does)."""
+        if self.stepper.planner is None and self.cfg.plan == "auto":
+            rows = min(self.batch_size, len(self._seqs)) if self._seqs else self.batch_size
+            cost = cost_model(self.model, self._profile, rows=rows, ff=self.bf.ff)
+            replayed = self.stepper.replay
+            self.stepper.planner = planner_for(self.model, self.cfg, cost,
+                                               replay=None if replayed is None else replayed.name)
         return self.stepper.planner
 
     @property
@@ -172,17 +192,20 @@ class Decoder:
 
     # -- the loop ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Allocate the cache and queue the prompts (iterating does it; a server calls it once)."""
+        """Plan, allocate the cache and queue the prompts (iterating does it; a server calls it
+        once): plan "auto" gets its planner now (`planner`: its cost model measured here on first
+        use)."""
         if self.stepper.cache is None:
-            rows = max(1, min(self.batch_size, len(self.prompts)))
+            self._plan()  # plan "auto": the cost model measured now if need be
+            rows = max(1, min(self.batch_size, len(self._seqs)))
             cache, self._past = self._past, None
             if cache is None:
                 cache = self.bf.new_cache(rows, self._capacity)
             else:
                 cache.reserve(self._capacity, rows)
             self.stepper.cache = cache
-            for i in self.prompts.indices():
-                self._queue(i)
+            for s in self._seqs.values():
+                self._queue(s)
 
     def _take_past(self, past: "Decoder"):
         """`past`'s cache, taken over (the past decoder has none after this: a conversation goes on
@@ -193,38 +216,31 @@ class Decoder:
             cache = past.stepper.cache
             if cache is None:
                 raise ValueError("past= was continued already: pass the latest generation of the conversation")
-            if past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype or 0 not in past.sequences.indices():
+            seq = past._seqs.get(0)
+            if past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype or seq is None:
                 return None
             past.stepper.cache = None
-        seq = past.sequences[0]
         cache.hold(0, seq.prompt + seq.emitted)
         return cache
 
-    def add(self, prompt_ids: list[int], params: SamplingParams | None = None,
+    def add(self, prompt_ids: list[int], *, params: SamplingParams | None = None,
             generator: torch.Generator | None = None, seed: int | None = None) -> Sequence:
         """Queue one more prompt (checked like the others); it joins at the next turn with a free
         row. Returns its sequence (`.emitted`, `.stats`, `.done`); its row index is `.index`.
         `seed`: its sampling seed (the same seed gives the same tokens); or a `generator`."""
-        from selfspec.engine.request import check_request
-
         params = params or SamplingParams.of(self.cfg)
         check_request(self.model, prompt_ids, self.cfg, params)
         self.start()
-        i, self._next = self._next, self._next + 1
-        self.prompts[i] = [int(t) for t in prompt_ids]
-        self.params[i] = params
-        self.outputs[i] = []
-        self.stats[i] = Stats()
-        if seed is not None:
-            generator = torch.Generator(device=self.model.get_input_embeddings().weight.device).manual_seed(int(seed))
-        self.gens[i] = generator
+        gen = generator if seed is None else seeded(seed, self._device)
+        seq = self._seqs[self._next] = Sequence(self._next, [int(t) for t in prompt_ids], gen, params)
+        self._next += 1
         # rows grow straight to batch_size: growing a float64 cache step by step (1, 2, 4, ...) costs
         # a reallocation and a copy of every row each time, seconds of a burst's time to first token
         sched = self.scheduler
         waiting = len(sched.live) + len(sched.prefilling) + len(sched.waiting) + 1
         rows = self.batch_size if waiting > self.stepper.cache.rows else 0
         self.stepper.cache.reserve(row_capacity([prompt_ids], self.cfg, params), rows)
-        return self._queue(i)
+        return self._queue(seq)
 
     def reserve(self, *, prompt_tokens: int, max_new_tokens: int) -> int:
         """Allocate the cache now for `batch_size` rows of a prompt of `prompt_tokens` and
@@ -238,11 +254,8 @@ class Decoder:
         self.stepper.cache.reserve(cap, self.batch_size)
         return need
 
-    def _queue(self, i: int) -> Sequence:
-        s = new_sequence(self.model, self.cfg, i, self.prompts[i], self.gens[i], self.params[i], self.stats[i],
-                         self.outputs[i], lookup=self.uses_lookup)
-        self.sequences[i] = s
-        self.scheduler.add(s)
+    def _queue(self, s: Sequence) -> Sequence:
+        self.scheduler.add(prepare(s, self.model, self.cfg, lookup=self.uses_lookup))
         return s
 
     def cancel(self, seq: Sequence) -> bool:
@@ -250,15 +263,13 @@ class Decoder:
         return self.scheduler.cancel(seq)
 
     def forget(self, seq: Sequence) -> None:
-        """Drop a finished sequence from the decoder: its prompt, tokens, stats, parameters,
-        generator and observers leave every per-sequence container (a long-running server reads
-        them from the sequence and then lets them go; nothing of it stays behind)."""
+        """Drop a finished sequence from the decoder: it leaves with everything it held (prompt,
+        tokens, stats, parameters, generator) and so do its observers (a long-running server reads
+        what it needs from the sequence and then lets it go; nothing of it stays behind)."""
         if not seq.done:
             raise ValueError("forget() takes a finished or cancelled sequence")
-        i = seq.index
-        for per_seq in (self.prompts, self.params, self.gens, self.outputs, self.stats, self.sequences):
-            del per_seq[i]
-        self._observers.pop(i, None)
+        del self._seqs[seq.index]
+        self._observers.pop(seq.index, None)
 
     def step(self) -> list[tuple[int, list[int]]]:
         """One turn (`turn`), run to its end. Returns the `(row, chunk)` commits, in order."""
@@ -306,10 +317,10 @@ class Decoder:
         """What the unfinished sequences measured so far; the planner's learning kept for the next
         generation with these settings."""
         self.closed = True
-        for s in self.sequences:
+        for s in self._seqs.values():
             s.finish()
-        if self.planner is not None:
-            keep_planner(self.planner)
+        if self.stepper.planner is not None:
+            keep_planner(self.stepper.planner)
 
     def _observers_of(self, s: Sequence) -> list:
         """Who reads a row's finished round, in order: stats, the recorder, the round hook."""
@@ -338,9 +349,3 @@ def generate_batch_ids(model, prompts_ids, cfg: DecodeConfig, **kw) -> tuple[lis
         pass
     return list(dec.outputs), list(dec.stats)
 
-
-def _decode_all(decoder) -> dict:
-    """Run `decoder` to the end; its outputs by sequence index."""
-    for _ in decoder:
-        pass
-    return decoder.outputs

@@ -1,10 +1,11 @@
 """One request's state inside the decoder (nano-vllm's `Sequence`), and what it drafts from it.
 
 A `Sequence` holds everything that belongs to one prompt and nothing that belongs to the batch:
-its text so far, its generator, its lookup index and n-gram rho (both fed by every emitted
-token), the root and marginals the next round starts from, its stats and pending oracle
-candidates. The decoder (`batch.BatchDecoder`) runs rounds over a list of them; a generation of
-one prompt is the same code with one.
+its prompt, sampling parameters and generator, its text so far, its lookup index and n-gram rho
+(both fed by every emitted token), the root and marginals the next round starts from, its stats
+and pending oracle candidates. It is the only owner of these: the decoder keeps its sequences by
+index (`engine.decoder.Decoder`) and reads `outputs`, `stats`, ... from them (`ByIndex`); a
+generation of one prompt is the same code with one.
 
 Each sequence samples with its own `SamplingParams` (a server's requests differ in
 max_new_tokens, temperature, top-k and top-p while sharing one batch).
@@ -16,6 +17,7 @@ The drafting helpers turn a sequence plus marginals into the tree a round verifi
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import torch
@@ -108,13 +110,20 @@ class Sequence:
         self.pending_oracle.clear()
 
 
-def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, params: SamplingParams, stats: Stats,
-                 out: list[int], *, lookup: bool) -> Sequence:
-    """A sequence with the per-request scorers its mode reads: PRESTO trees (presto, auto) get the
-    n-gram rho (or the learned predictor over it), `lookup` asks for a prompt-lookup index."""
-    seq = Sequence(index, prompt, gen, params, stats, out)
+def seeded(seed: int, device) -> torch.Generator:
+    """A sequence's generator from its seed (the same seed gives the same tokens)."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def prepare(seq: Sequence, model, cfg: DecodeConfig, *, lookup: bool) -> Sequence:
+    """A sequence made ready to run as it is queued: the per-request scorers its mode reads (PRESTO
+    trees (presto, auto) get the n-gram rho, or the learned predictor over it; `lookup` asks for a
+    prompt-lookup index), its sampling noise (the key is drawn from its generator now, when it
+    enters, as it always was) and its clock started (`stats.seconds` counts from its queueing,
+    not from when the decoder was built)."""
+    prompt = seq.prompt
     if cfg.sampling == "reproducible":
-        seq.noise = PositionNoise(_key_from(gen), model.config.vocab_size, fast=uniforms)
+        seq.noise = PositionNoise(_key_from(seq.gen), model.config.vocab_size, fast=uniforms)
     trees = cfg.mode in ("presto", "auto")
     if trees and cfg.rho in ("ngram", "learned"):
         seq.rho = NgramRho(model.config.vocab_size, prompt)
@@ -126,6 +135,7 @@ def new_sequence(model, cfg: DecodeConfig, index: int, prompt: list[int], gen, p
         seq.extra = make_extra_score(seq.rho, cfg.lam)
     if lookup:
         seq.lookup = ContextIndex(prompt, min_ngram=cfg.lookup_min_ngram, max_ngram=cfg.lookup_max_ngram)
+    seq.t0 = time.perf_counter()
     return seq
 
 
@@ -173,3 +183,41 @@ def lookup_chain(seq: Sequence, cfg: DecodeConfig, room: int) -> list[int]:
     seq.match = seq.lookup.match_length(tail)
     return seq.lookup.propose(tail, min(cfg.lookup_tokens, room - 1)) if room > 1 else []
 
+
+class ByIndex(list):
+    """One field of a decoder's sequences, read-only, keyed by sequence index (`Sequence.index`: a
+    batch's input order, then the order of `Decoder.add`) and taken when asked for: `x[i]` is
+    sequence i's (a KeyError once `Decoder.forget` dropped it). As a list it holds the values of
+    the sequences not forgotten, in index order, so a batch's `outputs == [...]`, iteration, `len`
+    and JSON behave as a list's. The values are the sequences' own objects (`outputs[i]` is
+    sequence i's `emitted`, growing as it runs); the container is a snapshot that refuses edits:
+    a sequence's state is changed through the sequence, nowhere else."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, by_index: dict[int, object]):
+        super().__init__(by_index.values())
+        self._keys = list(by_index)  # sequence index of each value, increasing
+
+    def _pos(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"a sequence index is an int, not {type(i).__name__}")
+        keys = self._keys
+        p = i if 0 <= i < len(keys) and keys[i] == i else bisect_left(keys, i)  # nothing forgotten before i: p = i
+        if p == len(keys) or keys[p] != i:
+            raise KeyError(f"no sequence {i} (never added, or forgotten)")
+        return p
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # by position, like the list it is
+            return list.__getitem__(self, i)
+        return list.__getitem__(self, self._pos(i))
+
+    def indices(self) -> list[int]:
+        return list(self._keys)
+
+    def _refuse(self, *a, **k):
+        raise TypeError("a decoder's per-sequence view is read-only: change the sequence itself")
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = sort = reverse = clear = _refuse
+    __iadd__ = __imul__ = _refuse
