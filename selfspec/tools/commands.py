@@ -1,5 +1,7 @@
 """The subcommands beside `generate`: `trace` (one HTML page of the draft trees) and `profile`
-(this device's forward-cost curve; `--widths/--cache/--table`: a curve of one's own, printed)."""
+(this device's forward-cost curve; `--widths/--cache/--table`: a curve of one's own, printed;
+`--project PROFILE`: the curve beside the weights' bytes and peak memory, and tok/s projected from
+a replay profile's acceptance, `tools.projection`)."""
 
 from __future__ import annotations
 
@@ -107,11 +109,13 @@ def _project(a) -> int:
     profile = load_profile(a.project)  # a bad profile is one error, before the model is built
     widths = sorted(set(a.widths or projection.WIDTHS))
     cache = a.cache or [projection.CACHE]
-    if widths[0] < 1 or len(cache) > 1 or cache[0] < 0:
-        raise ValueError("--project takes --widths >= 1 and one --cache length >= 0")
+    if widths[0] < 1 or len(cache) > 1 or cache[0] < 0 or a.sweeps < 1:
+        raise ValueError("--project takes --widths >= 1, one --cache length >= 0 and --sweeps >= 1")
     t0 = time.time()
     model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
-    cost = measure(model, rows=(1,), widths=widths, cache=cache)
+    # every sweep runs, however slow (a big model's first sweep would exhaust the planner grid's time
+    # budget): the fastest of several is what steadies a curve on a busy machine
+    cost = measure(model, rows=(1,), widths=widths, cache=cache, sweeps=a.sweeps, budget_s=1e9)
     if a.out is not None:
         cost.save(a.out)
     name = a.model or getattr(model, "name_or_path", None) or "the default model"
@@ -172,4 +176,6 @@ def add_profile_parser(sub) -> None:
                         "bytes and peak memory, and AR / linear / PRESTO tok/s projected from a replay profile's "
                         "acceptance (a built-in such as nld-8b, or a JSON file); the cached cost model is not "
                         "touched (--out saves the curve)")
+    p.add_argument("--sweeps", type=int, default=3,
+                   help="--project: sweeps over the widths, each point's fastest kept (default 3)")
     p.set_defaults(func=cmd_profile)
