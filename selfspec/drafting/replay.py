@@ -18,6 +18,7 @@ file ({"name": ..., "top1": [...], "rank2": [...]}) or a `ReplayProfile`.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -72,6 +73,26 @@ class ReplayProfile:
             out += run
         return out
 
+
+    def expected_tree_tau(self, nodes: int, max_depth: int = 31) -> float:
+        """Tokens a round commits (the bonus included), in expectation, when it drafts the best
+        tree of `nodes` nodes over the top-2 candidates up to `max_depth` deep (the rank paths with
+        the most probability; a path's probability is its depths' rates multiplied, as draws are
+        independent per depth): the tree PRESTO's builder aims for on these marginals."""
+        def prob(path):
+            out = 1.0
+            for d, r in enumerate(path, 1):
+                p1, s = self.at(d)
+                out *= p1 if r == 0 else (1.0 - p1) * s
+            return out
+
+        heap, total, taken = [(-prob((0,)), (0,)), (-prob((1,)), (1,))], 1.0, 0
+        while heap and taken < nodes:
+            neg, path = heapq.heappop(heap)
+            total, taken = total - neg, taken + 1
+            for r in (0, 1) if len(path) < max_depth else ():
+                heapq.heappush(heap, (-prob(path + (r,)), path + (r,)))
+        return total
 
 def builtin_profiles() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".json"))
@@ -156,6 +177,25 @@ class Replay:
         1 second, 2 elsewhere (also past the reference's end)."""
         ref = self.references.get(row, [])
         return self._draw(row, pos, depth)[1] if 0 <= pos < len(ref) else 2
+
+    def linear_commits(self, row: int, emitted: int, drafts: int) -> int:
+        """Tokens a one-pass linear round commits (its accepted drafts and the bonus) when
+        `emitted` tokens are out and it drafts `drafts`: its first draft, output position
+        `emitted`, stands at depth 1 (the previous round's group knows the root)."""
+        d = 0
+        while d < drafts and self.outcome(row, emitted + d, d + 1) == 0:
+            d += 1
+        return d + 1
+
+    def linear_tpf(self, row: int, *, new_tokens: int, block: int) -> tuple[int, int]:
+        """(tokens, rounds) of replayed one-pass linear self-speculation at `block` over an
+        answer of `new_tokens` (the first comes with the prefill), walked from the draws alone:
+        what a replayed run of the model commits, without running it."""
+        emitted, rounds = 1, 0
+        while emitted < new_tokens:
+            emitted += min(self.linear_commits(row, emitted, block - 1), new_tokens - emitted)
+            rounds += 1
+        return emitted - 1, rounds
 
     def _draw(self, row: int, pos: int, depth: int):
         p1, s = self.profile.at(depth)

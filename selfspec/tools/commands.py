@@ -1,5 +1,7 @@
 """The subcommands beside `generate`: `trace` (one HTML page of the draft trees) and `profile`
-(this device's forward-cost curve; `--widths/--cache/--table`: a curve of one's own, printed)."""
+(this device's forward-cost curve; `--widths/--cache/--table`: a curve of one's own, printed;
+`--project PROFILE`: the curve beside the weights' bytes and peak memory, and tok/s projected from
+a replay profile's acceptance, `tools.projection`)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,8 @@ def cmd_profile(a) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
     if a.lora_cost:  # the draft LoRA's cost only: no cost model measured or written
         return _lora_cost(a)
+    if a.project is not None:  # a curve of its own and projections: the cached cost model untouched
+        return _project(a)
     custom = a.widths is not None or a.cache is not None
     if any(v < 1 for v in a.widths or []) or any(v < 0 for v in a.cache or []):
         raise ValueError("--widths take integers >= 1 and --cache integers >= 0")
@@ -93,6 +97,31 @@ def cmd_profile(a) -> int:
                       "seconds": round(time.time() - t0, 1), "f1_ms": round(1e3 * f1, 3),
                       "relative": {str(r): {str(w): round(prof(r, w, c0) / f1, 2) for w in prof.widths if r * w <= 256}
                                    for r in prof.rows}}))
+    return 0
+
+
+def _project(a) -> int:
+    from selfspec.drafting.replay import load_profile
+    from selfspec.engine.cost import measure
+    from selfspec.loading import load
+    from selfspec.tools import projection
+
+    profile = load_profile(a.project)  # a bad profile is one error, before the model is built
+    widths = sorted(set(a.widths or projection.WIDTHS))
+    cache = a.cache or [projection.CACHE]
+    if widths[0] < 1 or len(cache) > 1 or cache[0] < 0 or a.sweeps < 1:
+        raise ValueError("--project takes --widths >= 1, one --cache length >= 0 and --sweeps >= 1")
+    t0 = time.time()
+    model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
+    # every sweep runs, however slow (a big model's first sweep would exhaust the planner grid's time
+    # budget): the fastest of several is what steadies a curve on a busy machine
+    cost = measure(model, rows=(1,), widths=widths, cache=cache, sweeps=a.sweeps, budget_s=1e9)
+    if a.out is not None:
+        cost.save(a.out)
+    name = a.model or getattr(model, "name_or_path", None) or "the default model"
+    rec = projection.record(model, cost, profile, cache=cost.cache[0], name=name, seconds=time.time() - t0)
+    print(projection.text(rec))
+    print(json.dumps(rec))
     return 0
 
 
@@ -142,4 +171,11 @@ def add_profile_parser(sub) -> None:
                    help="instead: what the draft LoRA adds to a probe round's forward per --widths (default 1 5 9 "
                         "17) over one --cache length (default 100); measures no cost model")
     p.add_argument("--repeats", type=int, default=15, help="--lora-cost: timed forwards per point (median; default 15)")
+    p.add_argument("--project", default=None, metavar="PROFILE",
+                   help="instead: f(width) (default widths 1-64, one --cache length, default 512) beside the weights' "
+                        "bytes and peak memory, and AR / linear / PRESTO tok/s projected from a replay profile's "
+                        "acceptance (a built-in such as nld-8b, or a JSON file); the cached cost model is not "
+                        "touched (--out saves the curve)")
+    p.add_argument("--sweeps", type=int, default=3,
+                   help="--project: sweeps over the widths, each point's fastest kept (default 3)")
     p.set_defaults(func=cmd_profile)
