@@ -28,25 +28,34 @@ SETTINGS = {
 
 
 class Interrupting:
-    """Raises KeyboardInterrupt inside the n-th draft forward, between its layers (mid-forward).
+    """Raises KeyboardInterrupt inside the n-th draft forward, between its layers (mid-forward:
+    after layer 0's attention wrote its K/V, at its o_proj delta).
 
-    It wraps the draft LoRA's per-layer delta, which the engine calls in every forward that has
-    draft rows; `remove()` puts the original back.
+    It wraps the draft LoRA's per-module deltas (`add_deltas`, the float formats'; `add_fused`,
+    the exact formats'), which the engine calls in every forward that has draft rows; `remove()`
+    puts the originals back.
     """
 
-    def __init__(self, lora, n):
-        self.lora, self.n, self.calls, self.orig = lora, n, 0, lora.add_delta
-        lora.add_delta = self
+    METHODS = ("add_deltas", "add_fused")
 
-    def __call__(self, layer, *args):
-        if layer == 0:
-            self.calls += 1
-            if self.calls == self.n:
-                raise KeyboardInterrupt
-        return self.orig(layer, *args)
+    def __init__(self, lora, n):
+        self.lora, self.n, self.calls = lora, n, 0
+        self.orig = {m: getattr(lora, m) for m in self.METHODS}
+        for m in self.METHODS:
+            setattr(lora, m, self._wrap(self.orig[m]))
+
+    def _wrap(self, fn):
+        def call(layer, names, *args):
+            if layer == 0 and names == ("o_proj",):
+                self.calls += 1
+                if self.calls == self.n:
+                    raise KeyboardInterrupt
+            return fn(layer, names, *args)
+        return call
 
     def remove(self):
-        self.lora.add_delta = self.orig
+        for m, fn in self.orig.items():
+            setattr(self.lora, m, fn)
 
 
 class InterruptingStreamer:
@@ -121,7 +130,7 @@ def test_an_interrupted_generation_reports_interrupted_and_keeps_the_committed_i
 def sigint_at_forward(monkeypatch):
     """Make the CLI's model send a real SIGINT to this process at its n-th output-head call."""
     import selfspec.loading
-    from selfspec.engine.forward import FastForward
+    from selfspec.engine.forward.forward import FastForward
 
     real_load = selfspec.loading.load
 
