@@ -96,7 +96,7 @@ def sync(device: str) -> None:
 
 
 def cost_curve(model, dry_run: bool):
-    from selfspec.engine.cost import measure
+    from selfspec.engine.measure.cost import measure
 
     return measure(model, rows=(1,), widths=widths(dry_run), cache=(CACHE,), sweeps=1 if dry_run else 3,
                    budget_s=5.0 if dry_run else 20.0, progress=False)
@@ -111,7 +111,7 @@ def graph_curve(model, device: str) -> dict:
     (milliseconds), or why it could not be captured. CUDA only."""
     import torch
 
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
     kv = bf.new_cache(1, CACHE + max(GRAPH_WIDTHS) + 1)
@@ -193,8 +193,8 @@ def generation_rows(model, tok, a) -> list[dict]:
 def projections(cost, cache: int = CACHE) -> list[dict]:
     """tok/s a layout would reach from the cost model alone: published tau / f(the round's width),
     time outside the forward not counted (an upper bound for the engine)."""
-    from selfspec.engine.layouts import fixed_option
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.round.layouts import fixed_option
+    from selfspec.engine.request.options import DecodeConfig
 
     f1 = cost(1, 1, cache)
     out = [{"layout": "ar", "tau": 1.0, "width": 1, "extrapolated": False, "ar_steps": 1.0,
@@ -308,7 +308,7 @@ def markdown(res: dict) -> str:
 
 
 def project_only(path: str) -> int:
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.measure.cost import CostModel
 
     cost = CostModel.load(path)
     cache = min(cost.cache, key=lambda c: abs(c - CACHE))

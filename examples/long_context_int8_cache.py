@@ -14,7 +14,7 @@ import argparse
 import time
 
 import selfspec
-from selfspec.engine.batch_forward import BatchForward
+from selfspec.engine.forward.batch_forward import BatchForward
 from selfspec.tools.bench_prompts import read_suite
 
 

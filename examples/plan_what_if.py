@@ -13,7 +13,7 @@ import os
 import tempfile
 
 import selfspec
-from selfspec.engine.cost import FORMAT, CostModel, cost_model
+from selfspec.engine.measure.cost import FORMAT, CostModel, cost_model
 
 
 def main():

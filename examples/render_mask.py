@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from selfspec.engine.masks import tree_and_groups
+from selfspec.engine.forward.masks import tree_and_groups
 from selfspec.drafting.tree import Tree
 
 

@@ -14,7 +14,7 @@ import json
 import os
 
 import selfspec
-from selfspec.engine.stats import Stats
+from selfspec.engine.request.stats import Stats
 
 PUBLISHED = {8: 3.21, 16: 4.75, 32: 5.96}  # NLD-8B, linear self-speculation, nine-set mean
 

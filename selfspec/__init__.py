@@ -13,9 +13,9 @@ check_transformers()  # before anything builds on transformers: one clear error 
 from selfspec.checkpoint.config import NemotronLabsDiffusionConfig  # noqa: E402
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel, default_model_dir, register  # noqa: E402
 from selfspec.compat import ar_generate, attach, linear_spec_generate, presto_spec_generate  # noqa: E402
-from selfspec.engine.decoder import Decoder, generate_ids  # noqa: E402
-from selfspec.engine.options import DecodeConfig  # noqa: E402
-from selfspec.engine.stats import Stats  # noqa: E402
+from selfspec.engine.schedule.decoder import Decoder, generate_ids  # noqa: E402
+from selfspec.engine.request.options import DecodeConfig  # noqa: E402
+from selfspec.engine.request.stats import Stats  # noqa: E402
 from selfspec.loading import load  # noqa: E402
 from selfspec.streaming import Generation, generate, stream  # noqa: E402
 

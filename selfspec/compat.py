@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.engine.options import DecodeConfig, check_args, check_type
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig, check_args, check_type
+from selfspec.engine.schedule.decoder import generate_ids
 
 
 def _prompt_list(prompt_ids) -> list[int]:

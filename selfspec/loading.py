@@ -47,7 +47,7 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
                                draft_lora=draft_lora, progress=progress, kv_cache_dtype=kv_cache_dtype)
     fmt = resolve_weights(weights, dtype, device, device_map)
     kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
-    from selfspec.engine.formats import choose, set_weights
+    from selfspec.engine.measure.formats import choose, set_weights
 
     quantized = fmt in ("auto",) + INT_FORMATS
     model, tok = load_checkpoint(path, dtype=torch.float32 if quantized or fmt == "fp32" else dtype or fmt_dtype(fmt),
@@ -62,7 +62,7 @@ def load(path: str | None = None, *, weights: str | None = None, dtype: torch.dt
 
 def _finish(model, tok, fmt, kv, named: bool):
     """The steps after the weights exist: the invariance probe of a named format, the KV cache, gc."""
-    from selfspec.engine.batch_forward import kv_cache_for, set_kv_cache_dtype
+    from selfspec.engine.forward.batch_forward import kv_cache_for, set_kv_cache_dtype
 
     if named:
         _check_invariant(model, fmt)
@@ -80,8 +80,8 @@ def _load_synthetic(name: str, *, weights, dtype, device, device_map, draft_lora
     directly in a named format; "auto" has no meaning there (its quality check compares with fp32)."""
     from selfspec.checkpoint.synthetic import build, shape_of
     from selfspec.checkpoint.validate import check_device
-    from selfspec.engine.formats import Quantized
-    from selfspec.engine.forward import weights_key
+    from selfspec.engine.measure.formats import Quantized
+    from selfspec.engine.forward.forward import weights_key
 
     shape_of(name)
     check_device(device)
@@ -106,7 +106,7 @@ def _check_invariant(model, fmt: str) -> None:
     """A format asked for by name is probed as "auto" probes it: where this CPU's kernels make a
     row's logits depend on the round's width (bf16 on CPUs with native bf16 dot products), greedy
     output still equals AR on typical text, but not by construction; the user is told."""
-    from selfspec.engine.formats import invariant
+    from selfspec.engine.measure.formats import invariant
 
     if all(p.device.type == "cpu" for p in model.parameters()) and not invariant(model):
         warnings.warn(f"weights={fmt!r}: on this CPU a row's logits are not bitwise the same at every round "
@@ -138,7 +138,7 @@ def resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map) -> str:
     """The KV cache to keep ("auto": the weight format's, `kv_cache_for`, once it is known; "int16" /
     "int8"), or one ValueError before anything loads: the compact caches belong to the exact formats,
     which run on a CPU in any format but fp32."""
-    from selfspec.engine.batch_forward import KV_CACHE_DTYPES
+    from selfspec.engine.forward.batch_forward import KV_CACHE_DTYPES
 
     kv = kv_cache_dtype or os.environ.get("SELFSPEC_KV_CACHE_DTYPE") or "auto"
     if kv not in ("auto",) + tuple(KV_CACHE_DTYPES):
@@ -160,7 +160,7 @@ def fmt_dtype(fmt: str | None):
 
 
 def _probe_ids(tok, model) -> list[int]:
-    from selfspec.engine.formats import PROBE
+    from selfspec.engine.measure.formats import PROBE
 
     V = model.config.vocab_size
     return [t for t in tok.encode(PROBE) if 0 <= t < V][:256]

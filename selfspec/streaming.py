@@ -17,9 +17,9 @@ import torch
 
 from selfspec.checkpoint.synthetic import refuse
 from selfspec.checkpoint.tokenizer import IncrementalDetokenizer
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig, check_args
-from selfspec.engine.stats import Stats
+from selfspec.engine.schedule.decoder import Decoder
+from selfspec.engine.request.options import DecodeConfig, check_args
+from selfspec.engine.request.stats import Stats
 
 
 @dataclass

@@ -9,7 +9,7 @@
 The page itself is drawn by `selfspec.trace_html` (one self-contained file, no scripts).
 
 Records are built from the decoder's round hook, `Decoder.on_round`: its contract (one dict per
-round, which keys, what they hold) is in the `selfspec.engine.decoder.Decoder` docstring.
+round, which keys, what they hold) is in the `selfspec.engine.schedule.decoder.Decoder` docstring.
 
 Score split of a node v with parent p at depth d: log q = the log marginal of v's token in
 row d-1 of `cands` (None when the token is not among them, e.g. a candidate from another

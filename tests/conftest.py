@@ -117,8 +117,8 @@ class OneRow:
     """One cache row of the runtime's forward: tokens [q] at cache length + offsets [q]."""
 
     def __init__(self, model):
-        from selfspec.engine.batch_forward import BatchForward
-        from selfspec.engine.forward import FastForward
+        from selfspec.engine.forward.batch_forward import BatchForward
+        from selfspec.engine.forward.forward import FastForward
 
         self.bf = BatchForward(FastForward(model))
         self.ff = self.bf.ff

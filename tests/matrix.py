@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from selfspec.checkpoint.quant import FORMATS
-from selfspec.engine import formats
-from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
+from selfspec.engine.measure import formats
+from selfspec.engine.forward.batch_forward import BatchForward, set_kv_cache_dtype
 
 EXACT = tuple(f for f in FORMATS if f != "fp32")
 EXACT_KV8 = EXACT + tuple(f + "+kv8" for f in EXACT)  # every exact format with either cache

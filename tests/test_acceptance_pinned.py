@@ -36,10 +36,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import selfspec.engine.step as decoder_module
-from selfspec.engine.decoder import generate_ids
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.cost import CostModel
+import selfspec.engine.round.step as decoder_module
+from selfspec.engine.schedule.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.measure.cost import CostModel
 
 from conftest import SHIPPED
 

@@ -11,7 +11,7 @@ import torch
 
 import selfspec
 from selfspec.tools.cli import main
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 
 NO_MODEL = "/nonexistent/model"

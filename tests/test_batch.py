@@ -10,14 +10,14 @@ import random
 import pytest
 import torch
 
-from selfspec.engine.decoder import Decoder, generate_batch_ids
-from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.masks import batch_mask
-from selfspec.engine.masks import rows_layout
+from selfspec.engine.schedule.decoder import Decoder, generate_batch_ids
+from selfspec.engine.forward.batch_forward import BatchForward
+from selfspec.engine.forward.masks import batch_mask
+from selfspec.engine.forward.masks import rows_layout
 from selfspec.drafting.tree import chain
-from selfspec.engine.decoder import generate_ids
-from selfspec.engine.forward import FastForward
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.schedule.decoder import generate_ids
+from selfspec.engine.forward.forward import FastForward
+from selfspec.engine.request.options import DecodeConfig
 
 from conftest import OneRow, tiny_model
 
@@ -169,9 +169,9 @@ def test_plan_auto_in_a_batch_equals_ar_and_follows_the_batch_cost(profile, spec
     token it keeps AR apart from its probes. Either way every row equals its batch-1 AR output."""
     import types
 
-    from selfspec.engine import step as step_mod
-    from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.round import step as step_mod
+    from selfspec.engine.forward.batch_forward import BatchForward
+    from selfspec.engine.measure.cost import CostModel
 
     prof = CostModel.flat() if profile == "flat" else CostModel.linear(per_token=1.0, fixed=1.0)
     clock = [0.0]
@@ -237,8 +237,8 @@ def test_continuous_batching_rows_move_into_freed_cache_rows(monkeypatch):
     """The long row (the longest prompt, so the last cache row: prompts entering together take rows
     shortest first, and 30 new tokens against the others' 6) outlives the rows before it: when they
     finish and no prompt waits, it moves into a freed cache row and goes on from there."""
-    from selfspec.engine.cache import BatchKVCache
-    from selfspec.engine.sequence import SamplingParams
+    from selfspec.engine.forward.cache import BatchKVCache
+    from selfspec.engine.request.sequence import SamplingParams
 
     moves = []
     real = BatchKVCache.move
@@ -462,7 +462,7 @@ def test_cli_generate_batch_writes_one_json_record_per_prompt(tiny_dir, tmp_path
 def test_cli_batch_reads_a_cost_model_for_plan_auto_and_refuses_one_for_a_fixed_mode(tiny_dir, tmp_path, capsys):
     import json
 
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.measure.cost import CostModel
     from selfspec.tools.cli import main
 
     pf = tmp_path / "prompts.jsonl"

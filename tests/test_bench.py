@@ -282,7 +282,7 @@ def _fake_batch_runs(monkeypatch, batch_sizes, **kw):
 
     monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
     model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
-    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
+    monkeypatch.setattr("selfspec.engine.schedule.decoder.Decoder", lambda *a, **k: [])
     rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], batch_sizes, ["ar", "auto"], max_new_tokens=3,
                                        temperatures=[0.0], peers=(), progress=False, **kw)
     return calls, {(r["mode"], r["batch_size"]): r for r in rows}
@@ -319,7 +319,7 @@ def test_a_batch_grid_without_batch_size_1_still_checks_every_greedy_row_against
         return ([[1, 2, 3], [1, 2, 4]] if B == 1 else [[1, 2, 3]] * len(prompts_ids)), 1.0, {}
 
     monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
-    monkeypatch.setattr("selfspec.engine.decoder.Decoder", lambda *a, **k: [])
+    monkeypatch.setattr("selfspec.engine.schedule.decoder.Decoder", lambda *a, **k: [])
     model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
     rows = bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [8, 4], ["ar", "auto"], max_new_tokens=3,
                                        temperatures=[0.0, 1.0], peers=(), progress=False)
@@ -371,7 +371,7 @@ def test_the_batch_bench_runs_a_few_untimed_tokens_of_ours_after_each_transforme
 
     monkeypatch.setattr(bench_batch, "_batch_run", fake_run)
     monkeypatch.setattr("selfspec.tools.peers.causal_lm", lambda model: None)
-    monkeypatch.setattr("selfspec.engine.decoder.Decoder", fake_decoder)
+    monkeypatch.setattr("selfspec.engine.schedule.decoder.Decoder", fake_decoder)
     model = SimpleNamespace(config=SimpleNamespace(mask_token_id=0, pad_token_id=0, eos_token_id=None))
     bench_batch.run_batch_bench(model, [[5, 6]] * 2, ["a", "b"], [2], ["ar", "auto"], max_new_tokens=3,
                                 temperatures=[0.0], peers=("hf",), progress=False)
@@ -406,8 +406,8 @@ def test_a_run_on_other_weights_is_followed_by_an_untimed_run_of_the_default_mod
     """After the fp32 baseline's run the next run of ours went 0.94x (its weights push ours out of the
     cache); in the mirrored order that run is always the same row, so a few untimed AR tokens of the
     default model take the cold start instead."""
-    from selfspec.engine import decoder as decoder_mod
-    from selfspec.engine.forward import FastForward
+    from selfspec.engine.schedule import decoder as decoder_mod
+    from selfspec.engine.forward.forward import FastForward
 
     events, Real = [], decoder_mod.Decoder
 
@@ -447,7 +447,7 @@ def test_a_peer_s_run_is_followed_by_an_untimed_run_of_ours_before_the_next_time
                                                                                        monkeypatch):
     """The first run of ours after llama.cpp ran 2-4.5% slower (cold caches); in the mirrored order
     that run is always the same row, so a few untimed AR tokens take the cold start instead."""
-    from selfspec.engine import decoder as decoder_mod
+    from selfspec.engine.schedule import decoder as decoder_mod
     from selfspec.tools import peers
 
     events, Real, real_run = [], decoder_mod.Decoder, peers.HFPeer.run

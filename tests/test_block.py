@@ -7,12 +7,12 @@ format) go through the loop."""
 import pytest
 import torch
 
-from selfspec.engine import forward as fw
-from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
-from selfspec.engine.decoder import generate_ids
-from selfspec.engine.formats import set_weights
-from selfspec.engine.forward import FastForward
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.forward import forward as fw
+from selfspec.engine.forward.batch_forward import BatchForward, set_kv_cache_dtype
+from selfspec.engine.schedule.decoder import generate_ids
+from selfspec.engine.measure.formats import set_weights
+from selfspec.engine.forward.forward import FastForward
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.kernels import attn16
 from selfspec.kernels import block as kb
 
@@ -198,7 +198,7 @@ def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(mon
     prediction. w4a8 runs the one-call block (its pointer tables), the other formats the layer
     loop (A / B per layer and group: per module in the exact formats, stacked in fp32), and only
     the tables its path reads are made."""
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.schedule.decoder import Decoder
 
     layout = {"presto": dict(schedule="one-pass", budget=8, group_nodes=3, block_length=5),
               "linear": dict(schedule="one-pass", block_length=5)}.get(mode, {})  # rounds with mask groups

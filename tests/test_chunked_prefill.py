@@ -6,15 +6,15 @@ test_invariance), so greedy output equals AR and every row equals its batch-1 ru
 import pytest
 import torch
 
-from selfspec.engine.cost import CostModel
-from selfspec.engine.forward import FastForward
-from selfspec.engine.decoder import Decoder, generate_ids
-from selfspec.engine.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_SHARE, prefill_first,
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.forward.forward import FastForward
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
+from selfspec.engine.schedule.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_SHARE, prefill_first,
                                            prefill_groups, shared_prefixes, whole_prompts)
-from selfspec.engine.round_costs import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, pick_chunk, token_price
-from selfspec.engine.formats import set_weights
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.sequence import SamplingParams
+from selfspec.engine.planning.round_costs import PREFILL_FLOOR, PREFILL_WHOLE_ROUNDS, pick_chunk, token_price
+from selfspec.engine.measure.formats import set_weights
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.sequence import SamplingParams
 
 from conftest import FakeClock, PricedForward, tiny_model
 from matrix import EXACT, FORMATS
@@ -626,7 +626,7 @@ def test_in_a_fixed_mode_a_long_prompts_pieces_come_in_forwards_of_their_own_spa
     run (1 - PREFILL_SHARE) / PREFILL_SHARE times a piece's time before the next (a 256-token piece
     every turn had held 4 rows to a token per ~0.3 s while a 2,000-token prompt joined, w4a8); every
     output equals AR."""
-    monkeypatch.setattr("selfspec.engine.prefill.PREFILL_CHUNK", 32)
+    monkeypatch.setattr("selfspec.engine.schedule.prefill.PREFILL_CHUNK", 32)
     m = tiny_model(seed=2, vocab_size=V) if fmt == "fp32" else _model(fmt)
     m.__dict__.pop("_selfspec_planners", None)
     cfg = DecodeConfig(max_new_tokens=60, **layout)

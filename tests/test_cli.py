@@ -33,7 +33,7 @@ def test_generate_streams_text_and_matches_ar(tiny_dir, capsys):
 def test_generate_with_the_one_byte_cache_matches_its_ar(tiny_dir, capsys, monkeypatch):
     """--kv-cache-dtype int8 reaches the cache (a spy on the decoder's cache), and lookup's greedy
     output with it equals AR's with it."""
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     made = []
     new_cache = BatchForward.new_cache
@@ -71,7 +71,7 @@ def test_info_says_what_a_bug_report_needs_and_measures_nothing(tiny_dir, capsys
     measured before (a report written here stands in for a measurement, labelled simulated)."""
     import selfspec
     from selfspec.checkpoint.model import load
-    from selfspec.engine import formats
+    from selfspec.engine.measure import formats
     from selfspec.kernels import build
 
     monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))

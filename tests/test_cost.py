@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from selfspec.engine import cost
-from selfspec.engine.cost import FORMAT, CostModel, cost_model, default_path, device_key, measure, model_key
+from selfspec.engine.measure import cost
+from selfspec.engine.measure.cost import FORMAT, CostModel, cost_model, default_path, device_key, measure, model_key
 
 from conftest import tiny_model
 
@@ -121,8 +121,8 @@ def test_building_a_decoder_measures_nothing_and_starting_it_measures_once(tmp_p
     """Measuring is a step of its own: a plan "auto" decoder built with no cost model cached
     measures nothing; it measures this device's when it starts (rows for its batch), and a
     second decoder reuses that one."""
-    from selfspec.engine.decoder import Decoder
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.schedule.decoder import Decoder
+    from selfspec.engine.request.options import DecodeConfig
 
     monkeypatch.setattr(cost, "WIDTHS", (1, 2))
     monkeypatch.setattr(cost, "CACHE", (8,))
@@ -208,7 +208,7 @@ def test_two_cpus_of_one_name_but_different_vector_units_get_different_cost_mode
     differ, so a cached cost model or format choice of one must not be read on the other."""
     import io
 
-    from selfspec.engine import device_id
+    from selfspec.engine.measure import device_id
 
     def cpuinfo(flags):
         text = f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 {flags}\n"
@@ -232,7 +232,7 @@ def test_a_changed_kernel_source_is_measured_again_not_judged_by_its_predecessor
     SELFSPEC_NO_KERNELS (the torch twins) others."""
     import shutil
 
-    from selfspec.engine import formats
+    from selfspec.engine.measure import formats
     from selfspec.kernels import build
 
     monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path / "cache"))

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from selfspec.drafting.verify import walk
-from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder, generate_batch_ids, generate_ids
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import Planner
-from selfspec.engine.prefill import Prefill
+from selfspec.engine.forward.cache import BatchKVCache
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder, generate_batch_ids, generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.planning.planner import Planner
+from selfspec.engine.schedule.prefill import Prefill
 
 from conftest import tiny_model
 
@@ -32,7 +32,7 @@ def _fake_clock(monkeypatch):
     """plan "auto" reads round times: 1 ms per clock reading makes two runs see the same times."""
     import types
 
-    from selfspec.engine import step as step_mod
+    from selfspec.engine.round import step as step_mod
 
     ticks = iter(range(10**9))
     monkeypatch.setattr(step_mod, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
@@ -269,7 +269,7 @@ def test_auto_keeps_room_for_its_usual_rounds_and_grows_the_cache_for_a_wider_on
     """Mode "auto" keeps the room its usual rounds take (a lookup chain, a probe's group, a draft
     pass), not the widest round it may choose; on flat costs it lays out trees with a group on
     every node, wider than that, the forward grows the cache first, and the tokens are AR's."""
-    from selfspec.engine.request import ROUND_SCRATCH, round_room, scratch
+    from selfspec.engine.request.request import ROUND_SCRATCH, round_room, scratch
 
     assert (round_room(DecodeConfig()), round_room(DecodeConfig(mode="ar")), round_room(DecodeConfig(mode="lookup"))) == (
         17, 1, 11)
@@ -311,7 +311,7 @@ def test_auto_prefills_a_mask_group_on_flat_costs_and_not_where_it_costs_many_ar
 def test_a_round_wider_than_the_reserved_scratch_grows_the_cache_and_stays_exact():
     """Rows keep ROUND_SCRATCH slots for a round; a one-pass tree with a group on every node
     needs more, and the forward grows the cache before it writes."""
-    from selfspec.engine.request import ROUND_SCRATCH, scratch
+    from selfspec.engine.request.request import ROUND_SCRATCH, scratch
 
     m = tiny_model(vocab_size=V)
     cfg = DecodeConfig(max_new_tokens=12, mode="presto", schedule="one-pass", block_length=8, budget=16)

@@ -13,10 +13,10 @@ import types
 import pytest
 import torch
 
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.sequence import SamplingParams
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.sequence import SamplingParams
 
 from conftest import tiny_model
 
@@ -38,8 +38,8 @@ CONFIGS = {
 def _fake_clock(monkeypatch):
     """Round times are what plan "auto" learns from: a clock that ticks 1 ms per reading makes
     the planner's choices, and so the shapes it memoises, the same on every machine."""
-    from selfspec.engine import planner as planner_mod
-    from selfspec.engine import step as step_mod
+    from selfspec.engine.planning import planner as planner_mod
+    from selfspec.engine.round import step as step_mod
 
     ticks = iter(range(10**9))
     clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3)

@@ -11,9 +11,9 @@ import torch
 from conftest import OneRow, tiny_model
 from selfspec.checkpoint.lora import TARGETS, DraftLoRA, load_draft_lora
 from selfspec.checkpoint.quant import FORMATS
-from selfspec.engine.formats import set_weights
-from selfspec.engine.decoder import generate_ids
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.measure.formats import set_weights
+from selfspec.engine.schedule.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.training.draft_lora import (Block, DraftParams, Frozen, Hyper, block_batch, block_logits, clean_pass,
                                           draft_loss, export, load_state, make_optimizer, sample_blocks, save_state,
                                           train_step)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from selfspec.drafting.tree import Tree
-from selfspec.engine import ledger as ledger_mod
-from selfspec.engine import planner as planner_mod
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder, generate_ids
-from selfspec.engine.ledger import Ledger
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.sequence import lookup_chain
+from selfspec.engine.planning import ledger as ledger_mod
+from selfspec.engine.planning import planner as planner_mod
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
+from selfspec.engine.planning.ledger import Ledger
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.sequence import lookup_chain
 
 from conftest import FakeClock, PricedForward, tiny_model
 from matrix import FORMATS_KV8, set_weights
@@ -186,9 +186,9 @@ def test_one_stall_in_a_forecast_does_not_end_the_betting(setting):
 def test_one_stalled_ar_forward_moves_the_time_scale_as_a_round_pause_times_slower_would():
     # charged whole, a 30x stall would price AR 3.9x dearer for the rounds to come, and drafts that
     # are never accepted would look like wins
-    from selfspec.engine.layouts import AR
-    from selfspec.engine.planner import Planner, Seen
-    from selfspec.engine.round_costs import EMA
+    from selfspec.engine.round.layouts import AR
+    from selfspec.engine.planning.planner import Planner, Seen
+    from selfspec.engine.planning.round_costs import EMA
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
     predicted = CPU(1, 1, 64)
@@ -242,7 +242,7 @@ def test_forecasting_is_skipped_while_the_ledger_cannot_pay_for_it(setting):
 
 def test_a_new_generation_starts_without_a_debt_and_keeps_what_was_won():
     # a probe lost at the end of one answer must not keep the next ones from every bet
-    from selfspec.engine.planner import Planner
+    from selfspec.engine.planning.planner import Planner
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
     for funds, start in ((ledger_mod.CAP, ledger_mod.CAP), (0.5, 0.5), (-4.5, 0.0)):
@@ -253,8 +253,8 @@ def test_a_new_generation_starts_without_a_debt_and_keeps_what_was_won():
 
 def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards_noise():
     # its forward is AR's own: one twice-slow forward (another process) is no loss of speculation's
-    from selfspec.engine.layouts import AR
-    from selfspec.engine.planner import Planner, Seen
+    from selfspec.engine.round.layouts import AR
+    from selfspec.engine.planning.planner import Planner, Seen
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))
     ar = pl.costs.seconds(AR, 1, 64)[1]

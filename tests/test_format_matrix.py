@@ -19,8 +19,8 @@ import torch
 
 import selfspec
 from selfspec.drafting.learned_rho import Predictor
-from selfspec.engine.cost import CostModel
-from selfspec.engine.formats import set_weights
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.measure.formats import set_weights
 
 from conftest import tiny_model
 from matrix import EXACT, FORMATS

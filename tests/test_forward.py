@@ -4,9 +4,9 @@ Ministral3Model (the reference), and the KV cache."""
 import pytest
 import torch
 
-from selfspec.engine.masks import MaskBuffer
-from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.masks import additive, tree_block
+from selfspec.engine.forward.masks import MaskBuffer
+from selfspec.engine.forward.cache import BatchKVCache
+from selfspec.engine.forward.masks import additive, tree_block
 from selfspec.drafting.tree import ancestors
 
 from conftest import OneRow
@@ -19,7 +19,7 @@ def _ref(model, ids, pos, mask=None):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_causal_logits_equal_the_transformers_reference_past_the_original_context(model, fused, monkeypatch):
-    monkeypatch.setattr("selfspec.engine.forward.FUSE_MAX_PARAMS", 10**12 if fused else 0)
+    monkeypatch.setattr("selfspec.engine.forward.forward.FUSE_MAX_PARAMS", 10**12 if fused else 0)
     ff = OneRow(model)
     assert ff.ff.fused is fused
     ids = torch.randint(5, 64, (40,))
@@ -163,7 +163,7 @@ def test_the_weights_walk_lists_what_module_parameters_lists_and_the_key_sees_ev
     """`forward.parameters` is `list(model.parameters())` (a shared weight once, a module registered
     twice walked once), so `weights_key` sees every parameter: an in-place edit, a dtype move and a
     replaced layer each change it."""
-    from selfspec.engine.forward import parameters, weights_key
+    from selfspec.engine.forward.forward import parameters, weights_key
     from conftest import tiny_model
 
     m = tiny_model(seed=4, vocab_size=16)

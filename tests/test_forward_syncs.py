@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from selfspec.checkpoint.lora import DraftLoRA
 from selfspec.drafting.tree import chain
-from selfspec.engine.batch_forward import BatchForward, Join
-from selfspec.engine.masks import rows_layout, tree_block
+from selfspec.engine.forward.batch_forward import BatchForward, Join
+from selfspec.engine.forward.masks import rows_layout, tree_block
 
 from conftest import tiny_model
 from matrix import set_weights

@@ -152,8 +152,8 @@ def test_generate_stays_greedy_whatever_the_checkpoint_says(sampled_dir):
 
 
 def test_the_server_takes_the_checkpoints_defaults_and_says_what_it_cannot_apply(sampled_dir, caplog):
-    from selfspec.engine.options import DecodeConfig
-    from selfspec.engine.sequence import SamplingParams
+    from selfspec.engine.request.options import DecodeConfig
+    from selfspec.engine.request.sequence import SamplingParams
     from selfspec.serving.openai_api.defaults import model_defaults
     from selfspec.serving.openai_api.service import Service, ServiceOptions
 

@@ -5,9 +5,9 @@ in the same units."""
 import pytest
 
 from selfspec.drafting.replay import Replay, ReplayProfile
-from selfspec.engine.cost import CostModel
-from selfspec.engine.layouts import AR, Option
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.tools.hindsight import committed, hindsight_steps, modeled_steps, option_of, rank_tree
 
 REF = list(range(10, 110))

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.schedule.decoder import generate_ids
 from selfspec.drafting.scoring import NgramRho, TokenScore
 from selfspec.drafting.tree import ContextCandidates, build_tree, is_prefix_closed, path_to
 

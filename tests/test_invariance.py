@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from selfspec.drafting.tree import Tree, ancestors, chain
-from selfspec.engine.attention import exact_attention, grid_for, on_grid
-from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.decoder import generate_batch_ids, generate_ids
-from selfspec.engine.masks import additive, rows_layout, tree_block
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.forward.attention import exact_attention, grid_for, on_grid
+from selfspec.engine.forward.batch_forward import BatchForward
+from selfspec.engine.schedule.decoder import generate_batch_ids, generate_ids
+from selfspec.engine.forward.masks import additive, rows_layout, tree_block
+from selfspec.engine.request.options import DecodeConfig
 
 from conftest import tiny_model
 from matrix import EXACT_KV8, set_weights
@@ -106,7 +106,7 @@ def test_greedy_output_equals_ar_in_every_mode_and_format_alone_and_in_batches(f
 
 @pytest.mark.parametrize("fmt", EXACT_KV8)
 def test_plan_auto_equals_ar_in_every_format_on_flat_and_steep_costs(fmt):
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.measure.cost import CostModel
 
     m = set_weights(tiny_model(seed=2, vocab_size=16), fmt)
     p = torch.randint(5, 16, (12,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -143,7 +143,7 @@ def test_a_prompt_chunk_joined_to_a_round_gives_every_row_the_bits_of_its_own_fo
     and a prompt chunk for other cache rows (one row narrow enough for the one-call attention,
     one too wide for it, two rows of a padded chunk) run in one forward: the round's hidden
     states, the chunk's and every K/V they write are bitwise those of the two separate forwards."""
-    from selfspec.engine.batch_forward import Join
+    from selfspec.engine.forward.batch_forward import Join
 
     m = set_weights(tiny_model(), fmt)
     lora = _lora(m)

@@ -118,7 +118,8 @@ def test_a_failing_compiler_is_one_warning_the_same_tokens_and_no_second_compile
 KEYS = """
 import torch
 from selfspec.checkpoint.model import load
-from selfspec.engine import cost, formats
+from selfspec.engine.measure import cost
+from selfspec.engine.measure import formats
 m, _ = load("pystdlib-nld-9m", dtype=torch.float32, draft_lora=False)
 print(formats._cache_path(m)); print(cost.default_path(m))
 """

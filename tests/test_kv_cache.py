@@ -7,9 +7,9 @@ and that a cost model is measured for the cache it plans over."""
 import pytest
 import torch
 
-from selfspec.engine.batch_forward import BatchForward, set_kv_cache_dtype
-from selfspec.engine.cost import identity
-from selfspec.engine.formats import set_weights
+from selfspec.engine.forward.batch_forward import BatchForward, set_kv_cache_dtype
+from selfspec.engine.measure.cost import identity
+from selfspec.engine.measure.formats import set_weights
 
 from conftest import tiny_model
 from matrix import EXACT

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from selfspec.engine.attention import write_attend
+from selfspec.engine.forward.attention import write_attend
 from selfspec.kernels import attn16, build
 from selfspec.kernels import layer as kl
 
@@ -85,7 +85,7 @@ def _layer_inputs(R, S, seed=6, first=0, bits=16, dtype=torch.int16):
     """x [R, 1, 9 + 2 x 3, 64] grid integers, a compact cache (int16, or int8: the one-byte cache)
     whose rows first .. first + R - 1 hold S - 1 tokens (the rows before them others); values of
     about 2^bits (bits 12: every V shift 0 in int16, at most 8 in int8)."""
-    from selfspec.engine.cache import BatchKVCache
+    from selfspec.engine.forward.cache import BatchKVCache
 
     g = torch.Generator().manual_seed(seed)
     cache = BatchKVCache([torch.device("cpu")], 3, 64, first + R, S + 8, dtype)
@@ -101,7 +101,7 @@ def _layer_inputs(R, S, seed=6, first=0, bits=16, dtype=torch.int16):
 def test_one_call_attention_writes_and_attends_as_the_steps_do(R, masked, first, dtype):
     """attn16.direct (store K and V, scores, weights, weighted sums, bf16 output in one C call)
     against the same steps one by one (`BatchKVCache.write` and `exact_attention`)."""
-    from selfspec.engine.attention import exact_attention, grid_for
+    from selfspec.engine.forward.attention import exact_attention, grid_for
 
     S = 50
     starts = [S - 1 - r for r in range(R)]  # rows of different lengths
@@ -136,7 +136,7 @@ def test_a_long_contexts_keys_split_over_the_threads_give_the_steps_bits(S, R, w
     wider round (w = 3) takes the chunked weighted sums. Against the steps one by one: rows of
     different lengths, masked keys, a key count no thread count divides, scores spread so that
     some weights have a high limb and most do not."""
-    from selfspec.engine.attention import exact_attention
+    from selfspec.engine.forward.attention import exact_attention
 
     starts = [S - w - r for r in range(R)]
     g = torch.Generator().manual_seed(S + w)
@@ -172,7 +172,7 @@ def test_one_call_attentions_integer_weighted_sums_are_its_float64_ones(R, w, fi
     off (`attn16_set_int_pv`), for one token, three (tiles of six queries and a last one of three),
     rows of different lengths and rows behind others; a machine without it runs the float64 tiles
     both times."""
-    from selfspec.engine.attention import grid_for
+    from selfspec.engine.forward.attention import grid_for
 
     S = 61  # an odd count of keys: the last pairs with a weight of 0
     starts = [S - w - r for r in range(R)]
@@ -205,7 +205,7 @@ def test_one_call_attention_gives_the_same_bits_on_one_thread_and_shared_out(R, 
     `PAR_MIN` multiply-adds and shared out over the team above it (`attn16_set_par_min`): forced to
     each side, four rows of one token, one row of four, rows of different lengths, with and
     without the integer weighted sums (bits 16: V shifts that differ), the same bits."""
-    from selfspec.engine.attention import grid_for
+    from selfspec.engine.forward.attention import grid_for
 
     S = 81
     starts = [S - w - r for r in range(R)]

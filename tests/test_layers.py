@@ -79,6 +79,44 @@ def test_module_imports_only_its_layer_or_below(module):
     assert not upward, f"{module} ({layer_of(module)}) imports upper layers: {upward}"
 
 
+# the engine's folders, lowest first, in the order of the pipeline they show: the forward and its
+# K/V; what a request asks for; measuring a device; one round; planning rounds; turns
+ENGINE_LAYERS = ["forward", "request", "measure", "round", "planning", "schedule"]
+
+
+def engine_layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) >= 4 and parts[1] == "engine" else None
+
+
+def engine_upward(g: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for each engine module importing from an engine folder above its own."""
+    out = []
+    for m, deps in sorted(g.items()):
+        if (a := engine_layer(m)) is None:
+            continue
+        out += [f"{m} -> {d}" for d in sorted(deps)
+                if (b := engine_layer(d)) is not None and ENGINE_LAYERS.index(b) > ENGINE_LAYERS.index(a)]
+    return out
+
+
+def test_every_engine_module_sits_in_a_pipeline_folder():
+    loose = sorted(m for m in graph() if m.startswith("selfspec.engine.") and engine_layer(m) is None
+                   and m.count(".") == 2 and m.split(".")[2] not in ENGINE_LAYERS)
+    assert not loose, f"engine modules outside {ENGINE_LAYERS}: {loose}"
+    assert {engine_layer(m) for m in graph()} - {None} == set(ENGINE_LAYERS)
+
+
+def test_engine_folders_import_only_their_own_or_lower_folders():
+    assert engine_upward(graph()) == []
+
+
+def test_the_engine_folder_check_finds_an_upward_import():
+    g = {"selfspec.engine.forward.cache": {"selfspec.engine.schedule.decoder"},
+         "selfspec.engine.schedule.decoder": {"selfspec.engine.forward.cache"}}
+    assert engine_upward(g) == ["selfspec.engine.forward.cache -> selfspec.engine.schedule.decoder"]
+
+
 def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
     state, stack = {}, []
 
@@ -201,7 +239,7 @@ def test_the_mixin_check_finds_a_base_from_another_engine_file(tmp_path):
 
 
 # -- one layer body ----------------------------------------------------------------------------------
-LAYER_BODY = os.path.join("engine", "forward.py")
+LAYER_BODY = os.path.join("engine", "forward", "forward.py")
 # the exact formats' steps (norm, RoPE, gate) are defined once, in C with their torch twins; the
 # layer body in forward.py composes them
 LAYER_STEPS = os.path.join("kernels", "layer.py")

@@ -173,8 +173,8 @@ def test_a_bulk_index_leaves_the_garbage_collector_as_it_found_it(enabled):
 
 def test_a_prompt_is_indexed_with_its_prefill_so_that_no_round_pays_for_it():
     # a first forecast that indexed a 1,000-token prompt took 3.7 ms, charged to speculation as a lost bet
-    from selfspec.engine.decoder import Decoder
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.schedule.decoder import Decoder
+    from selfspec.engine.request.options import DecodeConfig
 
     from conftest import tiny_model
 

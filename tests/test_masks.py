@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference_cache as kv
-from selfspec.engine.masks import additive, joint_training_allowed, row_sets, rows_layout, tree_and_groups, tree_block
+from selfspec.engine.forward.masks import additive, joint_training_allowed, row_sets, rows_layout, tree_and_groups, tree_block
 from selfspec.drafting.tree import Tree, path_to
 
 from conftest import tiny_model

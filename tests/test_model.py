@@ -8,7 +8,7 @@ from transformers import AutoModel, Ministral3Config, Ministral3ForCausalLM
 
 import selfspec  # noqa: F401  (registers the Auto classes)
 import reference_cache as kv
-from selfspec.engine.masks import additive
+from selfspec.engine.forward.masks import additive
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 
 from conftest import tiny_config, tiny_model

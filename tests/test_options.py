@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.streaming import generate, stream
 
 from conftest import tiny_model

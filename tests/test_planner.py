@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from selfspec.engine.calibration import Calibrator, Forecast, acceptance
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder, generate_ids
-from selfspec.engine.layouts import AR, Option, config_label
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import PROBE_MIN, Planner, log2_budgets
+from selfspec.engine.planning.calibration import Calibrator, Forecast, acceptance
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
+from selfspec.engine.round.layouts import AR, Option, config_label
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.planning.planner import PROBE_MIN, Planner, log2_budgets
 
 from conftest import SHIPPED, tiny_model
 
@@ -126,7 +126,7 @@ def test_probes_come_less_often_while_their_marginals_lose_time_and_at_the_least
     """Judged by what the rounds took: a probe (4 AR times, one token) whose marginals led to one
     more AR-like round loses ~3 AR rounds, and the spacing doubles once the marginals are gone; an
     episode whose tree round commits 6 tokens in 2 AR times wins, and probes come every PROBE_MIN."""
-    from selfspec.engine.planner import PROBE_MAX
+    from selfspec.engine.planning.planner import PROBE_MAX
 
     pl = _planner(CostModel.flat(0.1), budgets=(1, 2, 4), group_sizes=(4,))
     probe = Option(groups=1, group_size=4)
@@ -151,7 +151,7 @@ def test_a_probe_whose_marginals_lost_more_than_its_forward_spaces_the_next_by_w
     """On flat costs a probe's forward costs what AR's does, but the tree forecast its marginals
     bring can take an AR round's time and buy nothing: the next probe then waits until that loss
     is PROBE_SHARE of the AR time since (not only the doubled PROBE_MIN)."""
-    from selfspec.engine.planner import PROBE_SHARE
+    from selfspec.engine.planning.planner import PROBE_SHARE
 
     pl = _planner(CostModel.flat(0.1), budgets=(1, 2, 4), group_sizes=(4,))
     _observe(pl, Option(groups=1, group_size=4), 0.1, marginals=True)
@@ -198,7 +198,7 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
     """A forecast costing half an AR round with 0.11 in the funds: they grow by EPS an AR round, so
     the planner rests 0.39 / EPS rounds (the round the per-round check would also have allowed it),
     only noting each one, and settles them when the rest ends."""
-    from selfspec.engine.ledger import EPS
+    from selfspec.engine.planning.ledger import EPS
 
     n = math.ceil((0.5 - 0.11) / EPS - 1e-9)
     pl = _planner(CostModel.flat(0.1))
@@ -220,7 +220,7 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
 def test_a_round_with_nothing_to_offer_is_chosen_as_the_full_choice_would_choose_it():
     """`plain` (no chain, no marginals, no two-pass yields) answers AR or the probe exactly as
     `Choice.best` does, and leaves the planner in the same state, round after round."""
-    from selfspec.engine.choice import Choice, nothing_to_offer, plain
+    from selfspec.engine.planning.choice import Choice, nothing_to_offer, plain
 
     costly = _table({1: 1.0, 5: 4.0, 16: 6.0})
     for cost, funds in ((costly, 1e9), (costly, 0.5), (CostModel.flat(0.1), 1e9)):
@@ -242,7 +242,7 @@ def test_a_lookup_chain_that_cannot_beat_ar_is_chosen_without_valuing_it_as_the_
     """Chains whose best case (every token accepted as forecast, at the least time of any length)
     is worth less than AR go to `plain`: the same option and planner state as `Choice.best`, over
     chains of every length and likelihood, one or two rows, draining or not, with funds or none."""
-    from selfspec.engine.choice import Choice, nothing_to_offer, plain
+    from selfspec.engine.planning.choice import Choice, nothing_to_offer, plain
 
     gen = torch.Generator().manual_seed(0)
     costly = _table({1: 1.0, 2: 1.1, 4: 1.3, 5: 2.0, 8: 2.4, 16: 4.0}, rows=2)
@@ -269,7 +269,7 @@ def test_an_expensive_probe_comes_seldom_enough_to_cost_a_probe_share_of_the_tim
     """A probe commits one token, like AR; its extra time is a bet on marginals. When a group of
     4 costs 4 AR steps (int4 with the draft LoRA on a CPU), probes every 8 rounds would spend ~30%
     of the time on the bet: they are spaced so that they spend at most PROBE_SHARE of it."""
-    from selfspec.engine.planner import PROBE_SHARE
+    from selfspec.engine.planning.planner import PROBE_SHARE
 
     pl = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}), budgets=(1, 2, 4), group_sizes=(4,))
     pl.rest = 0  # no resting: every round asks whether to probe
@@ -286,7 +286,7 @@ def test_a_prefill_adds_marginals_only_while_they_pay_and_cost_little():
     """The prefill's mask group is a probe at round 0: on flat costs it is taken; where it costs
     6 AR steps only for a generation long enough to hide it (at most PROBE_SHARE of its AR time);
     and never while probes keep losing."""
-    from selfspec.engine.planner import PROBE_SHARE
+    from selfspec.engine.planning.planner import PROBE_SHARE
 
     flat = _planner(CostModel.flat())
     assert flat.marginals_at_prefill(rows=1, cache=10, group=16, room=3)
@@ -529,7 +529,7 @@ def test_plain_ar_rounds_settle_four_at_a_time_as_they_would_one_by_one_and_a_dr
     """The ledger, time scales and overheads after plain AR rounds settled SETTLE_AFTER at a time
     are bitwise those of settling each at once; a round that drafted settles with them right away
     (the next choice reads its outcome)."""
-    from selfspec.engine.planner import SETTLE_AFTER
+    from selfspec.engine.planning.planner import SETTLE_AFTER
 
     batched, single = _planner(CostModel.flat(0.1)), _planner(CostModel.flat(0.1))
     pending = []
@@ -551,7 +551,7 @@ def test_a_dear_probe_comes_every_probe_min_rounds_while_the_latest_marginals_wo
     ~3 / PROBE_SHARE AR rounds, longer than most answers, and auto never met its marginals. Once
     an episode of marginals won more AR rounds than a probe risks, probes (and the prefill's group)
     come as often as PROBE_MIN allows; once one loses, the spacing is the probe's loss again."""
-    from selfspec.engine.planner import PROBE_SHARE
+    from selfspec.engine.planning.planner import PROBE_SHARE
 
     pl = _planner(_table({1: 1.0, 5: 4.0, 16: 6.0}), budgets=(1, 2, 4), group_sizes=(4,))
     pl.rest = 0

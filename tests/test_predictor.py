@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.training.predictor import FEATURES, LearnedRho, Predictor, auc, collect, round_examples, train
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.schedule.decoder import generate_ids
 from selfspec.drafting.scoring import NgramRho
 from selfspec.drafting.tree import Tree
 

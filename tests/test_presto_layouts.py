@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder, generate_ids
-from selfspec.engine.layouts import config_label, fixed_option
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
+from selfspec.engine.round.layouts import config_label, fixed_option
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.tools.cli import layout_note, main
 
 from conftest import tiny_model

@@ -7,8 +7,8 @@ import torch
 
 from selfspec.checkpoint.quant import INT4_GROUP, Int4Weight, Int8Weight, int4_fits, matmul, quantize
 from selfspec.kernels.w4a8 import W4A8Weight, W8A8Weight
-from selfspec.engine.formats import set_weights
-from selfspec.engine.forward import FastForward
+from selfspec.engine.measure.formats import set_weights
+from selfspec.engine.forward.forward import FastForward
 
 from conftest import tiny_model
 from matrix import FORMATS
@@ -105,7 +105,7 @@ def test_a_format_asked_for_by_name_warns_where_this_cpu_breaks_its_invariance(m
     import warnings
 
     import selfspec
-    from selfspec.engine import formats
+    from selfspec.engine.measure import formats
 
     monkeypatch.setattr(formats, "invariant", lambda model: False)
     with pytest.warns(UserWarning, match="not bitwise the same"):
@@ -117,7 +117,7 @@ def test_a_format_asked_for_by_name_warns_where_this_cpu_breaks_its_invariance(m
 
 
 def test_auto_picks_the_fastest_format_that_is_invariant_and_close_to_fp32():
-    from selfspec.engine.formats import _pick
+    from selfspec.engine.measure.formats import _pick
 
     report = {"fp32": {"seconds": 0.05, "invariant": False, "agreement": 1.0, "kl": 0.0},
               "bf16": {"seconds": 0.001, "invariant": False, "agreement": 0.99, "kl": 0.0},  # fastest, not exact
@@ -132,13 +132,13 @@ def test_auto_picks_the_fastest_format_that_is_invariant_and_close_to_fp32():
 def test_measuring_the_formats_times_rounds_and_checks_each_one(monkeypatch):
     """`measure` on a tiny model: every candidate gets a round time, its invariance and its
     agreement with fp32; the round time reads a width-8 forward as well as a width-1 one."""
-    from selfspec.engine import formats
+    from selfspec.engine.measure import formats
 
     widths = []
     real = formats._round_seconds
 
     def spy(model, cached=128):
-        from selfspec.engine.batch_forward import BatchForward
+        from selfspec.engine.forward.batch_forward import BatchForward
 
         orig = BatchForward.__call__
         monkeypatch.setattr(BatchForward, "__call__", lambda self, toks, *a, **k: (widths.append(toks.shape[1]),

@@ -10,10 +10,10 @@ from safetensors.torch import save_file
 
 import selfspec
 from selfspec.checkpoint.lora import load_draft_lora
-from selfspec.engine.masks import tree_and_groups
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.forward.masks import tree_and_groups
+from selfspec.engine.schedule.decoder import generate_ids
 from selfspec.streaming import encode_prompt
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request.options import DecodeConfig
 
 from conftest import tiny_model
 from test_model import _write_sharded_bf16

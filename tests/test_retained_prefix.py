@@ -6,10 +6,10 @@ wrote them (AR steps, verified trees, lookup chains), and every output equals AR
 import pytest
 import torch
 
-from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.decoder import Decoder, generate_ids
-from selfspec.engine.formats import set_weights
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.forward.cache import BatchKVCache
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
+from selfspec.engine.measure.formats import set_weights
+from selfspec.engine.request.options import DecodeConfig
 
 from conftest import tiny_model
 from matrix import EXACT
@@ -198,7 +198,7 @@ def _text_model(fmt):
 
 def _prefilled(monkeypatch) -> list[int]:
     """Every prefill forward's prompt tokens from now on (`Prefill._forward`), in a list."""
-    from selfspec.engine.prefill import Prefill
+    from selfspec.engine.schedule.prefill import Prefill
 
     seen, real = [], Prefill._forward
 

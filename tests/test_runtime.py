@@ -4,8 +4,8 @@ from collections import Counter
 import pytest
 import torch
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.decoder import Decoder, generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.schedule.decoder import Decoder, generate_ids
 
 from conftest import tiny_model
 

@@ -12,8 +12,8 @@ import statistics
 import pytest
 import torch
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.schedule.decoder import generate_ids
 from selfspec.drafting.sampling import process_logits
 
 from conftest import tiny_model
@@ -78,7 +78,7 @@ def critical(df: int, z: float = 3.09, *, checks: int = 1) -> float:
 
 
 def _sample(model, cfg):
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.measure.cost import CostModel
 
     gen = torch.Generator().manual_seed(1234)
     outs, first_round = [], []

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from selfspec.drafting.sampling import NEG, PositionNoise, process_logits, select
-from selfspec.engine.cost import CostModel
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.schedule.decoder import Decoder
+from selfspec.engine.request.options import DecodeConfig
 
 from conftest import tiny_model
 from matrix import FORMATS
@@ -59,7 +59,7 @@ def test_the_same_seed_gives_ars_tokens_in_every_mode_alone_and_in_a_batch(model
         import random
         import types
 
-        from selfspec.engine import step
+        from selfspec.engine.round import step
 
         rng = random.Random(0)
         now = [0.0]
@@ -180,7 +180,7 @@ def test_rows_of_several_sequences_drawn_together_get_the_tokens_each_gets_alone
 
 @pytest.mark.parametrize("mode", ["ar", "presto one-pass", "lookup"])
 def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, monkeypatch):
-    from selfspec.engine import targets
+    from selfspec.engine.round import targets
     from selfspec.kernels import layer as kl
 
     big = tiny_model(seed=2, vocab_size=2048)  # room for candidates (at most 1/16 of the vocabulary)
@@ -207,8 +207,8 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
 def test_in_every_weight_format_the_copy_free_draw_at_t1_is_the_full_draw(fmt, monkeypatch):
     """At T = 1 the candidates' kernel reads each format's logits as the head leaves them (float32
     in fp32, bf16 in the others) and every mode's tokens are the draw over the whole vocabulary's."""
-    from selfspec.engine import targets
-    from selfspec.engine.formats import set_weights
+    from selfspec.engine.round import targets
+    from selfspec.engine.measure.formats import set_weights
     from selfspec.kernels import layer as kl
 
     big = set_weights(tiny_model(seed=2, vocab_size=2048), fmt)

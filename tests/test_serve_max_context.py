@@ -4,8 +4,8 @@ fit; a request longer than N is a 400 `context_length_exceeded` naming N."""
 
 import pytest
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.request import ROUND_SCRATCH, scratch
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.request import ROUND_SCRATCH, scratch
 from selfspec.tools.serve_cli import memory_line, memory_plan, server_memory
 
 from conftest import SHIPPED, tiny_model

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.request import MAX_CACHE_BYTES
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.request import MAX_CACHE_BYTES
 from selfspec.tools.serve_cli import memory_line, memory_plan, server_memory
 
 from conftest import SHIPPED, tiny_model
@@ -46,7 +46,7 @@ def test_a_cache_over_the_available_memory_is_refused_naming_needed_available_an
 
 
 def test_the_servers_bytes_per_token_are_the_forwards_formula():
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     m = tiny_model()
     cfg = DecodeConfig(mode="lookup")

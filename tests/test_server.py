@@ -25,9 +25,9 @@ pytest.importorskip("starlette")
 
 import selfspec  # noqa: E402
 from selfspec.checkpoint.tokenizer import SentencePieceTokenizer  # noqa: E402
-from selfspec.engine.cost import CostModel  # noqa: E402
-from selfspec.engine.options import DecodeConfig  # noqa: E402
-from selfspec.engine.sequence import SamplingParams  # noqa: E402
+from selfspec.engine.measure.cost import CostModel  # noqa: E402
+from selfspec.engine.request.options import DecodeConfig  # noqa: E402
+from selfspec.engine.request.sequence import SamplingParams  # noqa: E402
 from selfspec.serving.openai_api.app import build_app  # noqa: E402
 from selfspec.serving.openai_api.defaults import Defaults, model_defaults  # noqa: E402
 from selfspec.serving.openai_api.run import DrainingServer  # noqa: E402
@@ -171,7 +171,7 @@ def test_a_greedy_answer_equals_selfspec_generate(server, model_tok, prompt, str
 def test_a_lone_request_runs_the_forwards_and_rows_that_generate_runs(own_server, model_tok, monkeypatch, stream):
     """Through the server one request costs what `generate` costs: the same forwards, each over
     one cache row and the same query tokens (no padding rows for the server's reserved ones)."""
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     calls, real = [], BatchForward.__call__
 
@@ -253,9 +253,10 @@ def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, mode
     Every bet allowed, no rests and probes never spaced out: the floor (tests/test_floor.py) and
     the probes' judgement read real times, and one slow round on a busy machine could leave a
     12-token request nothing to draft."""
-    from selfspec.engine import choice, planner
-    from selfspec.engine.ledger import Ledger
-    from selfspec.engine.planner import Planner
+    from selfspec.engine.planning import choice
+    from selfspec.engine.planning import planner
+    from selfspec.engine.planning.ledger import Ledger
+    from selfspec.engine.planning.planner import Planner
 
     monkeypatch.setattr(Ledger, "may_bet", lambda self, loss, lookup=False: True)
     monkeypatch.setattr(Planner, "note_choice", lambda self, option: None)
@@ -286,7 +287,7 @@ def test_requests_arriving_together_at_an_idle_server_are_prefilled_in_one_turn(
     """An idle engine woken by a request waits while more keep coming (each within the burst window
     of the last), so a burst enters in one turn: not the first request alone and the rest a turn
     later, behind its prefill."""
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.schedule.decoder import Decoder
 
     entering, real = [], Decoder.turn
 

@@ -1,4 +1,4 @@
-"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/shadow.py`): the
+"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/shadow.py`): the
 calibration learns from them, and what the bet the ledger could not afford would have won may
 fund the next lookup bet, within a bound."""
 
@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from selfspec.engine import ledger as ledger_mod
-from selfspec.engine.calibration import PositionCalibrator
-from selfspec.engine.cost import CostModel
-from selfspec.engine.layouts import Option
-from selfspec.engine.ledger import Ledger
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner import Planner
-from selfspec.engine.shadow import Shadow, follow
+from selfspec.engine.planning import ledger as ledger_mod
+from selfspec.engine.planning.calibration import PositionCalibrator
+from selfspec.engine.measure.cost import CostModel
+from selfspec.engine.round.layouts import Option
+from selfspec.engine.planning.ledger import Ledger
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.planning.planner import Planner
+from selfspec.engine.planning.shadow import Shadow, follow
 
 from matrix import FORMATS
 
@@ -126,7 +126,7 @@ def test_the_rest_of_a_chain_a_lookup_round_took_whole_is_followed_past_the_veri
 
 
 def test_a_rows_chain_is_forecast_from_chains_that_came_true_as_often_as_its_rows_did(monkeypatch):
-    from selfspec.engine import planner as planner_mod
+    from selfspec.engine.planning import planner as planner_mod
 
     pl = Planner(CostModel.flat(), DecodeConfig(max_new_tokens=64))
     for _ in range(40):
@@ -145,7 +145,7 @@ def test_a_rows_chain_is_forecast_from_chains_that_came_true_as_often_as_its_row
 def test_a_finished_generation_leaves_no_sequence_in_the_planner_kept_for_the_next():
     # a chain still followed holds its sequence (a 3,000-token prompt's lookup index) until the next
     # generation with the same settings would have begun
-    from selfspec.engine.planner_store import keep_planner, planner_for
+    from selfspec.engine.planning.planner_store import keep_planner, planner_for
 
     model = SimpleNamespace()
     pl = planner_for(model, DecodeConfig(max_new_tokens=64), CostModel.flat())
@@ -161,7 +161,7 @@ def test_a_finished_generation_leaves_no_sequence_in_the_planner_kept_for_the_ne
 def test_in_every_weight_format_hindsight_pays_the_first_bet_on_a_loop_and_greedy_output_is_ar(fmt, monkeypatch):
     # the tiny model's answer loops (15, 3, 13, 13, ...): real context chains, verified for real, on a
     # fake clock that prices rounds as a CPU does, from a ledger without funds
-    from selfspec.engine.formats import set_weights
+    from selfspec.engine.measure.formats import set_weights
 
     from test_floor import N, _model_and_prompt, _run
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.decoder import generate_ids
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.schedule.decoder import generate_ids
 
 from conftest import SHIPPED
 
@@ -36,7 +36,7 @@ def test_load_without_arguments_returns_the_shipped_model_offline(shipped):
 def test_tokenizer_round_trip_on_real_code_is_exact(shipped):
     _, tok = shipped
     here = os.path.dirname(os.path.abspath(__file__))
-    texts = [open(os.path.join(here, "..", "selfspec", name), encoding="utf-8").read() for name in ("engine/decoder.py", "drafting/tree.py")]
+    texts = [open(os.path.join(here, "..", "selfspec", name), encoding="utf-8").read() for name in ("engine/schedule/decoder.py", "drafting/tree.py")]
     texts.append("def f(x):\n\tif x:  # naïve — 中文\n        return  x\r\n\n\n")
     for text in texts:
         assert tok.decode(tok.encode(text)) == text

@@ -4,7 +4,7 @@ from transformers import TextIteratorStreamer
 
 from types import SimpleNamespace
 
-from selfspec.engine.decoder import Stats
+from selfspec.engine.schedule.decoder import Stats
 from selfspec.streaming import Generation, IncrementalDetokenizer, RowResult, generate, stream
 
 from conftest import tiny_model

@@ -13,7 +13,7 @@ import selfspec
 from selfspec.checkpoint import synthetic
 from selfspec.checkpoint.model import expected_shapes
 from selfspec.checkpoint.quant import FORMATS, quantize
-from selfspec.engine.forward import FastForward
+from selfspec.engine.forward.forward import FastForward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30

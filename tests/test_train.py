@@ -3,7 +3,7 @@ import json
 import torch
 
 from selfspec.training.data import function_prompts, is_held_out, split_corpus
-from selfspec.engine.masks import joint_training_allowed
+from selfspec.engine.forward.masks import joint_training_allowed
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 from selfspec.training.train import main, noise_block_types
 

@@ -96,7 +96,7 @@ def test_max_depth_caps_the_tree():
 
 
 def test_budget_below_one_is_rejected_by_the_decode_config():
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request.options import DecodeConfig
 
     for bad in (dict(budget=0), dict(tree_top_k=0), dict(lam=-0.1), dict(group_size=0)):
         with pytest.raises(ValueError):

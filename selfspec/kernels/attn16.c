@@ -7,7 +7,7 @@
  *   out[r, h, i, d]    = sum_j p[r, h, i, j] * 2^vs[r, h, j] * v[r, h, j, d]
  *
  * Every product and partial sum is an integer below 2^53 (the attention grid's bounds,
- * `engine/attention.py`), so float64 arithmetic is exact in any order: the results are the
+ * `engine/forward/attention.py`), so float64 arithmetic is exact in any order: the results are the
  * same bits as torch's float64 matmul over the decompressed cache (`selfspec/kernels/attn16.py`),
  * whatever the threads, the vector width or the order of the sums.
  *

@@ -1,5 +1,5 @@
 /* Every decoder layer of a narrow exact round in one C call: the same kernel calls, with the same
- * arguments in the same order, as the runtime's Python layer loop (`engine/forward.py`,
+ * arguments in the same order, as the runtime's Python layer loop (`engine/forward/forward.py`,
  * `_exact_layers`) makes for w4a8 weights and the one-call attention (`attn16_direct`), so the
  * same bits by construction. What it saves is the loop's own cost: about ten calls a layer through
  * ctypes and torch (tensor allocation, views, checks), a large share of a one-token forward of

@@ -10,7 +10,7 @@
  *   add_rms:  h += (float) o  (the residual, in place), then rms of the new h
  *   rope:     y = rint(x * cos + x[(d + D/2) % D] * sin) in float64 with the query, key or value
  *             head's tables (value heads: cos = their grid scale, sin = 0): q, k and v onto the
- *             exact attention's grids (`engine/attention.py`)
+ *             exact attention's grids (`engine/forward/attention.py`)
  *   silu_mul: s = bf16(g / (1 + e^-g))  (fp32, e^ a fixed Horner polynomial: exp_silu),
  *             m = bf16(s * u)  (a product of two bf16 values is exact in fp32)
  * Every row is computed alone, so a row's result is the same bits in any batch or width. The

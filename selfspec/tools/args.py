@@ -100,7 +100,7 @@ def check_profile_arg(a, cfg) -> None:
     """--profile: a readable cost model, and only with --plan auto (checked before the model loads)."""
     if a.profile is None:
         return
-    from selfspec.engine.cost import CostModel
+    from selfspec.engine.measure.cost import CostModel
 
     if cfg.plan != "auto":
         raise ValueError("--profile is read by --plan auto only; this generation runs a fixed mode")

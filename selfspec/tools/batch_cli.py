@@ -42,7 +42,7 @@ def read_jsonl_prompts(name: str) -> list:
 
 def cmd_generate_batch(a) -> int:
     from selfspec.loading import load
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request.options import DecodeConfig
     from selfspec.streaming import generate
 
     cfg = DecodeConfig(**decode_kwargs(a))  # bad options fail before the model loads

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import replace
 
-from selfspec.engine.options import MODES, SCHEDULES, DecodeConfig
+from selfspec.engine.request.options import MODES, SCHEDULES, DecodeConfig
 from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, aggregate, floor_lines,  # noqa: F401
                                          long_floor_lines, long_report, long_table, markdown_table,
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
@@ -47,15 +47,15 @@ def run_bench(model, tokenizer, prompts: list[dict], configs: list[DecodeConfig]
     from tqdm import tqdm
 
     from selfspec.tools.peers import HFPeer, LlamaCppPeer
-    from selfspec.engine.decoder import Decoder
-    from selfspec.engine.forward import FastForward
-    from selfspec.engine.request import eos_ids
+    from selfspec.engine.schedule.decoder import Decoder
+    from selfspec.engine.forward.forward import FastForward
+    from selfspec.engine.request.request import eos_ids
     from selfspec.streaming import encode_prompt
 
     encoded = [encode_prompt(tokenizer, p["prompt"]) for p in prompts]
     replay_cost = None
     if replay is not None:
-        from selfspec.engine.cost import cost_model
+        from selfspec.engine.measure.cost import cost_model
         from selfspec.tools.hindsight import replayed
 
         replay_cost = cost_model(model, profile)
@@ -290,7 +290,7 @@ def cmd_bench(a) -> int:
                     draft_lora=not a.no_draft_lora, budget=max(a.budgets), sampling=a.sampling)
         configs += grid(a.modes, a.schedules, a.budgets, base)
     if a.profile is not None:
-        from selfspec.engine.cost import CostModel
+        from selfspec.engine.measure.cost import CostModel
 
         CostModel.load(a.profile)  # a bad file fails before the model loads
     out = check_out(a.out)
@@ -304,8 +304,8 @@ def cmd_bench(a) -> int:
 
         return cmd_batch_bench(a, model, tok, prompts, out, prompts_path)
     t0 = time.time()
-    from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.forward import FastForward
+    from selfspec.engine.forward.batch_forward import BatchForward
+    from selfspec.engine.forward.forward import FastForward
 
     weights = FastForward.of(model).weights
     if default_peers and weights != "fp32" and not a.full:

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.request.options import DecodeConfig
 from selfspec.tools.bench_report import CONTROL
 
 
@@ -55,8 +55,8 @@ def run_batch_bench(model, prompts_ids: list[list[int]], ids: list[str], batch_s
     see below). `control`: AR again as a row of its own (`CONTROL`), timed like the others."""
     from tqdm import tqdm
 
-    from selfspec.engine.decoder import Decoder
-    from selfspec.engine.request import eos_ids
+    from selfspec.engine.schedule.decoder import Decoder
+    from selfspec.engine.request.request import eos_ids
     from selfspec.tools.peers import causal_lm
 
     base = dict(base or {})
@@ -118,7 +118,7 @@ def _batch_run(model, prompts_ids, mode, B, t, base, max_new_tokens, seed, profi
     """One decode of the prompt set B rows at a time: (outputs, seconds, tau and plan_hist)."""
     from collections import Counter
 
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.schedule.decoder import Decoder
 
     if mode == "hf":
         outs, dt = hf_batched(lm, prompts_ids, B, max_new_tokens=max_new_tokens, temperature=t, eos=eos, pad=pad,

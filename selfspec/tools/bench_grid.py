@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from selfspec.engine.layouts import config_label, layout_label
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.round.layouts import config_label, layout_label
+from selfspec.engine.request.options import DecodeConfig
 
 
 def grid(modes, schedules, budgets, base: dict) -> list[DecodeConfig]:

@@ -25,7 +25,7 @@ def teacher_logits(model, ids):
     """A causal forward of `ids` through the runtime's compact forward: one row of logits per token."""
     import torch
 
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
     t = torch.tensor(ids)
@@ -55,8 +55,8 @@ def score(ref, got, start: int) -> dict:
 
 
 def rows_for(a, base, texts) -> list[dict]:
-    from selfspec.engine.batch_forward import set_kv_cache_dtype
-    from selfspec.engine.formats import clone, set_weights
+    from selfspec.engine.forward.batch_forward import set_kv_cache_dtype
+    from selfspec.engine.measure.formats import clone, set_weights
 
     refs = [teacher_logits(base, ids) for ids, _ in texts]
     specs = [(f, kv) for f in a.formats for kv in (("int16", "int8") if a.kv_cache else ("int16",))]
@@ -91,8 +91,8 @@ def table(rows: list[dict]) -> str:
 
 def cmd_quality(a) -> int:
     from selfspec.checkpoint.quant import FORMATS as ALL
-    from selfspec.engine.decoder import generate_ids
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.schedule.decoder import generate_ids
+    from selfspec.engine.request.options import DecodeConfig
     from selfspec.loading import load
     from selfspec.streaming import encode_prompt
 

@@ -10,7 +10,7 @@ from collections import Counter
 def aggregate(records: list[dict]) -> dict:
     """One row's figures from its per-prompt records, through `Stats.total` (tau/TPF defined once).
     A peer's failed prompts (a "failed" record) are left out of every figure and counted."""
-    from selfspec.engine.stats import Stats
+    from selfspec.engine.request.stats import Stats
 
     failed = sum("failed" in r for r in records)
     records = [r for r in records if "failed" not in r]

@@ -104,7 +104,7 @@ def model_sampling(kw: dict, checkpoint_dir) -> tuple[dict, list[str]]:
 def cmd_chat(a) -> int:
     from selfspec.checkpoint.registry import resolve
     from selfspec.loading import load
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request.options import DecodeConfig
     from selfspec.tools.args import decode_kwargs
 
     from selfspec.checkpoint.synthetic import refuse

@@ -15,7 +15,7 @@ from selfspec.tools.args import add_weights_args, decode_kwargs
 
 def cmd_trace(a) -> int:
     from selfspec.loading import load
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request.options import DecodeConfig
     from selfspec.streaming import generate
 
     if a.mode is None and a.plan is None:
@@ -68,7 +68,7 @@ def add_trace_parser(sub, add_common_args) -> None:
 
 def cmd_profile(a) -> int:
     from selfspec.loading import load
-    from selfspec.engine.cost import ROWS, default_path, measure
+    from selfspec.engine.measure.cost import ROWS, default_path, measure
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
@@ -102,7 +102,7 @@ def cmd_profile(a) -> int:
 
 def _project(a) -> int:
     from selfspec.drafting.replay import load_profile
-    from selfspec.engine.cost import measure
+    from selfspec.engine.measure.cost import measure
     from selfspec.loading import load
     from selfspec.tools import projection
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 
-from selfspec.engine.layouts import AR, Option, fixed_option
+from selfspec.engine.round.layouts import AR, Option, fixed_option
 
 
 def rank_tree(profile, nodes: int, max_depth: int = 64) -> frozenset:
@@ -49,7 +49,7 @@ def candidates(profile, cfg) -> list[tuple[Option, tuple, int, int]]:
     never drafts a top-1 chain (a max-probability tree holds at least as many expected tokens), so
     the bound takes none either (it once did, which let hindsight pick the chain exactly where
     the top-1 run was long). One-pass rounds put a group on every node (`auto` may put fewer)."""
-    from selfspec.engine.planner import default_group_sizes, log2_budgets
+    from selfspec.engine.planning.planner import default_group_sizes, log2_budgets
 
     B = cfg.block_length
     sizes = default_group_sizes(cfg.group)

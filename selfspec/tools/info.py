@@ -42,7 +42,7 @@ def weights_info(model: str | None) -> dict:
     """The weight format and KV cache a load of `model` (the default model where None) gets, without
     measuring anything: "auto"'s choice only where it is cached already."""
     from selfspec.checkpoint import registry
-    from selfspec.engine.batch_forward import kv_cache_for
+    from selfspec.engine.forward.batch_forward import kv_cache_for
 
     kv_env = os.environ.get("SELFSPEC_KV_CACHE_DTYPE")
     name = model or os.environ.get("SELFSPEC_MODEL") or registry.DEFAULT_MODEL
@@ -61,7 +61,7 @@ def _cached_choice(name: str) -> tuple[str | None, str]:
 
     from selfspec.checkpoint import registry
     from selfspec.checkpoint.model import load
-    from selfspec.engine.formats import cached_choice
+    from selfspec.engine.measure.formats import cached_choice
 
     converted = os.path.join(registry.cache_root(), "models", f"{registry.DEFAULT_MODEL}-{registry.CONVERTED_FORMAT}")
     if name == registry.DEFAULT_MODEL and not os.path.isfile(os.path.join(converted, "config.json")):
@@ -85,7 +85,7 @@ def collect(model: str | None = None) -> dict:
 
     import selfspec
     from selfspec.checkpoint.registry import cache_root
-    from selfspec.engine.device_id import cache_dir
+    from selfspec.engine.measure.device_id import cache_dir
     from selfspec.kernels import build
 
     return {"versions": {"selfspec": selfspec.__version__, "python": platform.python_version(), "torch": torch.__version__,

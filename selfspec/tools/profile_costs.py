@@ -13,7 +13,7 @@ import time
 def lora_costs(model, widths, *, cache: int = 100, repeats: int = 15) -> list[dict]:
     import torch
 
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     lora = getattr(model, "draft_lora", None)
     if lora is None:

@@ -81,7 +81,7 @@ def _add_decoding_args(s) -> None:
 
 
 def _decode_config(a):
-    from selfspec.engine.options import DecodeConfig
+    from selfspec.engine.request.options import DecodeConfig
     from selfspec.tools.args import check_profile_arg
 
     cfg = DecodeConfig(plan=a.plan, mode=a.mode, schedule=a.schedule, budget=a.budget, block_length=a.block_length,
@@ -223,9 +223,9 @@ def available_memory(device) -> int | None:
 def server_memory(model, cfg, rows: int, max_tokens: int, max_context: int | None = None) -> MemoryPlan:
     """`memory_plan` for a loaded model served with `cfg` on `rows` rows (`max_tokens`: the
     default answer length; `max_context`: tokens per request, prompt + answer, when given)."""
-    from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.request import MAX_CACHE_BYTES, lookahead, row_capacity, row_slots
-    from selfspec.engine.sequence import SamplingParams
+    from selfspec.engine.forward.batch_forward import BatchForward
+    from selfspec.engine.request.request import MAX_CACHE_BYTES, lookahead, row_capacity, row_slots
+    from selfspec.engine.request.sequence import SamplingParams
     from selfspec.serving.openai_api.service import RESERVED_PROMPT
 
     bf = BatchForward.of(model)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from selfspec.checkpoint.lora import MASK_EMBEDDING, TARGETS, base_model_hash, module_of, peft_key
-from selfspec.engine.forward import FastForward
+from selfspec.engine.forward.forward import FastForward
 
 NEG = float("-inf")
 

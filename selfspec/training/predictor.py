@@ -96,8 +96,8 @@ def collect(model, tokenizer, prompts: list[str], out: str, *, max_new_tokens: i
     """
     from tqdm import tqdm
 
-    from selfspec.engine.options import DecodeConfig
-    from selfspec.engine.decoder import Decoder
+    from selfspec.engine.request.options import DecodeConfig
+    from selfspec.engine.schedule.decoder import Decoder
 
     os.makedirs(out, exist_ok=True)
     # lambda = 0 trees (the marginals alone choose), with the n-gram context kept for the features

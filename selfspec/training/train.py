@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from selfspec.checkpoint.config import NemotronLabsDiffusionConfig
 from selfspec.training.data import split_corpus
-from selfspec.engine.masks import additive, joint_training_allowed
+from selfspec.engine.forward.masks import additive, joint_training_allowed
 from selfspec.checkpoint.model import NemotronLabsDiffusionModel
 from selfspec.checkpoint.tokenizer import SPECIALS, SentencePieceTokenizer, train_sentencepiece
 

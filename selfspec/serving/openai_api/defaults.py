@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from selfspec.checkpoint.generation import read_generation_config, unsupported_note
-from selfspec.engine.sequence import SamplingParams
+from selfspec.engine.request.sequence import SamplingParams
 
 
 @dataclass(frozen=True)

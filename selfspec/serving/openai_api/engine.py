@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
-from selfspec.engine.sequence import SamplingParams
+from selfspec.engine.request.sequence import SamplingParams
 from selfspec.serving.openai_api.errors import ApiError, cut_by_shutdown, internal, invalid
 from selfspec.streaming import RowResult, RowText
 

@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from selfspec.engine.decoder import Decoder
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.request import MAX_CACHE_BYTES, check_request, lookahead, row_capacity
-from selfspec.engine.sequence import SamplingParams
+from selfspec.engine.schedule.decoder import Decoder
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.request.request import MAX_CACHE_BYTES, check_request, lookahead, row_capacity
+from selfspec.engine.request.sequence import SamplingParams
 from selfspec.serving.openai_api import errors
 from selfspec.serving.openai_api.defaults import Defaults
 from selfspec.serving.openai_api.engine import GATHER_WINDOW, STREAM_INTERVAL, Engine, Failed, Finished, Job

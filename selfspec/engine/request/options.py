@@ -29,7 +29,7 @@ class DecodeConfig:
     """How to decode. Validated at construction; HF names where HF has one."""
 
     # plan "auto" (default): the layout of every round is chosen from the device's cost model
-    # (selfspec.engine.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass),
+    # (selfspec.engine.planning.planner); naming a mode fixes the layout ("fixed" alone means PRESTO one-pass),
     # except mode "presto" with no schedule and no group_nodes: its trees are then laid out each
     # round as this device affords (the planner over PRESTO layouts and AR); naming a schedule,
     # group_nodes or plan "fixed" runs exactly that layout (the paper's: one-pass, a group per node)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from selfspec.drafting.tree import Marginals, Tree
-from selfspec.engine.layouts import Option
+from selfspec.engine.round.layouts import Option
 
 
 @dataclass

@@ -59,7 +59,7 @@ def weights_name(dtype: str) -> str:
 def identity(model, ff=None) -> dict:
     """What a cost model must have been measured for: this device, model, dtype and weight format
     (`ff`: the model's `FastForward` when the caller has it; finding it walks every parameter)."""
-    from selfspec.engine.forward import FastForward
+    from selfspec.engine.forward.forward import FastForward
 
     ff = ff or FastForward.of(model)
     dtype = str(ff.dtype).replace("torch.", "")

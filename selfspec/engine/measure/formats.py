@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, quantize
-from selfspec.engine.device_id import cache_dir, device_key, model_key
-from selfspec.engine.forward import FastForward, weights_key
+from selfspec.engine.measure.device_id import cache_dir, device_key, model_key
+from selfspec.engine.forward.forward import FastForward, weights_key
 from selfspec.kernels.build import sources_key
 
 MIN_AGREEMENT = 0.9
@@ -181,7 +181,7 @@ def measure(model, probe_ids: torch.Tensor, *, candidates=FORMATS, progress: boo
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
     cache = bf.new_cache(1, len(ids) + 1)
@@ -194,8 +194,8 @@ def _round_seconds(model, cached: int = 128) -> float:
     each, after a warm-up, `cost.best_of_sweeps`): a decode step and a typical verification round,
     since `auto` runs both (a format that is fast at one row only, like torch's int4 kernel past 4 rows, is not the
     fastest for speculation)."""
-    from selfspec.engine.batch_forward import BatchForward
-    from selfspec.engine.cost import best_of_sweeps
+    from selfspec.engine.forward.batch_forward import BatchForward
+    from selfspec.engine.measure.cost import best_of_sweeps
 
     bf = BatchForward.of(model)
     cache = bf.new_cache(1, cached + 10)
@@ -214,7 +214,7 @@ def _round_seconds(model, cached: int = 128) -> float:
 def invariant(model) -> bool:
     """A row's logits bitwise the same alone (width 1), at the root of a width-6 chain, and in a
     batch beside a longer row of another width: what greedy equality with AR rests on."""
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
     g = torch.Generator().manual_seed(0)

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.engine.batch_forward import Join
-from selfspec.engine.layouts import AR
-from selfspec.engine.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_PIECE, chunk_due,
+from selfspec.engine.forward.batch_forward import Join
+from selfspec.engine.round.layouts import AR
+from selfspec.engine.schedule.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_PIECE, chunk_due,
                                            kept_prefixes, prefill_first, prefill_groups, shared_prefixes,
                                            whole_prompts)
-from selfspec.engine.round_costs import PREFILL_ROUNDS, ChunkRun, ChunkScale, pick_chunk, token_price
-from selfspec.engine.sequence import Sequence
+from selfspec.engine.planning.round_costs import PREFILL_ROUNDS, ChunkRun, ChunkScale, pick_chunk, token_price
+from selfspec.engine.request.sequence import Sequence
 
 
 class Prefill:

@@ -36,16 +36,16 @@ import math
 
 import torch
 
-from selfspec.engine.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores, walked
-from selfspec.engine.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
+from selfspec.engine.planning.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores, walked
+from selfspec.engine.planning.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
-from selfspec.engine.layouts import AR, Option
-from selfspec.engine.ledger import EPS, START_MIN, Ledger
-from selfspec.engine.request import round_room
-from selfspec.engine.round_costs import REFRESH_MOVE, RoundCosts
-from selfspec.engine.rounds import Seen
-from selfspec.engine.sequence import draft_tree, lookup_chain
-from selfspec.engine.shadow import Shadow, follow
+from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.planning.ledger import EPS, START_MIN, Ledger
+from selfspec.engine.request.request import round_room
+from selfspec.engine.planning.round_costs import REFRESH_MOVE, RoundCosts
+from selfspec.engine.round.rounds import Seen
+from selfspec.engine.request.sequence import draft_tree, lookup_chain
+from selfspec.engine.planning.shadow import Shadow, follow
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)

@@ -27,18 +27,18 @@ import threading
 
 import torch
 
-from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.cost import cost_model, given_profile
-from selfspec.engine.layouts import config_label, fixed_option
-from selfspec.engine.options import DecodeConfig
-from selfspec.engine.planner_store import keep_planner, planner_for
-from selfspec.engine.request import cache_bytes, check_batch, check_request, eos_ids, row_capacity
-from selfspec.engine.replaying import replaying
-from selfspec.engine.rounds import recorder_observer, stats_observer
-from selfspec.engine.scheduler import Scheduler
-from selfspec.engine.sequence import ByIndex, SamplingParams, Sequence, prepare, seeded
-from selfspec.engine.stats import Stats
-from selfspec.engine.step import Stepper
+from selfspec.engine.forward.batch_forward import BatchForward
+from selfspec.engine.measure.cost import cost_model, given_profile
+from selfspec.engine.round.layouts import config_label, fixed_option
+from selfspec.engine.request.options import DecodeConfig
+from selfspec.engine.planning.planner_store import keep_planner, planner_for
+from selfspec.engine.request.request import cache_bytes, check_batch, check_request, eos_ids, row_capacity
+from selfspec.engine.round.replaying import replaying
+from selfspec.engine.round.rounds import recorder_observer, stats_observer
+from selfspec.engine.schedule.scheduler import Scheduler
+from selfspec.engine.request.sequence import ByIndex, SamplingParams, Sequence, prepare, seeded
+from selfspec.engine.request.stats import Stats
+from selfspec.engine.round.step import Stepper
 
 
 _PAST_LOCK = threading.Lock()  # a past decoder's cache goes to one new decoder, whatever the threads

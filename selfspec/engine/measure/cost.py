@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from selfspec.engine.device_id import cache_dir, device_key, identity, model_key, weights_name  # noqa: F401
+from selfspec.engine.measure.device_id import cache_dir, device_key, identity, model_key, weights_name  # noqa: F401
 
 FORMAT = "selfspec-cost/2"
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -309,7 +309,7 @@ def measure(model, *, rows=(1,), widths=None, cache=None, sweeps: int = 4, budge
     the fastest of a few sweeps, each point timed after calls of its own shape (`best_of_sweeps`).
     Points of more than `TOKEN_CAP` tokens beyond one row are extrapolated in width from the two
     widest measured ones."""
-    from selfspec.engine.batch_forward import BatchForward
+    from selfspec.engine.forward.batch_forward import BatchForward
 
     bf = BatchForward.of(model)
     widths, cache = tuple(widths or WIDTHS), tuple(cache or CACHE)

@@ -24,10 +24,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from selfspec.engine.attention import exact_attention, write_attend
-from selfspec.engine.cache import BatchKVCache
-from selfspec.engine.forward import FastForward
-from selfspec.engine.masks import batch_mask, mask_buffer, own_block
+from selfspec.engine.forward.attention import exact_attention, write_attend
+from selfspec.engine.forward.cache import BatchKVCache
+from selfspec.engine.forward.forward import FastForward
+from selfspec.engine.forward.masks import batch_mask, mask_buffer, own_block
 
 class Join(NamedTuple):
     """A joining prompt's chunk run in a round's forward: `tokens` [k, c] of cache rows `rows`,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numbers
 
-from selfspec.engine.batch_forward import BatchForward
-from selfspec.engine.forward import FastForward
-from selfspec.engine.options import DecodeConfig
+from selfspec.engine.forward.batch_forward import BatchForward
+from selfspec.engine.forward.forward import FastForward
+from selfspec.engine.request.options import DecodeConfig
 
 
 def check_request(model, prompt_ids, cfg: DecodeConfig, params=None, *, engine: bool = True) -> None:

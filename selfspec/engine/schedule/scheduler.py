@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from selfspec.engine.prefill import Prefill
+from selfspec.engine.schedule.prefill import Prefill
 
 
 class Scheduler:

@@ -34,10 +34,10 @@ import torch
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
 from selfspec.drafting.verify import walk
-from selfspec.engine.masks import rows_layout
-from selfspec.engine.rounds import Round, RowRound
-from selfspec.engine.sequence import Sequence, draft_tree, lookup_chain
-from selfspec.engine.targets import targets_of
+from selfspec.engine.forward.masks import rows_layout
+from selfspec.engine.round.rounds import Round, RowRound
+from selfspec.engine.request.sequence import Sequence, draft_tree, lookup_chain
+from selfspec.engine.round.targets import targets_of
 
 
 class Stepper:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from selfspec.engine.planner import Planner
+from selfspec.engine.planning.planner import Planner
 
 _STORE_LOCK = threading.Lock()
 

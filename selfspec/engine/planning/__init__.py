@@ -1,0 +1,1 @@
+"""Plan "auto": each round's layout, priced from the one cost model."""

@@ -1,0 +1,1 @@
+"""What a generation asks for and what one row holds."""

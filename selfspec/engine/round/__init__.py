@@ -1,0 +1,1 @@
+"""One round: plan -> draft -> forward -> verify + commit -> observe."""

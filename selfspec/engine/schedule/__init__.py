@@ -1,0 +1,1 @@
+"""Turns: rows leave, prompts enter (prefill), one round runs."""
