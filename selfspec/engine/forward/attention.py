@@ -12,7 +12,7 @@ cannot matter:
   and multiplied in float64: every product and partial sum of a score is an integer below 2^53,
   so the score is exact; each query row is first rounded to a block float of 10 bits
   (`attn16.round_q`, a function of the row alone), which makes a score a sum of int16 products,
-  exact in int32 too: the C kernels sum it so (`kernels/attn16_int.h`), the same bits;
+  exact in int32 too: the C kernels sum it so (`kernels/attn16_scores.h`), the same bits;
 * P = round(exp(score * scale - max + p ln 2)) is an integer up to 2^p, a function of the row's
   own scores only (the max over its visible keys is exact; the exponential is a fixed sequence
   of IEEE operations, `kernels.attn16.exp_round`, the same in C and in torch wherever the score
