@@ -74,25 +74,34 @@ class ReplayProfile:
         return out
 
 
+    def path_prob(self, path: tuple) -> float:
+        """The probability that a rank path (0 = top-1, 1 = second, per depth) is the true text's:
+        its depths' rates multiplied (draws are independent per depth)."""
+        out = 1.0
+        for d, r in enumerate(path, 1):
+            p1, s = self.at(d)
+            out *= p1 if r == 0 else (1.0 - p1) * s
+        return out
+
+    def rank_paths(self, nodes: int, max_depth: int) -> list[tuple[tuple, float]]:
+        """The `nodes` rank paths up to `max_depth` deep with the most probability, with it, most
+        likely first (a path's children come after it): the tree PRESTO's builder aims for."""
+        heap, out = [(-self.path_prob((0,)), (0,)), (-self.path_prob((1,)), (1,))], []
+        while heap and len(out) < nodes:
+            neg, path = heapq.heappop(heap)
+            out.append((path, -neg))
+            for r in (0, 1) if len(path) < max_depth else ():
+                heapq.heappush(heap, (-self.path_prob(path + (r,)), path + (r,)))
+        return out
+
     def expected_tree_tau(self, nodes: int, max_depth: int = 31) -> float:
         """Tokens a round commits (the bonus included), in expectation, when it drafts the best
-        tree of `nodes` nodes over the top-2 candidates up to `max_depth` deep (the rank paths with
-        the most probability; a path's probability is its depths' rates multiplied, as draws are
-        independent per depth): the tree PRESTO's builder aims for on these marginals."""
-        def prob(path):
-            out = 1.0
-            for d, r in enumerate(path, 1):
-                p1, s = self.at(d)
-                out *= p1 if r == 0 else (1.0 - p1) * s
-            return out
-
-        heap, total, taken = [(-prob((0,)), (0,)), (-prob((1,)), (1,))], 1.0, 0
-        while heap and taken < nodes:
-            neg, path = heapq.heappop(heap)
-            total, taken = total - neg, taken + 1
-            for r in (0, 1) if len(path) < max_depth else ():
-                heapq.heappush(heap, (-prob(path + (r,)), path + (r,)))
+        tree of `nodes` nodes over the top-2 candidates up to `max_depth` deep (`rank_paths`)."""
+        total = 1.0
+        for _, p in self.rank_paths(nodes, max_depth):
+            total += p
         return total
+
 
 def builtin_profiles() -> list[str]:
     return sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".json"))

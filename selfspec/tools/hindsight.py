@@ -17,7 +17,6 @@ compare to the bound on the cost model, never on this machine's noisy clock.
 
 from __future__ import annotations
 
-import heapq
 import math
 
 from selfspec.engine.round.layouts import AR, Option, fixed_option
@@ -26,20 +25,7 @@ from selfspec.engine.round.layouts import AR, Option, fixed_option
 def rank_tree(profile, nodes: int, max_depth: int = 64) -> frozenset:
     """The `nodes` rank paths (tuples of 0 = top-1, 1 = second) up to `max_depth` deep with the
     most probability under the profile (a path's children come after it)."""
-    def prob(path):
-        out = 1.0
-        for d, r in enumerate(path, 1):
-            p1, s = profile.at(d)
-            out *= p1 if r == 0 else (1 - p1) * s
-        return out
-
-    heap, out = [(-prob((0,)), (0,)), (-prob((1,)), (1,))], []
-    while heap and len(out) < nodes:
-        _, path = heapq.heappop(heap)
-        out.append(path)
-        for r in (0, 1) if len(path) < max_depth else ():
-            heapq.heappush(heap, (-prob(path + (r,)), path + (r,)))
-    return frozenset(out)
+    return frozenset(path for path, _ in profile.rank_paths(nodes, max_depth))
 
 
 def candidates(profile, cfg) -> list[tuple[Option, tuple, int, int]]:
