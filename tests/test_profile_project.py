@@ -9,14 +9,15 @@ import pytest
 
 from selfspec.drafting.replay import Replay, ReplayProfile, load_profile
 from selfspec.tools.cli import main
+from matrix import FORMATS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny shapes: one thread (conftest)
 
 LABEL = "projected from replayed acceptance (profile {}), synthetic weights"
 
 
-def _project(capsys, *extra):
-    assert main(["profile", "--model", "synthetic:tiny", "--weights", "w4a8", "--widths", "1", "2", "4", "8",
+def _project(capsys, *extra, weights="w4a8"):
+    assert main(["profile", "--model", "synthetic:tiny", "--weights", weights, "--widths", "1", "2", "4", "8",
                  "--cache", "16", *extra]) == 0
     out = capsys.readouterr().out
     return out, json.loads(out.strip().splitlines()[-1])
@@ -105,3 +106,12 @@ def test_expected_tree_tau_matches_the_replayed_draws():
     mean = sum(commits) / len(commits)
     sd = math.sqrt(sum((c - mean) ** 2 for c in commits) / (len(commits) - 1))
     assert abs(mean - prof.expected_tree_tau(nodes)) <= 4 * sd / math.sqrt(len(commits))
+
+
+@pytest.mark.parametrize("weights", FORMATS)
+def test_every_weight_format_projects(capsys, weights):
+    """The command is the same for every format a user can pick: curve, bytes and projections."""
+    out, rec = _project(capsys, "--project", "nld-8b", weights=weights)
+    assert rec["weights"].startswith(weights) and rec["weight_bytes"] > 0
+    assert sorted(map(int, rec["f_ms"])) == [1, 2, 4, 8] and all(v > 0 for v in rec["f_ms"].values())
+    assert [p["layout"] for p in rec["projections"]][:2] == ["ar", "linear block 8"]
