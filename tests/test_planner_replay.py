@@ -76,6 +76,32 @@ def test_a_probe_comes_at_the_least_spacing_only_while_the_calibrated_forecast_s
     assert (due_probe(pl, 1, 10, [64], ar) is not None) is pays
 
 
+@pytest.mark.parametrize("local, pays", [(-0.05, True), (-6.0, False)])
+def test_a_probe_that_pays_comes_the_round_after_its_verification(local, pays):
+    """Where drafts succeed the best cycle is a probe, then a verification of its tree, then a
+    probe again (`expected_steps`' policy on a CPU's costs); waiting PROBE_MIN AR rounds between
+    them had capped `auto` far below it. A probe that does not pay still waits."""
+    pl = Planner(CPU, DecodeConfig(mode="auto", budget=4, block_length=8))
+    pl.ledger.funds = 1e9
+    pl.last_tree = _forecast(_tree(local))
+    ar = pl.costs.seconds(AR, 1, 10)[1]
+    pl.since_probe = 1  # the verification round came after the latest probe
+    assert (due_probe(pl, 1, 10, [64], ar) is not None) is pays
+    pl.since_probe = 0  # never twice in a row: a probe's marginals are verified first
+    assert due_probe(pl, 1, 10, [64], ar) is None
+
+
+def test_one_verified_node_outweighs_the_calibration_s_prior():
+    """A node's score is not its odds (lambda log rho pushes it down): a depth-1 node of local
+    score -2.2 reads 0.32 before any evidence. One round in which such a node was accepted must
+    move it most of the way, or the first probes never look worth the next."""
+    pl = Planner(CPU, DecodeConfig(mode="auto", budget=4, block_length=8))
+    score = torch.tensor([-2.2])
+    assert pl.calibrator.prob(score).item() < 0.4
+    pl.calibrator.update(score, torch.tensor([True]), torch.tensor([True]))
+    assert pl.calibrator.prob(score).item() > 0.75
+
+
 def test_the_bounds_take_auto_s_options_only():
     cfg = DecodeConfig(mode="auto", block_length=16, budget=32)
     sizes = default_group_sizes(cfg.group)

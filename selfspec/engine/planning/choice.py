@@ -104,13 +104,16 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     latest probe lost with the rounds its marginals led to when that was more: on a CPU a group of
     4 with the draft LoRA costs ~3.5 AR steps and the tree forecast after it ~1) and within the
     ledger's funds; where the latest marginals' episode won more than the probe risks
-    (`last_win`), every `probe_every` rounds."""
-    if pl.since_probe < PROBE_MIN or max(rooms) <= 1 or not pl.group_sizes:
+    (`last_win`), every `probe_every` rounds. While `probe_pays`, the round after the latest
+    probe's verification: probe, verify, probe is then the best cycle without hindsight."""
+    if max(rooms) <= 1 or not pl.group_sizes or (pl.since_probe < PROBE_MIN and pl.last_tree is None):
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
     cost = pl.costs.seconds(probe, R, cache)[1]
     pays = probe_pays(pl, R, cache, ar, cost, probe.group_size - 1)
-    if pl.since_probe < pl.probe_every and not pays:
+    # a probe that pays comes right away: a cycle of probe and verification is the best layout
+    # there (the replay's best without hindsight); one that does not, every `probe_every` rounds
+    if pl.since_probe < (1 if pays else max(PROBE_MIN, pl.probe_every)):
         return None
     loss = max(cost / ar - 1.0, pl.probe_loss)
     # spaced by what it risks, unless the latest marginals won more than that, or the calibrated

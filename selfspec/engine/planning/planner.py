@@ -21,7 +21,8 @@ Speculative yields count `MARGIN` less than AR's certain tokens, so noise falls 
 Rounds without marginals are AR, lookup or two-pass; every `PROBE_MIN` of them (doubling to
 `PROBE_MAX` while the rounds a probe's marginals led to keep losing time, as measured, and never
 before the probe's extra time is under `PROBE_SHARE` of theirs) a probe puts one mask group on
-each row's root, so a context that has become predictable is noticed; after 8 AR choices in a
+each row's root, so a context that has become predictable is noticed (while the calibrated
+forecast says a probe and the tree it buys beat AR, the round after each verification); after 8 AR choices in a
 row the planner rests (AR without drafting or forecasting) for 4, 8, ... 32 rounds.
 
 Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest tree
