@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from selfspec.kernels import build as kernels_build
-from selfspec.tools.bench import prompt_kind, read_prompts
+from selfspec.tools.bench import prompt_kind
+from selfspec.tools.bench_prompts import read_prompts
 from selfspec.tools.cli import main
 
 from matrix import FORMATS

@@ -162,3 +162,25 @@ def test_fp32_is_the_packed_formats_source():
     gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
     assert torch.equal(quantize(gate_up, "int8").q, packed["encoder.layers.1.gate_up"].q)
     assert torch.equal(quantize(f.diffusion_head.weight, "int8").q, packed["diffusion_head.weight"].q)
+
+
+def test_bench_on_a_synthetic_model_takes_the_shipped_plain_prompts(tmp_path, capsys):
+    """`bench --model synthetic:nld-3b` needs no --prompts: the shipped model's prompts, chat ones
+    dropped with one line (a synthetic tokenizer has no chat template); a file of chats only is
+    refused before any model work; a real model keeps its chats."""
+    from selfspec.checkpoint.model import default_model_dir
+    from selfspec.tools.bench_prompts import bench_prompts
+
+    path, rows = bench_prompts(None, "synthetic:nld-3b")
+    assert path == os.path.join(default_model_dir(), "prompts.jsonl") and rows
+    chat = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"prompt": "def f():"}) + "\n" + chat + "\n")
+    capsys.readouterr()
+    assert [r["prompt"] for r in bench_prompts(str(mixed), "synthetic:nld-3b")[1]] == ["def f():"]
+    assert "1 chat prompts" in capsys.readouterr().err
+    assert len(bench_prompts(str(mixed), str(tmp_path))[1]) == 2
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(chat + "\n")
+    with pytest.raises(ValueError, match="plain-text"):
+        bench_prompts(str(chats), "synthetic:nld-3b")

@@ -21,7 +21,7 @@ from selfspec.tools.bench_report import (CONTROL, _by_kind, _summed, _worst, agg
                                          prompt_kind)  # (aggregate, prompt_kind: read from here)
 from selfspec.tools.bench_common import check_out
 from selfspec.tools.bench_grid import grid, label  # noqa: F401  (read from here)
-from selfspec.tools.bench_prompts import META, read_prompts, read_suite
+from selfspec.tools.bench_prompts import META, bench_prompts, read_suite
 from selfspec.tools.hindsight import replay_arg, replay_figures, replay_label, replay_lines
 from selfspec.tools.peers import LLAMA_PEERS, llama_cpp_available, llama_cpp_crash
 
@@ -244,8 +244,7 @@ def cmd_bench(a) -> int:
         prompts_path = os.path.dirname(long_suite_files()["1k"])
         prompts = read_suite(suite, a.limit)
     else:
-        prompts_path = a.prompts or os.path.join(model_dir, "prompts.jsonl")
-        prompts = read_prompts(prompts_path)
+        prompts_path, prompts = bench_prompts(a.prompts, model_dir)
         prompts = prompts[: a.limit] if a.limit else prompts
     gguf = a.gguf
     default_peers = a.peers is None and replay is None  # a replayed run compares our own rows

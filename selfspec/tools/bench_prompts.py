@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 META = ("split", "task", "length")  # a prompt's fields the records keep (the long suite's)
 SPLITS = ("tune", "held-out")
@@ -59,3 +60,25 @@ def read_suite(name: str, limit: int = 0) -> list[dict]:
         rows = [{**p, "length": length} for p in read_prompts(path)]
         out += rows[:limit] if limit else rows
     return out
+
+
+def bench_prompts(path: str | None, model_dir: str) -> tuple[str, list[dict]]:
+    """(the prompt file, its prompts) for a decode grid: `path`, or the model's prompts.jsonl. A
+    synthetic model (`synthetic:nld-3b`: random weights, no folder) takes the shipped model's
+    file by default and drops chat prompts, saying so once: its tokenizer has no chat template."""
+    from selfspec.checkpoint.model import default_model_dir
+    from selfspec.checkpoint.synthetic import is_synthetic
+
+    if not is_synthetic(model_dir):
+        path = path or os.path.join(model_dir, "prompts.jsonl")
+        return path, read_prompts(path)
+    path = path or os.path.join(default_model_dir(), "prompts.jsonl")
+    rows = read_prompts(path)
+    plain = [r for r in rows if isinstance(r["prompt"], str)]
+    if not plain:
+        raise ValueError(f"{path}: {model_dir} takes plain-text prompts ('prompt'), and every prompt here is a chat")
+    if len(plain) < len(rows):
+        print(f"bench: {model_dir}: {len(rows) - len(plain)} chat prompts of {path} skipped (a synthetic model has "
+              f"no chat template)", file=sys.stderr)
+    return path, plain
+
