@@ -1,4 +1,4 @@
-"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/shadow.py`): the
+"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/ledger.py`, `Shadow`): the
 calibration learns from them, and what the bet the ledger could not afford would have won may
 fund the next lookup bet, within a bound."""
 
@@ -13,7 +13,7 @@ from selfspec.engine.round.layouts import Option
 from selfspec.engine.planning.ledger import Ledger
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner import Planner
-from selfspec.engine.planning.shadow import Shadow, follow
+from selfspec.engine.planning.ledger import Shadow, follow
 
 from matrix import FORMATS
 

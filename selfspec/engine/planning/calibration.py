@@ -102,7 +102,7 @@ class PositionCalibrator:
         """A chain of `drafted` tokens of which the first `accepted` were taken; `fade=False` for
         the second and later rows of one batched round (evidence fades per round, not per row);
         `start`: positions before it were counted already (a verified chain's rest, followed in
-        hindsight: `shadow.py`)."""
+        hindsight: `ledger.Shadow`)."""
         reached_l, accepted_l = self._get(match)
         if fade:
             f = self.forget

@@ -174,7 +174,7 @@ class Choice:
         self.best_e, self.best_seconds = self.ar_value, ar_seconds
         self.ar_seconds = ar_seconds
         self.blocked: tuple[float, Option, float] | None = None  # (value, option, its time in AR rounds): the
-        # best lookup option the ledger could not afford, whose hindsight the planner follows (`shadow.py`)
+        # best lookup option the ledger could not afford, whose hindsight the planner follows (`ledger.Shadow`)
 
     def affordable(self, o: Option, seconds: float) -> bool:
         """The ledger allows a speculative round of `seconds`: its worst case (only the bonus

@@ -41,12 +41,11 @@ from selfspec.engine.planning.calibration import Calibrator, Forecast, PositionC
 from selfspec.engine.planning.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.round.layouts import AR, Option
-from selfspec.engine.planning.ledger import EPS, START_MIN, Ledger
+from selfspec.engine.planning.ledger import EPS, START_MIN, Ledger, Shadow, follow
 from selfspec.engine.request.request import round_room
 from selfspec.engine.planning.round_costs import REFRESH_MOVE, RoundCosts
 from selfspec.engine.round.rounds import Seen
 from selfspec.engine.request.sequence import draft_tree, lookup_chain
-from selfspec.engine.planning.shadow import Shadow, follow
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
 SETTLE_AFTER = 4  # plain AR rounds are timed and accounted this many at a time (`Planner.settle`)
@@ -91,7 +90,7 @@ class Planner:
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
         # planning time (AR mode does none of it; uncharged, it went past the ledger's bound)
-        self.shadows: dict = {}  # sequence -> `shadow.Shadow`: its lookup chain not verified, followed in hindsight
+        self.shadows: dict = {}  # sequence -> `ledger.Shadow`: its lookup chain not verified, followed in hindsight
         self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, AR rounds)
 
     def fork(self) -> "Planner":
@@ -175,7 +174,7 @@ class Planner:
         return option
 
     def _shadow(self, rnd, blocked) -> None:
-        """Rows whose lookup chain this round does not verify follow it in hindsight (`shadow.py`),
+        """Rows whose lookup chain this round does not verify follow it in hindsight (`ledger.Shadow`),
         one chain a row at a time (as if each were verified when read). With the lookup bet the
         ledger could not afford (`blocked`), each row carries its share of what that bet would
         have gained; a row without a chain would have run AR in its wider forward (credited now)."""
