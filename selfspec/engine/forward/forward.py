@@ -29,8 +29,7 @@ import torch.nn.functional as F
 
 from selfspec.checkpoint.lora import GROUPS, draft_rows
 from selfspec.checkpoint.quant import matmul
-from selfspec.engine.forward.attention import model_grids
-from selfspec.engine.forward.rope import Rope, RopeTables
+from selfspec.engine.forward.attention import Rope, RopeTables, model_grids
 from selfspec.kernels import block as kb
 from selfspec.kernels import layer as kl
 
