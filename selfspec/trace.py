@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from selfspec.drafting.verify import oracle_length
+from selfspec.drafting.sampling import oracle_length
 
 
 @dataclass(frozen=True)

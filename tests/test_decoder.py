@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from selfspec.drafting.verify import walk
+from selfspec.drafting.sampling import walk
 from selfspec.engine.forward.cache import BatchKVCache
 from selfspec.engine.measure.cost import CostModel
 from selfspec.engine.schedule.decoder import Decoder, generate_batch_ids, generate_ids

@@ -140,7 +140,7 @@ def test_acceptance_probs_worked_example():
 def test_soft_labels_equal_the_rate_at_which_the_verifier_accepts_each_candidate(temperature, top_k, top_p):
     from selfspec.training.predictor import acceptance_probs
     from selfspec.drafting.sampling import select
-    from selfspec.drafting.verify import walk
+    from selfspec.drafting.sampling import walk
 
     g = torch.Generator().manual_seed(1)
     V = 6

@@ -180,7 +180,7 @@ def test_rows_of_several_sequences_drawn_together_get_the_tokens_each_gets_alone
 
 @pytest.mark.parametrize("mode", ["ar", "presto one-pass", "lookup"])
 def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, monkeypatch):
-    from selfspec.engine.round import targets
+    from selfspec.drafting import sampling as targets
     from selfspec.kernels import layer as kl
 
     big = tiny_model(seed=2, vocab_size=2048)  # room for candidates (at most 1/16 of the vocabulary)
@@ -207,7 +207,7 @@ def test_decoders_sample_the_same_tokens_with_and_without_the_candidates(mode, m
 def test_in_every_weight_format_the_copy_free_draw_at_t1_is_the_full_draw(fmt, monkeypatch):
     """At T = 1 the candidates' kernel reads each format's logits as the head leaves them (float32
     in fp32, bf16 in the others) and every mode's tokens are the draw over the whole vocabulary's."""
-    from selfspec.engine.round import targets
+    from selfspec.drafting import sampling as targets
     from selfspec.engine.measure.formats import set_weights
     from selfspec.kernels import layer as kl
 

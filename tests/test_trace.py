@@ -17,7 +17,7 @@ from selfspec.tools.cli import main
 from selfspec.streaming import generate
 from selfspec.trace import Trace, split_scores
 from selfspec.trace_html import esc, short, tree_rows, visible
-from selfspec.drafting.verify import walk
+from selfspec.drafting.sampling import walk
 
 from conftest import SHIPPED, tiny_config, tiny_model
 

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from selfspec.serving.tree_format import EagleTree, from_eagle, greedy_accept, to_eagle
 from selfspec.drafting.tree import Tree, ancestors, chain
-from selfspec.drafting.verify import walk
+from selfspec.drafting.sampling import walk
 
 VOCAB = 4  # few tokens: sibling clashes and repeated tokens happen often
 

@@ -1,7 +1,7 @@
 import torch
 
 from selfspec.drafting.tree import Tree, chain, root_only
-from selfspec.drafting.verify import oracle_length, walk
+from selfspec.drafting.sampling import oracle_length, walk
 
 
 def _tree(tokens, parents):
@@ -39,7 +39,7 @@ def test_oracle_length_worked_example():
 
 
 def test_truncate_keeps_the_eos_and_stops_at_the_room():
-    from selfspec.drafting.verify import truncate
+    from selfspec.drafting.sampling import truncate
 
     assert truncate([5, 2, 7], {2}, 8) == ([5, 2], True)
     assert truncate([5, 6, 7], {2}, 2) == ([5, 6], False)

@@ -1,4 +1,4 @@
-"""Sampling and target selection: pure functions over explicit randomness.
+"""Sampling, target selection and verification: pure functions over explicit randomness.
 
 The verifier never compares probabilities: at each visited node it *draws* the target's token
 (argmax at temperature 0) and accepts a draft token only if it equals that draw, so every
@@ -19,6 +19,8 @@ Two sources of randomness:
 from __future__ import annotations
 
 import torch
+
+from selfspec.kernels.layer import argmax, gumbel_candidates
 
 NEG = float("-inf")
 
@@ -261,3 +263,107 @@ class PositionNoise:
         for cache in (self._u, self._g):
             for t in [t for t in cache if t < position]:
                 del cache[t]
+
+
+# -- a round's targets: every row's token after the forward's logits ----------------------------------
+def targets_of(parts: list[tuple], mask_id: int) -> list[torch.Tensor]:
+    """For each (seq, logits [n, V], its n output positions): the target's token after each row,
+    `mask_id` never drawn. Greedy rows of every sequence go through one argmax (bf16 rows in one
+    C pass); the reproducible rows of each temperature and filter through one Gumbel-max draw,
+    their noise side by side (`PositionNoise.rows_of`: each sequence's own keyed positions); an
+    independent draw reads its sequence's generator, so those go one sequence at a time. Every
+    step is row by row, so each row's token is the one it gets alone.
+
+    Example: three sequences, the first and last greedy, the middle one reproducible at T = 1:
+    one argmax over the first and last ones' rows, one draw over the middle one's."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (seq, _, _) in enumerate(parts):
+        p = seq.params
+        key = (("greedy",) if p.temperature == 0 else
+               ("noise", p.temperature, p.top_k, p.top_p) if seq.noise is not None else ("own", i))
+        groups.setdefault(key, []).append(i)
+    out: list = [None] * len(parts)
+    for key, idx in groups.items():
+        logits = _stacked([parts[i][1] for i in idx])
+        if key[0] == "greedy":
+            got = argmax(logits, mask_id).cpu()
+        else:
+            seq = parts[idx[0]][0]
+            p = seq.params
+            rand = ({"generator": seq.gen} if key[0] == "own" else
+                    {"noise": PositionNoise.rows_of([parts[i][0].noise for i in idx], [parts[i][2] for i in idx])})
+            got = select(logits, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, banned=mask_id,
+                         candidates=gumbel_candidates, **rand).cpu()
+        at = 0
+        for i in idx:
+            n = parts[i][1].shape[0]
+            out[i], at = got[at : at + n], at + n
+    return out
+
+
+def _stacked(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Row blocks [n_i, V] as one [sum n_i, V]: a view where they lie end to end in one tensor (a
+    round's rows, sliced in order from its logits), else a copy."""
+    first = blocks[0]
+    if len(blocks) == 1:
+        return first
+    size = first.element_size()
+    if all(b.is_contiguous() and b.shape[1:] == first.shape[1:] for b in blocks) and all(
+            b.data_ptr() == a.data_ptr() + a.numel() * size for a, b in zip(blocks, blocks[1:])):
+        return first.as_strided((sum(b.shape[0] for b in blocks), *first.shape[1:]), first.stride())
+    return torch.cat(blocks)
+
+
+# -- verification: the path the targets accept, and what is emitted -----------------------------------
+def walk(tree, targets: torch.Tensor) -> tuple[list[int], int]:
+    """Accepted node path (root first) and the bonus token of a `tree.Tree` whose node v's target
+    token (argmax, or one draw per node) is `targets[v]`: from the root, a child is accepted iff it
+    carries its parent's target token; the last accepted node's target is the bonus. The draw at a
+    node does not depend on whether the walk reaches it, so the emitted tokens are exact samples.
+
+    Example: tokens [7, 11, 12, 13], parents [-1, 0, 0, 1], targets [12, 5, 9, 4]:
+    root 7 -> target 12 -> child node 2 carries 12, accepted -> its target 9 matches no child,
+    so the path is [0, 2] and the bonus is 9 (two tokens emitted: 12, 9).
+    """
+    if tree.tokens.shape[0] == 1:  # the root alone (every AR round): its target is the bonus
+        return [0], int(targets[0])
+    tok, par, tgt = tree.tokens.tolist(), tree.parents.tolist(), targets.tolist()
+    children: dict[int, dict[int, int]] = {}
+    for v in range(1, len(tok)):
+        children.setdefault(par[v], {}).setdefault(tok[v], v)
+    path = [0]
+    while True:
+        nxt = children.get(path[-1], {}).get(tgt[path[-1]])
+        if nxt is None:
+            return path, tgt[path[-1]]
+        path.append(nxt)
+
+
+def oracle_length(candidates: torch.Tensor, continuation: list[int]) -> int:
+    """Tokens a perfect tree inside the candidate space would commit in that round.
+
+    candidates [D, K]: the top-k draft tokens per depth; continuation: the tokens actually
+    emitted after the root (from this round on). The oracle accepts depth d while the emitted
+    token there is among the candidates, then adds the bonus.
+    Example: candidates [[3, 4], [5, 6]], continuation [4, 9, 1] -> depth 1 ok, depth 2 fails
+    -> 1 accepted + bonus = 2.
+    """
+    n = 0
+    for d in range(min(candidates.shape[0], len(continuation))):
+        if continuation[d] not in candidates[d].tolist():
+            break
+        n += 1
+    return min(n + 1, max(len(continuation), 1))
+
+
+def truncate(tokens: list[int], eos: set[int], room: int) -> tuple[list[int], bool]:
+    """A round's committed tokens cut at the first eos (kept) and at `room`; (chunk, hit eos).
+
+    Example: truncate([5, 2, 7], eos={2}, room=8) -> ([5, 2], True); truncate([5, 6, 7], {2}, 2) -> ([5, 6], False).
+    """
+    out = []
+    for t in tokens[:room]:
+        out.append(t)
+        if t in eos:
+            return out, True
+    return out, False

@@ -30,7 +30,7 @@ Worked example (root 7; children 11 and 12; 13 under 11), seq_len 5:
     tree_mask             [[1,0,0,0], [1,1,0,0], [1,0,1,0], [1,1,0,1]]
     positions             [5, 6, 6, 7]
     targets [12, 5, 9, 4] -> from 0 look for 12 among 1, 2 -> accept 2; 2 has no child ->
-    accepted [0, 2], bonus 9: the same as `selfspec.drafting.verify.walk`.
+    accepted [0, 2], bonus 9: the same as `selfspec.drafting.sampling.walk`.
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.drafting.lookup import ContextIndex
-from selfspec.drafting.sampling import PositionNoise
+from selfspec.drafting.sampling import PositionNoise, oracle_length, truncate
 from selfspec.drafting.scoring import NgramRho, make_extra_score, path_context
 from selfspec.drafting.tree import ContextCandidates, Marginals, Tree, build_tree, chain, root_only
-from selfspec.drafting.verify import oracle_length, truncate
 from selfspec.engine.request.options import DecodeConfig, check_sampling
 from selfspec.engine.request.stats import Stats
 from selfspec.kernels.layer import uniforms

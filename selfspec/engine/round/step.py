@@ -11,9 +11,9 @@ states, one `RowRound` per row) and returns it after every row's observers have 
 3. lay out + forward: the rows' trees padded to the widest (N), their mask groups (one-pass:
    `tree.group_owners`) after, padding columns that see only themselves
    (`masks.rows_layout`), one forward; the draft LoRA runs on the group columns; the head on
-   each row's tree nodes; the rows' targets (`targets.targets_of`: one argmax or draw for
+   each row's tree nodes; the rows' targets (`sampling.targets_of`: one argmax or draw for
    rows alike, each row's token the one it gets alone);
-4. verify + commit: per row `verify.walk`; the next marginals from the endpoint's group (or
+4. verify + commit: per row `sampling.walk`; the next marginals from the endpoint's group (or
    its nearest owner's, shifted by the depth gap; slot 0 of a group is the bonus position); the
    accepted path gathered into the row's cache slots (`cache.BatchKVCache.commit`); the tokens
    emitted (eos / max_new_tokens truncation);
@@ -31,13 +31,12 @@ import time
 
 import torch
 
+from selfspec.drafting.sampling import targets_of, walk
 from selfspec.drafting.scoring import path_context
 from selfspec.drafting.tree import Marginals, chain, group_owners, nearest_owner, root_only, top_nodes
-from selfspec.drafting.verify import walk
 from selfspec.engine.forward.masks import rows_layout
 from selfspec.engine.round.rounds import Round, RowRound
 from selfspec.engine.request.sequence import Sequence, draft_tree, lookup_chain
-from selfspec.engine.round.targets import targets_of
 
 
 class Stepper:
