@@ -193,7 +193,7 @@ def generation_rows(model, tok, a) -> list[dict]:
 def projections(cost, cache: int = CACHE) -> list[dict]:
     """tok/s a layout would reach from the cost model alone: published tau / f(the round's width),
     time outside the forward not counted (an upper bound for the engine)."""
-    from selfspec.engine.round.layouts import fixed_option
+    from selfspec.engine.round.rounds import fixed_option
     from selfspec.engine.request.options import DecodeConfig
 
     f1 = cost(1, 1, cache)

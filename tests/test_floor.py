@@ -186,7 +186,7 @@ def test_one_stall_in_a_forecast_does_not_end_the_betting(setting):
 def test_one_stalled_ar_forward_moves_the_time_scale_as_a_round_pause_times_slower_would():
     # charged whole, a 30x stall would price AR 3.9x dearer for the rounds to come, and drafts that
     # are never accepted would look like wins
-    from selfspec.engine.round.layouts import AR
+    from selfspec.engine.round.rounds import AR
     from selfspec.engine.planning.planner import Planner, Seen
     from selfspec.engine.planning.round_costs import EMA
 
@@ -253,7 +253,7 @@ def test_a_new_generation_starts_without_a_debt_and_keeps_what_was_won():
 
 def test_a_forecast_round_that_chose_ar_is_charged_its_planning_not_its_forwards_noise():
     # its forward is AR's own: one twice-slow forward (another process) is no loss of speculation's
-    from selfspec.engine.round.layouts import AR
+    from selfspec.engine.round.rounds import AR
     from selfspec.engine.planning.planner import Planner, Seen
 
     pl = Planner(CPU, DecodeConfig(max_new_tokens=N))

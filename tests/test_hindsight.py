@@ -6,7 +6,7 @@ import pytest
 
 from selfspec.drafting.replay import Replay, ReplayProfile
 from selfspec.engine.measure.cost import CostModel
-from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.round.rounds import AR, Option
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.tools.hindsight import committed, hindsight_steps, modeled_steps, option_of, rank_tree
 

@@ -13,7 +13,7 @@ import torch
 from selfspec.engine.planning.calibration import Calibrator, Forecast, acceptance
 from selfspec.engine.measure.cost import CostModel
 from selfspec.engine.schedule.decoder import Decoder, generate_ids
-from selfspec.engine.round.layouts import AR, Option, config_label
+from selfspec.engine.round.rounds import AR, Option, config_label
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner import PROBE_MIN, Planner, log2_budgets
 

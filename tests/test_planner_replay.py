@@ -13,7 +13,7 @@ from selfspec.drafting.tree import Tree
 from selfspec.engine.planning.calibration import Forecast, walked
 from selfspec.engine.planning.choice import PROBE_MIN, due_probe, probe_pays
 from selfspec.engine.measure.cost import CostModel
-from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.round.rounds import AR, Option
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner import Planner, default_group_sizes
 from selfspec.tools.hindsight import candidates, commit_odds, expected_steps, hindsight_steps

@@ -10,7 +10,7 @@ import torch
 
 from selfspec.engine.measure.cost import CostModel
 from selfspec.engine.schedule.decoder import Decoder, generate_ids
-from selfspec.engine.round.layouts import config_label, fixed_option
+from selfspec.engine.round.rounds import config_label, fixed_option
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.tools.cli import layout_note, main
 

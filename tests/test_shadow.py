@@ -9,7 +9,7 @@ import pytest
 from selfspec.engine.planning import ledger as ledger_mod
 from selfspec.engine.planning.calibration import PositionCalibrator
 from selfspec.engine.measure.cost import CostModel
-from selfspec.engine.round.layouts import Option
+from selfspec.engine.round.rounds import Option
 from selfspec.engine.planning.ledger import Ledger
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner import Planner

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from selfspec.engine.round.layouts import config_label, layout_label
+from selfspec.engine.round.rounds import config_label, layout_label
 from selfspec.engine.request.options import DecodeConfig
 
 

@@ -56,7 +56,7 @@ def cmd_generate(a) -> int:
         from selfspec.tools.batch_cli import cmd_generate_batch
 
         return cmd_generate_batch(a)
-    from selfspec.engine.round.layouts import config_label
+    from selfspec.engine.round.rounds import config_label
     from selfspec.engine.request.options import DecodeConfig
     from selfspec.loading import load
     from selfspec.streaming import stream
@@ -122,7 +122,7 @@ def layout_note(model, cfg, profile=None) -> str | None:
     import os
 
     from selfspec.engine.measure.cost import CostModel, cost_model, default_path
-    from selfspec.engine.round.layouts import config_label, fixed_option
+    from selfspec.engine.round.rounds import config_label, fixed_option
     from selfspec.engine.request.options import DecodeConfig
 
     if cfg.mode not in ("presto", "linear"):

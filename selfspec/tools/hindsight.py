@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from selfspec.engine.round.layouts import AR, Option, fixed_option
+from selfspec.engine.round.rounds import AR, Option, fixed_option
 
 
 def rank_tree(profile, nodes: int, max_depth: int = 64) -> frozenset:

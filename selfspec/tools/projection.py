@@ -83,7 +83,7 @@ def projections(cost, profile, *, cache: int, synthetic: bool) -> list[dict]:
     """One record per layout (AR first): tau, the tree's width, f there, and tok/s for one forward
     of that width and for selfspec's two-pass and one-pass rounds (widths past the measured ones
     flagged `extrapolated`)."""
-    from selfspec.engine.round.layouts import fixed_option
+    from selfspec.engine.round.rounds import fixed_option
     from selfspec.engine.request.options import DecodeConfig
 
     f1, top = cost(1, 1, cache), max(cost.widths)

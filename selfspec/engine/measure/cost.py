@@ -87,7 +87,7 @@ class CostModel:
         return max(self.rows)
 
     def ar_steps(self, option, *, block_length: int = 16, cache: int = 64) -> float:
-        """One row's round of `option` (`layouts.Option`) in AR steps of this device: f(width) (plus
+        """One row's round of `option` (`rounds.Option`) in AR steps of this device: f(width) (plus
         the draft pass f(block_length) of a two-pass round) over f(1). Example: on a CPU where
         f(561) = 25 f(1), PRESTO one-pass at budget 32 with a group of 16 on every node reads 25."""
         seconds = self(1, option.width, cache) + (self(1, block_length, cache) if option.draft_pass else 0.0)

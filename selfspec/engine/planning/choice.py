@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from selfspec.engine.planning.calibration import Forecast, at
-from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.round.rounds import AR, Option
 
 MARGIN = 0.05  # speculative yields are estimates: they count 5% less than AR's certain tokens
 PROBE_MIN, PROBE_MAX = 8, 128  # AR rounds between probes for marginals (doubling while they lose)

@@ -1,4 +1,4 @@
-"""`plan="auto"`: before each round, the layout (`layouts.Option`) with the most predicted tokens
+"""`plan="auto"`: before each round, the layout (`rounds.Option`) with the most predicted tokens
 per second for the batch as it is, one row or many.
 
 Every row of a round runs the same option in one forward of rows x width query tokens. Its cost
@@ -40,11 +40,10 @@ import torch
 from selfspec.engine.planning.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores, walked
 from selfspec.engine.planning.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
-from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.round.rounds import AR, Option, Seen
 from selfspec.engine.planning.ledger import EPS, START_MIN, Ledger, Shadow, follow
 from selfspec.engine.request.request import round_room
 from selfspec.engine.planning.round_costs import REFRESH_MOVE, RoundCosts
-from selfspec.engine.round.rounds import Seen
 from selfspec.engine.request.sequence import draft_tree, lookup_chain
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)

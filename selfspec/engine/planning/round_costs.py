@@ -29,9 +29,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from selfspec.engine.round.layouts import AR, Option
+from selfspec.engine.round.rounds import AR, Option, Seen
 from selfspec.engine.planning.ledger import PAUSE
-from selfspec.engine.round.rounds import Seen
 
 EMA = 0.1  # weight of a new observation in the smoothed time scales
 REFRESH_MOVE = 0.1  # a refresh that moved AR's scale by more than this share is followed by another at once

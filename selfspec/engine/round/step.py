@@ -3,7 +3,7 @@
 `Stepper.step(rows)` fills one `rounds.Round` (the option, the forward's widths and hidden
 states, one `RowRound` per row) and returns it after every row's observers have read their part:
 
-1. plan: one option for every row (`layouts.Option`): a fixed mode's, or plan "auto"'s
+1. plan: one option for every row (`rounds.Option`): a fixed mode's, or plan "auto"'s
    (`planner.Planner.plan`, which also forecasts what each row can draft);
 2. draft: a two-pass option first runs [root, M x (B-1)] per row in one forward (fresh
    marginals); then each row's tree: its lookup chain, the planner's top-N subtree, a linear

@@ -29,12 +29,11 @@ import torch
 
 from selfspec.engine.forward.batch_forward import BatchForward
 from selfspec.engine.measure.cost import cost_model, given_profile
-from selfspec.engine.round.layouts import config_label, fixed_option
+from selfspec.engine.round.rounds import config_label, fixed_option, recorder_observer, stats_observer
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner_store import keep_planner, planner_for
 from selfspec.engine.request.request import cache_bytes, check_batch, check_request, eos_ids, row_capacity
 from selfspec.engine.round.replaying import replaying
-from selfspec.engine.round.rounds import recorder_observer, stats_observer
 from selfspec.engine.schedule.scheduler import Scheduler
 from selfspec.engine.request.sequence import ByIndex, SamplingParams, Sequence, prepare, seeded
 from selfspec.engine.request.stats import Stats
@@ -87,7 +86,7 @@ class Decoder:
         bonus              int: the target token at the end of the path
         committed          list[int]: tokens emitted by this round (accepted draft nodes + bonus,
                            after eos / max_new_tokens truncation)
-        layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ... (`layouts.config_label`;
+        layout             str: "ar", "linear/two-pass", "presto/one-pass/N=32", ... (`rounds.config_label`;
                            plan "auto": the round's `Option.label`, e.g. "one-pass/N=8/m=9/G=8")
         forward_seconds    float: this round's model time (two-pass: both passes)
         query_tokens       int: query tokens this round's forwards ran (nodes + mask slots)

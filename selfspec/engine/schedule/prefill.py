@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from selfspec.engine.forward.batch_forward import Join
-from selfspec.engine.round.layouts import AR
+from selfspec.engine.round.rounds import AR
 from selfspec.engine.schedule.prefill_rules import (PREFILL_CHUNK, PREFILL_OWN_ROUNDS, PREFILL_PIECE, chunk_due,
                                            kept_prefixes, prefill_first, prefill_groups, shared_prefixes,
                                            whole_prompts)
