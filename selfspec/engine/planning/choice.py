@@ -101,8 +101,8 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     """(the probe, its predicted seconds) when this AR-like round should put one mask group on
     each row's root instead, else None. A probe commits what AR would: its extra time is a bet,
     kept under PROBE_SHARE of the AR time between probes (its predicted extra time, or what the
-    latest probe lost with the rounds its marginals led to when that was more: on a CPU a group of
-    4 with the draft LoRA costs ~3.5 AR steps and the tree forecast after it ~1) and within the
+    latest probe lost with the rounds its marginals led to when that was more: on a CPU a group
+    with the draft LoRA costs several AR steps, and the tree forecast after it more) and within the
     ledger's funds; where the latest marginals' episode won more than the probe risks
     (`last_win`), every `probe_every` rounds. While `probe_pays`, the round after the latest
     probe's verification: probe, verify, probe is then the best cycle without hindsight."""
@@ -117,8 +117,8 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
         return None
     loss = max(cost / ar - 1.0, pl.probe_loss)
     # spaced by what it risks, unless the latest marginals won more than that, or the calibrated
-    # forecast says a probe and the tree it buys beat AR (drafts that succeed: a probe several AR
-    # steps dear had waited ~80 AR rounds, longer than most answers, every time)
+    # forecast says a probe and the tree it buys beat AR (drafts that succeed: spaced by loss, a probe
+    # several AR steps dear waited longer than most answers)
     paid = pl.last_win > loss or pays
     if (paid or pl.since_probe >= loss / PROBE_SHARE) and pl.ledger.may_bet(cost / ar - 1.0):
         pl.since_probe = 0

@@ -16,7 +16,7 @@ speculation that never pays loses at most EPS of the time (plus CREDIT and one b
 its prediction), speculation that pays funds bigger bets up to CAP, and a bare AR round (no
 forecast: the planner's answer when it may not bet) pays nothing for any of it. The ledger
 carries over between generations with the same settings (a new one starts with no debt: a
-probe lost at the end of one answer had kept the next ones from every bet for ~200 AR rounds)
+probe lost at the end of one answer had kept the next ones from every bet for a long time)
 and across a server's requests (which share one planner).
 
 A round that took more than PAUSE times its prediction was stalled by something it did not
@@ -31,8 +31,8 @@ verification would have taken), up to `shadow_cap` AR rounds. A lookup bet that 
 funds are below zero takes the deficit from it, empties it and halves the cap; one that wins
 restores the cap. Hindsight that real bets do not bear out so costs at most 2 SHADOW_CAP.
 So a generation that starts without funds in a text that repeats itself (a model's loop, a file
-copied) bets on its chains after the first hindsight win instead of after ~15 AR rounds of
-EPS (which the forecasts' own cost ate: a 1k-token edit prompt ran 91 of 93 rounds AR, its
+copied) bets on its chains after the first hindsight win instead of after the many AR rounds
+of EPS that the forecasts' own cost ate (a long edit prompt had run nearly every round AR, its
 chains all correct). Chains never accepted win nothing in hindsight either.
 
 Example: AR rounds of 10 ms, drafts never accepted, a probe that costs 40 ms (3 AR rounds lost):
