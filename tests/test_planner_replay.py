@@ -68,7 +68,7 @@ def test_a_probe_comes_at_the_least_spacing_only_while_the_calibrated_forecast_s
     pl = Planner(CPU, DecodeConfig(mode="auto", budget=4, block_length=8))
     pl.ledger.funds = 1e9
     pl.probe_every = 128  # episodes lost: the spacing by loss alone would wait
-    pl.last_tree = _forecast(_tree(local))
+    pl.recent_trees = [_forecast(_tree(local))]
     ar = pl.costs.seconds(AR, 1, 10)[1]
     probe = Option(groups=1, group_size=4)
     assert probe_pays(pl, 1, 10, ar, pl.costs.seconds(probe, 1, 10)[1], 3) is pays
@@ -83,12 +83,26 @@ def test_a_probe_that_pays_comes_the_round_after_its_verification(local, pays):
     them had capped `auto` far below it. A probe that does not pay still waits."""
     pl = Planner(CPU, DecodeConfig(mode="auto", budget=4, block_length=8))
     pl.ledger.funds = 1e9
-    pl.last_tree = _forecast(_tree(local))
+    pl.recent_trees = [_forecast(_tree(local))]
     ar = pl.costs.seconds(AR, 1, 10)[1]
     pl.since_probe = 1  # the verification round came after the latest probe
     assert (due_probe(pl, 1, 10, [64], ar) is not None) is pays
     pl.since_probe = 0  # never twice in a row: a probe's marginals are verified first
     assert due_probe(pl, 1, 10, [64], ar) is None
+
+
+def test_one_tree_that_reads_low_does_not_stop_the_probes_the_trees_before_it_paid_for():
+    """`probe_pays` reads the latest few marginals' trees, not the last alone: a weak tree at the
+    end of a run of good ones (one position's draws) had stopped every probe after it, since no
+    probe came to replace it. Trees that all read low still stop them."""
+    pl = Planner(CPU, DecodeConfig(mode="auto", budget=4, block_length=8))
+    ar = pl.costs.seconds(AR, 1, 10)[1]
+    cost = pl.costs.seconds(Option(groups=1, group_size=4), 1, 10)[1]
+    good, weak = _forecast(_tree(-0.05)), _forecast(_tree(-6.0))
+    pl.recent_trees = [good, good, good, weak]
+    assert probe_pays(pl, 1, 10, ar, cost, 3)
+    pl.recent_trees = [weak] * 4
+    assert not probe_pays(pl, 1, 10, ar, cost, 3)
 
 
 def test_one_verified_node_outweighs_the_calibration_s_prior():

@@ -106,7 +106,7 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     ledger's funds; where the latest marginals' episode won more than the probe risks
     (`last_win`), every `probe_every` rounds. While `probe_pays`, the round after the latest
     probe's verification: probe, verify, probe is then the best cycle without hindsight."""
-    if max(rooms) <= 1 or not pl.group_sizes or (pl.since_probe < PROBE_MIN and pl.last_tree is None):
+    if max(rooms) <= 1 or not pl.group_sizes or (pl.since_probe < PROBE_MIN and not pl.recent_trees):
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
     cost = pl.costs.seconds(probe, R, cache)[1]
@@ -126,21 +126,26 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     return None
 
 
+RECENT_TREES = 4  # the marginals' trees `probe_pays` averages: one tree that happened to read low stopped
+# every probe after it (no newer tree came to replace it), while the trees before it had paid
+
+
 def probe_pays(pl, R: int, cache: int, ar: float, cost: float, reach: int) -> bool:
-    """Whether the latest marginals' tree (`Planner.last_tree`, a `Forecast`), read through the calibration as it
-    is now (every greedy round's tokens keep it up to date: `calibration.walked`), says that a
-    probe of `cost` seconds and a verification of its best top-N tree (`reach` deep) after it
-    commit more than AR in their time: 1 + E(N) (1 - MARGIN) > (probe + verification) / AR round.
-    Where drafts fail the calibration reads them low and this is never true; the ledger still
-    bounds every probe."""
-    tree = pl.last_tree
-    if tree is None:
+    """Whether the latest marginals' trees (`Planner.recent_trees`, `Forecast`s), read through the
+    calibration as it is now (every greedy round's tokens keep it up to date:
+    `calibration.walked`), say on average that a probe of `cost` seconds and a verification of its
+    best top-N tree (`reach` deep) after it commit more than AR in their time:
+    1 + E(N) (1 - MARGIN) > (probe + verification) / AR round. Where drafts fail the calibration
+    reads them low and this is never true; the ledger still bounds every probe."""
+    trees = pl.recent_trees
+    if not trees:
         return False
-    key = (pl.calibrated, id(tree), reach)
+    key = (pl.calibrated, tuple(id(t) for t in trees), reach)
     if pl.pays_memo[0] == key:
         ys = pl.pays_memo[1]
     else:
-        ys = pl.forecast_tree(tree).yields(reach)
+        each = [pl.forecast_tree(t).yields(reach) for t in trees]
+        ys = [sum(at(y, n) for y in each) / len(each) for n in range(min(len(y) for y in each))]
         pl.pays_memo = (key, ys)
     for n in pl.budgets[1:]:
         if n >= len(ys):
@@ -166,7 +171,7 @@ class Choice:
             ys = [self.ys[i] for i in self.tree_rows]
             longest = max(len(y) for y in ys)
             pl.last_yields = [sum(at(y, n) for y in ys) / len(ys) for n in range(longest)]
-            pl.last_tree = self.fc[self.tree_rows[0]]  # what marginals offered lately (`probe_pays`)
+            pl.recent_trees = (pl.recent_trees + [self.fc[self.tree_rows[0]]])[-RECENT_TREES:]  # `probe_pays`
         ar_seconds = pl.costs.seconds(AR, self.R, cache)[1]
         self.ar_value = 1.0 if draining else float(self.R)
         self.rate = max(pl.rates.get(draining, 0.0), self.ar_value / ar_seconds)

@@ -76,7 +76,7 @@ class Planner:
         self.rates: dict[bool, float] = {}  # predicted rate of the chosen layouts (Dinkelbach), draining or not
         self.two_pass_yield: dict[int, float] = {}  # expected tokens per row of two-pass trees, smoothed
         self.last_yields: list[float] = [1.0]  # of the latest tree forecast, for rounds without one
-        self.last_tree = None  # the latest tree forecast from marginals (`choice.probe_pays`)
+        self.recent_trees: list = []  # the latest tree forecasts from marginals (`choice.probe_pays`)
         self.calibrated, self.pays_memo = 0, (None, None)  # calibration updates so far; probe_pays's latest answer
         self.probe_every, self.since_probe = PROBE_MIN, 0
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
