@@ -174,7 +174,7 @@ def main(argv=None) -> int:
                    help="decode the prompts of --prompt-file (JSON lines) in batches of this many rows")
     add_common_args(g)
     g.set_defaults(func=cmd_generate)
-    from selfspec.tools.bench import add_bench_parser
+    from selfspec.tools.bench_args import add_bench_parser
 
     add_bench_parser(sub, add_common_args)
     from selfspec.tools.commands import add_profile_parser, add_trace_parser
