@@ -106,7 +106,8 @@ def due_probe(pl, R: int, cache: int, rooms: list[int], ar: float) -> tuple[Opti
     ledger's funds; where the latest marginals' episode won more than the probe risks
     (`last_win`), every `probe_every` rounds. While `probe_pays`, the round after the latest
     probe's verification: probe, verify, probe is then the best cycle without hindsight."""
-    if max(rooms) <= 1 or not pl.group_sizes or (pl.since_probe < PROBE_MIN and not pl.recent_trees):
+    if (pl.since_probe < 1 or max(rooms) <= 1 or not pl.group_sizes  # never twice in a row
+            or (pl.since_probe < PROBE_MIN and not pl.recent_trees)):
         return None
     probe = Option(groups=1, group_size=pl.group_sizes[0])
     cost = pl.costs.seconds(probe, R, cache)[1]
@@ -145,7 +146,7 @@ def probe_pays(pl, R: int, cache: int, ar: float, cost: float, reach: int) -> bo
         ys = pl.pays_memo[1]
     else:
         each = [pl.forecast_tree(t).yields(reach) for t in trees]
-        ys = [sum(at(y, n) for y in each) / len(each) for n in range(min(len(y) for y in each))]
+        ys = [sum(y[n] for y in each) / len(each) for n in range(min(len(y) for y in each))]
         pl.pays_memo = (key, ys)
     for n in pl.budgets[1:]:
         if n >= len(ys):
