@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from selfspec.drafting.tree import Tree
-from selfspec.engine.planning import ledger as ledger_mod
+from selfspec.engine.planning import round_costs as ledger_mod
 from selfspec.engine.planning import planner as planner_mod
 from selfspec.engine.measure.cost import CostModel
 from selfspec.engine.schedule.decoder import Decoder, generate_ids
-from selfspec.engine.planning.ledger import Ledger
+from selfspec.engine.planning.round_costs import Ledger
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.request.sequence import lookup_chain
 

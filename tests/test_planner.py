@@ -198,7 +198,7 @@ def test_a_forecast_the_funds_cannot_cover_waits_until_they_would_and_its_rounds
     """A forecast costing half an AR round with 0.11 in the funds: they grow by EPS an AR round, so
     the planner rests 0.39 / EPS rounds (the round the per-round check would also have allowed it),
     only noting each one, and settles them when the rest ends."""
-    from selfspec.engine.planning.ledger import EPS
+    from selfspec.engine.planning.round_costs import EPS
 
     n = math.ceil((0.5 - 0.11) / EPS - 1e-9)
     pl = _planner(CostModel.flat(0.1))

@@ -255,7 +255,7 @@ def test_plan_auto_answers_equal_generate_under_concurrency_too(own_server, mode
     12-token request nothing to draft."""
     from selfspec.engine.planning import choice
     from selfspec.engine.planning import planner
-    from selfspec.engine.planning.ledger import Ledger
+    from selfspec.engine.planning.round_costs import Ledger
     from selfspec.engine.planning.planner import Planner
 
     monkeypatch.setattr(Ledger, "may_bet", lambda self, loss, lookup=False: True)

@@ -1,4 +1,4 @@
-"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/ledger.py`, `Shadow`): the
+"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/calibration.py`, `Shadow`): the
 calibration learns from them, and what the bet the ledger could not afford would have won may
 fund the next lookup bet, within a bound."""
 
@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from selfspec.engine.planning import ledger as ledger_mod
+from selfspec.engine.planning import round_costs as ledger_mod
 from selfspec.engine.planning.calibration import PositionCalibrator
 from selfspec.engine.measure.cost import CostModel
 from selfspec.engine.round.rounds import Option
-from selfspec.engine.planning.ledger import Ledger
+from selfspec.engine.planning.round_costs import Ledger
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.engine.planning.planner import Planner
-from selfspec.engine.planning.ledger import Shadow, follow
+from selfspec.engine.planning.calibration import Shadow, follow
 
 from matrix import FORMATS
 

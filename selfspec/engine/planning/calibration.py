@@ -102,7 +102,7 @@ class PositionCalibrator:
         """A chain of `drafted` tokens of which the first `accepted` were taken; `fade=False` for
         the second and later rows of one batched round (evidence fades per round, not per row);
         `start`: positions before it were counted already (a verified chain's rest, followed in
-        hindsight: `ledger.Shadow`)."""
+        hindsight: `Shadow`)."""
         reached_l, accepted_l = self._get(match)
         if fade:
             f = self.forget
@@ -213,3 +213,44 @@ class Forecast:
 def at(ys: list[float], n: int) -> float:
     """ys[n], or its last entry when the draft has fewer than n nodes."""
     return ys[min(n, len(ys) - 1)]
+
+
+# -- shadows: the lookup bets not placed, followed in hindsight --------------------------------------
+@dataclass
+class Shadow:
+    """A lookup chain `auto` read but did not verify, followed as the row's own tokens arrive.
+
+    Verifying a chain accepts its longest prefix that equals what the target commits there (its
+    argmax, or its draw at that position), so once the row has committed those tokens by any
+    rounds (AR ones included), how much of the chain a verification would have taken is known:
+    exactly at T = 0 and with reproducible sampling (a draw is keyed by its position), as a
+    sample of the same distribution with independent draws. The planner learns from shadows for
+    nothing: its lookup calibration gets the evidence of rounds it never ran, and the ledger
+    (`Ledger.credit`) is told what the bet it could not afford would have won.
+    `k`: the chain length of that bet (0: none, evidence only); what it would have gained is
+    `gain`, this row's share of the batch's, once the row's tokens have shown how much came true."""
+
+    chain: list[int]
+    key: tuple  # the lookup calibration's key of the chain (`RowRound.chain_key`)
+    k: int = 0
+    share: float = 1.0  # 1 / rows of the round it was read in
+    spent: float = 0.0  # the bet's predicted time in AR rounds (whole batch)
+    seen: int = 0  # chain tokens matched so far
+    start: int = 0  # chain tokens a real verification counted already (the rest of an accepted chain)
+    credited: bool = False  # the bet's hindsight went to the ledger (once `seen` reached k: its outcome is known)
+
+    def gain(self, accepted: int) -> float:
+        """What the bet would have gained, in AR rounds (its row's share): the accepted tokens
+        up to k, the bonus, less the row's share of the round's time."""
+        return self.share * (min(accepted, self.k) + 1.0 - self.spent)
+
+
+def follow(chain: list[int], seen: int, committed: list[int]) -> tuple[int, bool]:
+    """(tokens of `chain` matched, ended) after `committed` follows the `seen` matched so far:
+    ended at the first mismatch or when the whole chain matched.
+    Example: follow([4, 9, 2], 1, [9, 7]) -> (2, True); follow([4, 9, 2], 0, [4]) -> (1, False)."""
+    for t in committed:
+        if seen >= len(chain) or chain[seen] != t:
+            return seen, True
+        seen += 1
+    return seen, seen >= len(chain)

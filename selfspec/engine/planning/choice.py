@@ -1,6 +1,6 @@
 """One round's choice for the planner (`planner.Planner.choose`): every candidate option valued for
 the rows at hand, the Dinkelbach way (see `planner.py`'s docstring), and the probe for marginals.
-Bets are bounded by the planner's ledger (`ledger.py`)."""
+Bets are bounded by the planner's ledger (`round_costs.Ledger`)."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ class Choice:
         self.best_e, self.best_seconds = self.ar_value, ar_seconds
         self.ar_seconds = ar_seconds
         self.blocked: tuple[float, Option, float] | None = None  # (value, option, its time in AR rounds): the
-        # best lookup option the ledger could not afford, whose hindsight the planner follows (`ledger.Shadow`)
+        # best lookup option the ledger could not afford, whose hindsight the planner follows (`calibration.Shadow`)
 
     def affordable(self, o: Option, seconds: float) -> bool:
         """The ledger allows a speculative round of `seconds`: its worst case (only the bonus

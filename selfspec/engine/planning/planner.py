@@ -37,13 +37,13 @@ import math
 
 import torch
 
-from selfspec.engine.planning.calibration import Calibrator, Forecast, PositionCalibrator, acceptance, local_scores, walked
+from selfspec.engine.planning.calibration import (Calibrator, Forecast, PositionCalibrator, Shadow, acceptance, follow,
+                                                  local_scores, walked)
 from selfspec.engine.planning.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.round.rounds import AR, Option, Seen
-from selfspec.engine.planning.ledger import EPS, START_MIN, Ledger, Shadow, follow
 from selfspec.engine.request.request import round_room
-from selfspec.engine.planning.round_costs import REFRESH_MOVE, RoundCosts
+from selfspec.engine.planning.round_costs import EPS, REFRESH_MOVE, START_MIN, Ledger, RoundCosts
 from selfspec.engine.request.sequence import draft_tree, lookup_chain
 
 MEASURE_AR = 16  # AR rounds' worth of time after which one AR round is run if none has been (the floor's reference)
@@ -82,14 +82,14 @@ class Planner:
         self.ar_streak, self.rest, self.dormant = 0, 4, 0
         self.since_bare = 0  # rounds since the latest bare AR round (`REFRESH_AR`)
         self.predicted: tuple[float, float] | None = None  # (tokens, seconds) of the latest choice
-        self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`ledger.py`)
+        self.ledger = Ledger()  # what speculation has won or lost: bounds every bet (`round_costs.Ledger`)
         self.probe_loss = 0.0  # AR rounds the latest losing probe lost, with the rounds its marginals led to
         self.last_win = 0.0  # AR rounds the latest winning marginals' episode won (0: it lost, or none yet)
         self.marg_gain: float | None = None  # AR rounds won by the latest marginals' rounds (None: none at hand)
         self.unsettled: list[Seen] = []  # rounds observed while resting, not yet timed and accounted
         self.trailing = 0.0  # seconds `observe` took after the latest round's clock stopped: the next round's
         # planning time (AR mode does none of it; uncharged, it went past the ledger's bound)
-        self.shadows: dict = {}  # sequence -> `ledger.Shadow`: its lookup chain not verified, followed in hindsight
+        self.shadows: dict = {}  # sequence -> `calibration.Shadow`: its lookup chain not verified, followed in hindsight
         self.blocked: tuple | None = None  # the latest choice's refused lookup bet: (value, option, AR rounds)
 
     def fork(self) -> "Planner":
@@ -173,7 +173,7 @@ class Planner:
         return option
 
     def _shadow(self, rnd, blocked) -> None:
-        """Rows whose lookup chain this round does not verify follow it in hindsight (`ledger.Shadow`),
+        """Rows whose lookup chain this round does not verify follow it in hindsight (`calibration.Shadow`),
         one chain a row at a time (as if each were verified when read). With the lookup bet the
         ledger could not afford (`blocked`), each row carries its share of what that bet would
         have gained; a row without a chain would have run AR in its wider forward (credited now)."""
