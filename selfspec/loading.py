@@ -80,8 +80,7 @@ def _load_synthetic(name: str, *, weights, dtype, device, device_map, draft_lora
     directly in a named format; "auto" has no meaning there (its quality check compares with fp32)."""
     from selfspec.checkpoint.synthetic import build, shape_of
     from selfspec.checkpoint.validate import check_device
-    from selfspec.engine.measure.formats import Quantized
-    from selfspec.engine.forward.forward import weights_key
+    from selfspec.checkpoint.quant import attach
 
     shape_of(name)
     check_device(device)
@@ -98,7 +97,7 @@ def _load_synthetic(name: str, *, weights, dtype, device, device_map, draft_lora
     kv = resolve_kv_cache(kv_cache_dtype, fmt, dtype, device, device_map)
     model, tok, packed = build(name, fmt=fmt, device=device or "cpu", draft_lora=draft_lora, progress=progress)
     if packed is not None:
-        model.__dict__["selfspec_weights"] = Quantized(fmt, packed, weights_key(model))
+        attach(model, fmt, packed)
     return _finish(model, tok, fmt, kv, named=(device or "cpu").startswith("cpu") and fmt != "fp32")
 
 

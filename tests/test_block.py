@@ -1,4 +1,4 @@
-"""Every decoder layer in one C call (`kernels.block`): in w4a8 on a CPU a narrow round runs its
+"""Every decoder layer in one C call (`kernels.layer.run_block`): in w4a8 on a CPU a narrow round runs its
 layers in one call whose logits are bitwise the Python layer loop's, alone and in a batch of rows
 of other lengths, with and without a mask, with a draft LoRA on the draft rows too; rounds it
 does not take (too wide, a LoRA that covers part of a fused projection, a joining chunk, another
@@ -14,24 +14,24 @@ from selfspec.engine.measure.formats import set_weights
 from selfspec.engine.forward.forward import FastForward
 from selfspec.engine.request.options import DecodeConfig
 from selfspec.kernels import attn16
-from selfspec.kernels import block as kb
+from selfspec.kernels import layer as kl
 
 from conftest import tiny_model
 
-pytestmark = pytest.mark.skipif(not kb.available(), reason="the C kernels are not built here")
+pytestmark = pytest.mark.skipif(not kl.block_available(), reason="the C kernels are not built here")
 
 
 @pytest.fixture
 def calls(monkeypatch):
     """How many forwards the one call ran (a run that returned None does not count)."""
-    n, run = [0], kb.run
+    n, run = [0], kl.run_block
 
     def counted(*a, **k):
         out = run(*a, **k)
         n[0] += out is not None
         return out
 
-    monkeypatch.setattr(fw.kb, "run", counted)
+    monkeypatch.setattr(fw.kl, "run_block", counted)
     return n
 
 
@@ -205,8 +205,8 @@ def test_a_decoder_that_drafts_makes_its_loras_tables_before_its_first_round(mon
 
     m = _model(fmt)
     m.draft_lora = _lora(m, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 4)
-    tables, real = [], kb.lora_of
-    monkeypatch.setattr(kb, "lora_of", lambda *a: tables.append(1) or real(*a))
+    tables, real = [], kl.block_lora
+    monkeypatch.setattr(kl, "block_lora", lambda *a: tables.append(1) or real(*a))
 
     def made_now():
         made = m.draft_lora.__dict__  # the layer loop's tables: per module (exact formats) or stacked (fp32)

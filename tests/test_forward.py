@@ -163,7 +163,7 @@ def test_the_weights_walk_lists_what_module_parameters_lists_and_the_key_sees_ev
     """`forward.parameters` is `list(model.parameters())` (a shared weight once, a module registered
     twice walked once), so `weights_key` sees every parameter: an in-place edit, a dtype move and a
     replaced layer each change it."""
-    from selfspec.engine.forward.forward import parameters, weights_key
+    from selfspec.checkpoint.quant import parameters, weights_key
     from conftest import tiny_model
 
     m = tiny_model(seed=4, vocab_size=16)

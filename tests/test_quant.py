@@ -5,7 +5,8 @@ runs it (and refuses what it cannot run)."""
 import pytest
 import torch
 
-from selfspec.checkpoint.quant import INT4_GROUP, Int4Weight, Int8Weight, int4_fits, matmul, quantize
+from selfspec.checkpoint.quant import INT4_GROUP, Int4Weight, Int8Weight, int4_fits, quantize
+from selfspec.engine.forward.forward import matmul
 from selfspec.kernels.w4a8 import W4A8Weight, W8A8Weight
 from selfspec.engine.measure.formats import set_weights
 from selfspec.engine.forward.forward import FastForward

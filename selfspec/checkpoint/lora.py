@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from selfspec.kernels import block as kb
+from selfspec.kernels import layer as kl
 from selfspec.kernels import w4a8
 
 LORA_DIR = "linear_spec_lora"
@@ -144,14 +144,14 @@ class DraftLoRA:
             col += n_out
 
     def block_args(self, n_layers: int, R: int, q: int, cols: slice):
-        """What the one-call block (`kernels.block.run`) takes to add the deltas on query columns
-        `cols` of R rows of q tokens: every layer's modules (`kernels.block.lora_of`, in `GROUPS`
+        """What the one-call block (`kernels.layer.run_block`) takes to add the deltas on query columns
+        `cols` of R rows of q tokens: every layer's modules (`kernels.layer.block_lora`, in `GROUPS`
         order; a module without LoRA, part of a group too, gets a null entry) and the flat draft
         rows."""
         memo = self.__dict__.get("_block_ptrs")
         if memo is None:
             mods = [self._modules(i, names, torch.device("cpu")) for i in range(n_layers) for names in GROUPS]
-            memo = self.__dict__["_block_ptrs"] = kb.lora_of([ab for g in mods for ab in g])
+            memo = self.__dict__["_block_ptrs"] = kl.block_lora([ab for g in mods for ab in g])
         return memo, draft_rows(R, q, cols)
 
     def _modules(self, layer: int, names: tuple[str, ...], device: torch.device) -> list:

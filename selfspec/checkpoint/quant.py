@@ -118,6 +118,53 @@ def quantize(w: torch.Tensor, fmt: str, *, head: bool = False):
     raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
 
 
-def matmul(x: torch.Tensor, w) -> torch.Tensor:
-    """x @ w.T for a plain weight tensor or a quantized one."""
-    return torch.nn.functional.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+# -- a model's quantized weights, valid while its own weights are unchanged -----------------------
+@dataclass(frozen=True)
+class Quantized:
+    """A model's weights in an int format: per parameter name the packed weight; `key` is the
+    model's `weights_key` when they were made (a later `model.to` or edit makes them stale)."""
+
+    name: str
+    weights: dict
+    key: tuple
+
+
+def attach(model, fmt: str, packed: dict) -> None:
+    """Keep `packed` (parameter name -> quantized weight) as `model`'s weights in format `fmt`."""
+    model.__dict__["selfspec_weights"] = Quantized(fmt, packed, weights_key(model))
+
+
+def quantized_of(model) -> Quantized | None:
+    """The model's quantized weights, if they were made from its current weights (a `model.to`
+    or an edit since makes them stale: the model's own weights are used then)."""
+    fmt = model.__dict__.get("selfspec_weights")
+    return fmt if fmt is not None and fmt.key == weights_key(model) else None
+
+
+def weights_key(model) -> tuple:
+    """Identity of the weights a forward copies or fuses: storage, dtype, device and in-place
+    version of every parameter. `model.to(...)`, `.half()`, loading new weights or editing one in
+    place all change it."""
+    return tuple((p.data_ptr(), p.dtype, p.device, 0 if p.is_inference() else p._version) for p in parameters(model))
+
+
+def parameters(model) -> list:
+    """`list(model.parameters())` (the same tensors in the same order, a shared one once) by a plain
+    walk over the modules' own dicts: read several times per generation (`weights_key`,
+    `FastForward.supports`), where `Module.parameters()`' generic walk was most of a key's time."""
+    out, seen, done = [], set(), set()
+
+    def walk(m):
+        if id(m) in done:
+            return
+        done.add(id(m))
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        for c in m._modules.values():
+            if c is not None:
+                walk(c)
+
+    walk(model)
+    return out

@@ -62,7 +62,7 @@ def direct_max() -> int:
 
 def direct_fits(R: int, KV: int, G: int, S: int) -> bool:
     """Whether a round of R rows, G queries per key head over S keys runs in one C call
-    (`direct`, `block.run`): G within `direct_max()` and its scores within `DIRECT_SCORES` (the
+    (`direct`, `layer.run_block`): G within `direct_max()` and its scores within `DIRECT_SCORES` (the
     call keeps its scratch)."""
     return G <= direct_max() and R * KV * G * S <= DIRECT_SCORES
 

@@ -15,7 +15,7 @@ adds its deltas on draft rows (q/k/v before RoPE, o, gate/up, down) and its mask
 
 The layer body is written once (`FastForward._layers`); the formats differ only in the arithmetic
 of its steps (`FloatSteps`: torch ops; `ExactSteps`: `kernels.layer`'s C steps onto exact
-attention grids). `kernels.block` runs the exact steps in the same order as one C call, its
+attention grids). `kernels.layer.run_block` runs the exact steps in the same order as one C call, its
 bit-tested twin. Nothing here reads a tensor's value on the host: positions arrive built and the
 RoPE tables' length as a Python int, so a round's forward has no device-to-host sync.
 """
@@ -28,9 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.checkpoint.lora import GROUPS, draft_rows
-from selfspec.checkpoint.quant import matmul
+from selfspec.checkpoint.quant import parameters, quantized_of, weights_key
 from selfspec.engine.forward.attention import Rope, RopeTables, model_grids
-from selfspec.kernels import block as kb
 from selfspec.kernels import layer as kl
 
 
@@ -38,6 +37,11 @@ from selfspec.kernels import layer as kl
 # double those weights in memory: SmolLM2-135M ran as fast unfused (B = 1 and 8) and the copies
 # cost it hundreds of MB; the 9M model keeps them.
 FUSE_MAX_PARAMS = 50_000_000
+
+
+def matmul(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T for a plain weight tensor or a quantized one (`checkpoint.quant`: callable)."""
+    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
 
 
 class LayerWeights(NamedTuple):
@@ -80,7 +84,7 @@ class FastForward:
         self.att_factor = float(enc.rotary_emb.attention_scaling)
         self.embed = enc.embed_tokens.weight.detach()
         self.dtype = self.embed.dtype
-        fmt = _format_of(model)  # int8 / int4 weights quantized at load (`formats.set_weights`), or None
+        fmt = quantized_of(model)  # int8 / int4 weights quantized at load (`formats.set_weights`), or None
         self.weights = fmt.name if fmt is not None else _FP_NAMES.get(self.dtype, str(self.dtype))
         devices = {p.device.type for p in model.parameters()}
         # a row's logits bitwise the same at any width and in any batch: bf16 weight kernels (width-
@@ -112,7 +116,7 @@ class FastForward:
         self.grids = model_grids(model, self.head_dim, self.beta, self.orig_max, self.att_factor) if self.exact else None
         self.rope = RopeTables(self.inv_freq, self.att_factor, self.beta, self.orig_max, self.dtype, self.grids)
         self.steps = ExactSteps(self) if self.exact else FloatSteps(self)
-        self._block = None  # (kernels.block's weight pointers or None,), made at first use
+        self._block = None  # (`kernels.layer.block_weights` or None,), made at first use
 
     @classmethod
     def of(cls, model) -> "FastForward":
@@ -203,11 +207,11 @@ class FastForward:
         return x[:M0].view(R, q, H) if tail is None else (x[:M0].view(R, q, H), x[M0:])
 
     def one_call(self) -> bool:
-        """Whether narrow rounds run all their layers in one C call (`kernels.block`): w4a8 weights
+        """Whether narrow rounds run all their layers in one C call (`kernels.layer.run_block`): w4a8 weights
         on a CPU with the kernels built."""
         if self._block is None:
-            cpu = self.exact and all(d.type == "cpu" for d in self.devices) and kb.available()
-            self._block = (kb.weights_of(self.layers, self.norm, self.grids) if cpu else None,)
+            cpu = self.exact and all(d.type == "cpu" for d in self.devices) and kl.block_available()
+            self._block = (kl.block_weights(self.layers, self.norm, self.grids) if cpu else None,)
         return self._block[0] is not None
 
     def prepare_lora(self, lora) -> None:
@@ -222,7 +226,7 @@ class FastForward:
             lora.prepare(self.devices, exact=self.exact)
 
     def _one_call(self, h: torch.Tensor, pos: torch.Tensor, end: int, attend, lora=None, lora_rows=None):
-        """Every layer in one C call (`kernels.block`) where it runs: w4a8 weights on a CPU, a compact
+        """Every layer in one C call (`kernels.layer.run_block`) where it runs: w4a8 weights on a CPU, a compact
         cache and a round the one-call attention takes (`attend.block`: its cache rows and mask),
         with a draft LoRA too (`DraftLoRA.block_args`); the same kernels in the same order as
         `_layers` with `ExactSteps`, so the same bits -> the final states [R, q, H]. None elsewhere
@@ -236,7 +240,7 @@ class FastForward:
         if lora is not None and lora.enabled:
             lora_args = lora.block_args(len(self.layers), R, q, lora_rows)
         tab = self.rope.full(end, self.devices[0])
-        out = kb.run(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), pos.contiguous(), tab, R, q,
+        out = kl.run_block(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), pos.contiguous(), tab, R, q,
                      self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps,
                      lora_args)
         return None if out is None else out.view(R, q, H)
@@ -353,43 +357,7 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 _FP_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def _format_of(model):
-    """The model's quantized weights, if they were made from its current weights (a `model.to`
-    or an edit since makes them stale: the model's own weights are used then)."""
-    fmt = model.__dict__.get("selfspec_weights")
-    return fmt if fmt is not None and fmt.key == weights_key(model) else None
-
-
 _ENGINE_LOCK = threading.Lock()
-
-
-def weights_key(model) -> tuple:
-    """Identity of the weights a `FastForward` copies or fuses: storage, dtype, device and in-place
-    version of every parameter. `model.to(...)`, `.half()`, loading new weights or editing one in
-    place all change it."""
-    return tuple((p.data_ptr(), p.dtype, p.device, 0 if p.is_inference() else p._version) for p in parameters(model))
-
-
-def parameters(model) -> list:
-    """`list(model.parameters())` (the same tensors in the same order, a shared one once) by a plain
-    walk over the modules' own dicts: read two to four times per generation (`weights_key`,
-    `FastForward.supports`), where `Module.parameters()`' generic walk was most of a key's time."""
-    out, seen, done = [], set(), set()
-
-    def walk(m):
-        if id(m) in done:
-            return
-        done.add(id(m))
-        for p in m._parameters.values():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-        for c in m._modules.values():
-            if c is not None:
-                walk(c)
-
-    walk(model)
-    return out
 
 
 def compact_forward(model) -> FastForward:

@@ -29,13 +29,12 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 import torch
 
-from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, quantize
+from selfspec.checkpoint.quant import FORMATS, INT_FORMATS, attach, quantize
 from selfspec.engine.measure.device_id import cache_dir, device_key, model_key
-from selfspec.engine.forward.forward import FastForward, weights_key
+from selfspec.engine.forward.forward import FastForward
 from selfspec.kernels.build import sources_key
 
 MIN_AGREEMENT = 0.9
@@ -46,16 +45,6 @@ PROBE = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
          "The water cycle moves water between the oceans, the air and the land. The sun warms the sea, "
          "water evaporates, rises as vapour, cools into clouds and falls again as rain or snow. Rivers carry "
          "it back to the sea, and the cycle starts over. Plants take part too: their leaves release water.")
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """A model's weights in an int format: per parameter name the packed weight; `key` is the
-    model's `weights_key` when they were made (a later `model.to` or edit makes them stale)."""
-
-    name: str
-    weights: dict
-    key: tuple
 
 
 def set_weights(model, fmt: str):
@@ -73,7 +62,7 @@ def set_weights(model, fmt: str):
         packed = {name: quantize(w, fmt, head=name == "diffusion_head.weight") for name, w in _linears(model)}
     model.to(torch.bfloat16)
     if packed is not None:
-        model.__dict__["selfspec_weights"] = Quantized(fmt, packed, weights_key(model))
+        attach(model, fmt, packed)
     return model
 
 
