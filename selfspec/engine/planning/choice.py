@@ -55,8 +55,8 @@ def lookup_hopeless(pl, rows, cache: int, draining: bool) -> bool:
     forecast rounds of a chat: a one-token match whose chain the calibration gives ~nothing;
     valuing each length there cost a visible share of a round).
 
-    Example: AR 1 token in 10 ms at rate 100/s (value 0); a chain whose tokens add 0.05 expected
-    in at least 11.5 ms: 1.05 x 0.95 - 1.15 < 0, hopeless."""
+    Example (times in AR rounds): AR 1 token a round (value 0); a chain whose tokens add 0.05
+    expected in at least 1.15 rounds: 1.05 x 0.95 - 1.15 < 0, hopeless."""
     R, longest, per_row = len(rows), 0, []
     for r in rows:
         f = r.forecast

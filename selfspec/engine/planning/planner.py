@@ -25,7 +25,7 @@ each row's root, so a context that has become predictable is noticed (while the 
 forecast says a probe and the tree it buys beat AR, the round after each verification); after 8 AR choices in a
 row the planner rests (AR without drafting or forecasting) for 4, 8, ... 32 rounds.
 
-Example (flat costs, as on a GPU): every option costs 1 ms, so E alone decides: the largest tree
+Example (flat costs, as on a GPU): every option costs the same, so E alone decides: the largest tree
 with a group on every node wins. With CPU-like costs (f(544) = 15 f(1)) groups on every node cost
 ~15 AR steps and lose to AR unless the tree is very likely to be accepted.
 """

@@ -19,9 +19,9 @@ one every `planner.REFRESH_AR` rounds, weighted REFRESH_EMA, again at once while
 more than REFRESH_MOVE, and the kinds measured against the stale scale meanwhile are re-based on the
 new one (a machine faster by then had priced wrong chains as wins).
 
-Example: f(1, 1, 64) = 3.0 ms from the cost model and AR rounds measured at 3.3 ms of model time
-give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5 ms) not yet run is priced with AR's
-scale, 4.95 ms, plus its overhead and four draws a row.
+Example (times in any unit): f(1, 1, 64) = 3.0 from the cost model and AR rounds measured at 3.3
+of model time give AR the scale 1.1; a lookup chain of 3 (width 4, f = 4.5) not yet run is priced
+with AR's scale, 4.95, plus its overhead and four draws a row.
 """
 
 from __future__ import annotations
@@ -290,10 +290,10 @@ def pick_chunk(cost, rows: int, cache: int, cached: int, most: int, *, rounds: f
     cached) - cost(1, base, cached)). `cost`: a `cost.CostModel`; `scale`: measured over
     predicted chunk time. Assumes the cost grows with the width (a binary search).
 
-    Example: AR rounds of the running rows take 30 ms and a chunk's forward is priced 10 ms + 1 ms
-    a token, chunks having taken 1.5x their price: a 2,000-token prompt goes in chunks of 10
-    tokens (1.5 x 20 ms <= 30 ms) until what is left costs at most 4 rounds (1.5 x (10 + 70) ms =
-    120 ms), then the last 70 in one."""
+    Example (times in any unit): AR rounds of the running rows take 30 and a chunk's forward is
+    priced 10 + 1 a token, chunks having taken 1.5 times their price: a 2,000-token prompt goes in
+    chunks of 10 tokens (1.5 x 20 <= 30) until what is left costs at most 4 rounds
+    (1.5 x (10 + 70) = 120), then the last 70 in one."""
     most = max(1, int(most))
     ar = cost(rows, 1, cache) if round_seconds is None else round_seconds
     budget = rounds * ar

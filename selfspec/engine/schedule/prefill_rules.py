@@ -76,7 +76,7 @@ def whole_prompts(lefts: list[int], price, budget: float) -> int:
     one forward prefills whole within `budget`: the largest k with price(k x max(lefts[:k])) <=
     budget (a forward pads every row to its longest), 0 when not even the first fits.
 
-    Example: lefts [30, 40, 200] at 1 ms a token and a 100 ms budget: 2 (2 x 40 = 80 tokens;
+    Example: lefts [30, 40, 200] at 1 time unit a token and a budget of 100: 2 (2 x 40 = 80 tokens;
     3 x 200 = 600 do not fit)."""
     k, widest = 0, 0
     for n in lefts:
@@ -91,7 +91,7 @@ def chunk_due(rows_seconds: float, chunk_seconds: float, share: float = PREFILL_
     """Whether an own-forward chunk may run: the rows have run `rows_seconds` since the last one,
     which took `chunk_seconds`, and chunks take at most `share` of the time.
 
-    Example: a chunk took 80 ms; at share 1/3 the next waits for 160 ms of rounds."""
+    Example: a chunk took 80 (any unit); at share 1/3 the next waits for 160 of rounds."""
     return rows_seconds >= chunk_seconds * (1.0 - share) / share
 
 
