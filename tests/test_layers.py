@@ -310,3 +310,36 @@ def long_functions(folder: str, limit: int = 60) -> list[str]:
 @pytest.mark.parametrize("folder", ["engine", "drafting"])
 def test_no_engine_or_drafting_function_runs_over_60_lines(folder):
     assert not long_functions(folder)
+
+
+# -- one owner of prefix reuse ------------------------------------------------------------------------
+PREFIX_CALLS = ("claim", "retain", "hold")  # the cache's calls that decide which K/V a row keeps
+PREFIX_OWNER = os.path.join("engine", "schedule", "prefill.py")
+
+
+def prefix_callers(root: str) -> list[str]:
+    """'file:line name' of every `x.cache.<call>(...)` / `cache.<call>(...)` outside the prefill."""
+    out = []
+    for d, _, files in os.walk(root):
+        for f in sorted(files):
+            path = os.path.join(d, f)
+            if not f.endswith(".py") or os.path.relpath(path, root) == PREFIX_OWNER:
+                continue
+            for node in ast.walk(ast.parse(open(path).read())):
+                fn = node.func if isinstance(node, ast.Call) else None
+                if isinstance(fn, ast.Attribute) and fn.attr in PREFIX_CALLS:
+                    owner = fn.value.attr if isinstance(fn.value, ast.Attribute) else getattr(fn.value, "id", "")
+                    if owner == "cache":
+                        out.append(f"{os.path.relpath(path, root)}:{node.lineno} {fn.attr}")
+    return out
+
+
+def test_only_the_prefill_decides_which_kv_a_row_keeps():
+    """Prefix reuse has one owner: the cache's `claim`, `retain` and `hold` are called from
+    `engine/schedule/prefill.py` alone (a decoder continuing a conversation hands it the past)."""
+    assert not prefix_callers(PKG)
+
+
+def test_the_prefix_check_finds_a_second_caller(tmp_path):
+    (tmp_path / "decoder.py").write_text("def take(cache, t):\n    cache.hold(0, t)\n    self.cache.retain(1, t, 2)\n")
+    assert prefix_callers(str(tmp_path)) == ["decoder.py:2 hold", "decoder.py:3 retain"]

@@ -197,20 +197,21 @@ class Decoder:
         if self.stepper.cache is None:
             self._plan()  # plan "auto": the cost model measured now if need be
             rows = max(1, min(self.batch_size, len(self._seqs)))
-            cache, self._past = self._past, None
-            if cache is None:
-                cache = self.bf.new_cache(rows, self._capacity)
-            else:
-                cache.reserve(self._capacity, rows)
+            past, self._past = self._past, None
+            cache = self.bf.new_cache(rows, self._capacity) if past is None else past[0]
+            cache.reserve(self._capacity, rows)
             self.stepper.cache = cache
+            if past is not None:
+                self.scheduler.prefill.keep_past(past[1])
             for s in self._seqs.values():
                 self._queue(s)
 
     def _take_past(self, past: "Decoder"):
-        """`past`'s cache, taken over (the past decoder has none after this: a conversation goes on
-        in one place), its first row's tokens retained (`BatchKVCache.hold`) so that the prompt
-        entering that row keeps the K/V it starts with; None where the K/V were made otherwise
-        (other weights or cache format) or by no sequence. A past taken already is a ValueError."""
+        """(`past`'s cache, taken over (the past decoder has none after this: a conversation goes on
+        in one place), the tokens of its first row), which `start` gives the prefill (`keep_past`:
+        the prompt entering that row keeps the K/V it starts with); None where the K/V were made
+        otherwise (other weights or cache format) or by no sequence. A past taken already is a
+        ValueError."""
         with _PAST_LOCK:
             cache = past.stepper.cache
             if cache is None:
@@ -219,8 +220,7 @@ class Decoder:
             if past.bf.ff is not self.bf.ff or cache.dtype != self.bf.cache_dtype or seq is None:
                 return None
             past.stepper.cache = None
-        cache.hold(0, seq.prompt + seq.emitted)
-        return cache
+        return cache, seq.prompt + seq.emitted
 
     def add(self, prompt_ids: list[int], *, params: SamplingParams | None = None,
             generator: torch.Generator | None = None, seed: int | None = None) -> Sequence:

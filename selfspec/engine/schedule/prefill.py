@@ -2,8 +2,8 @@
 of `Scheduler.schedule` with its prefix caching. One object decides which waiting prompts enter,
 how much of them a turn prefills, when a chunk runs and which K/V a prompt copies instead of
 running; it runs the prefill forwards through the stepper it is given (`step.Stepper`: the
-forward, the cache, the clock, the model calls), and it is the one caller of the cache's `claim`
-and `retain`. The rules it applies are `prefill_rules`; the prices, `round_costs`.
+forward, the cache, the clock, the model calls), and it is the one caller of the cache's `claim`,
+`retain` and `hold`. The rules it applies are `prefill_rules`; the prices, `round_costs`.
 
 A turn (`enter`, before the round): finished rows leave, waiting prompts take the free rows.
 With nothing running they are prefilled whole at once (`whole`: groups of rows of similar length
@@ -117,6 +117,11 @@ class Prefill:
         entering = sched.join(n, self.cache) if n else []
         sched.retire(self.cache)
         return entering, chunks
+
+    def keep_past(self, tokens: list[int]) -> None:
+        """The cache continues a finished generation (`stream(past=...)`): row 0 holds the K/V of its
+        `tokens` (`BatchKVCache.hold`) for the prompt that enters it to copy what it starts with."""
+        self.cache.hold(0, tokens)
 
     def retain(self, seqs: list, first: int, free: int) -> None:
         """The finished ones of `seqs` (cache rows first..) leave their K/V to `cache.retain` (rows
