@@ -16,10 +16,10 @@ from selfspec.drafting.tree import Marginals
 from selfspec.streaming import encode_prompt
 
 from conftest import SHIPPED
+from matrix import FORMATS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny model: one thread (conftest)
 
-FORMATS = ["fp32", "bf16", "int8", "int4", "w4a8"]
 PROMPT = "def add(a, b):\n    return"
 _MODELS = {}
 
