@@ -252,3 +252,46 @@ def test_a_changed_kernel_source_is_measured_again_not_judged_by_its_predecessor
     changed = (default_path(m), formats._cache_path(m))
     monkeypatch.setenv("SELFSPEC_NO_KERNELS", "1")
     assert default_path(m) not in (before[0], changed[0])
+
+
+def _clocks(*readings):
+    """A fake `cost.cpu_clocks`: (wall, machine busy, own CPU) seconds, one reading per call."""
+    it = iter(readings)
+    return lambda: next(it)
+
+
+def test_a_cost_model_measured_beside_other_work_is_used_but_not_cached(tmp_path, monkeypatch):
+    """Other processes busy on this process's cores while it measured (here 1.5 cores of 2 for the
+    2 s it took): one warning naming them, the model used for this process, no file written, and
+    the next process (a model without the memo) measures again."""
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    calls, real = [], cost.measure
+    monkeypatch.setattr(cost, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(cost, "cpu_clocks", _clocks((10.0, 50.0, 7.0), (12.0, 55.0, 9.0)))
+    m = tiny_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prof = cost_model(m, progress=False)
+    assert [str(w.message)[:52] for w in caught] == ["other processes kept 1.5 of this machine's 2 cores b"]
+    assert not os.path.exists(default_path(m)) and cost_model(m, progress=False) is prof and calls == [1]
+    monkeypatch.setattr(cost, "cpu_clocks", _clocks((0.0, 0.0, 0.0), (2.0, 2.1, 2.0)))  # quiet: 0.05 cores
+    m.__dict__.pop("_selfspec_cost")
+    cost_model(m, progress=False)
+    assert calls == [1, 1] and CostModel.load(default_path(m)).rows == (1,)
+
+
+def test_only_other_processes_on_this_process_s_cores_count_as_busy(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    start = (0.0, 0.0, 0.0)
+    assert cost.busy_elsewhere(start, (2.0, 8.0, 4.0)) is None  # 2 cores of others: the 2 spare ones
+    assert cost.busy_elsewhere(start, (2.0, 9.0, 4.0)) == pytest.approx(2.5)  # half a core more: ours too
+    assert cost.busy_elsewhere(start, (0.5, 9.0, 1.0)) is None  # under MIN_WINDOW_S: too few ticks to tell
+    assert cost.busy_elsewhere(None, (2.0, 9.0, 4.0)) is None  # no /proc/stat here
+    if os.path.exists("/proc/stat"):
+        a = cost.cpu_clocks()
+        b = cost.cpu_clocks()
+        assert len(a) == 3 and b[0] >= a[0] and b[1] >= a[1] and b[2] >= a[2]

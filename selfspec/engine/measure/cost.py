@@ -10,7 +10,8 @@ so it is measured here, once per device, model, dtype and weight format, and cac
 user's cache folder (`$SELFSPEC_CACHE`, else `$XDG_CACHE_HOME/selfspec`, else
 `~/.cache/selfspec`). The rows axis is measured as far as a run needs it: a single prompt measures
 rows = 1, the first batch of 16 rows the rest;
-both land in the same file. A progress bar shows on stderr.
+both land in the same file. A progress bar shows on stderr. Times taken while other processes
+kept this one's cores busy are used by that process only, never cached (`busy_elsewhere`).
 
 File format (JSON; a synthetic one can be written by hand):
 
@@ -237,12 +238,20 @@ def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=
         need = [r for r in ROWS if prof is None or r > prof.max_rows]
         need = need[: next((i + 1 for i, r in enumerate(need) if r >= rows), len(need))]
         if need and (prof is None or prof.max_rows < rows):
+            start = cpu_clocks()
             prof = merge_rows(prof, measure(model, rows=tuple(need), progress=progress))
-            try:
-                prof.save(path)
-            except OSError as e:
-                warnings.warn(f"the cost model could not be cached in {os.path.dirname(path)} ({e}); it is used "
-                              f"from memory for this process", stacklevel=2)
+            others = busy_elsewhere(start)
+            if others is not None:  # times taken beside other work: right for this process at most
+                warnings.warn(f"other processes kept {others:.1f} of this machine's {os.cpu_count()} cores busy while "
+                              f"the cost model was measured, which skews its shape: it is used for this process only "
+                              f"and measured again next time (or run `python -m selfspec profile` when the machine "
+                              f"is quiet)", stacklevel=2)
+            else:
+                try:
+                    prof.save(path)
+                except OSError as e:
+                    warnings.warn(f"the cost model could not be cached in {os.path.dirname(path)} ({e}); it is used "
+                                  f"from memory for this process", stacklevel=2)
         model.__dict__["_selfspec_cost"] = (want, prof)
         return prof
 
@@ -260,6 +269,35 @@ def merge_rows(old: CostModel | None, new: CostModel) -> CostModel:
 
 
 # -- measuring ----------------------------------------------------------------------------------------
+MIN_WINDOW_S = 1.0  # a shorter measurement has too few clock ticks to tell whose they were
+
+
+def cpu_clocks() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds the whole machine was busy, this process's CPU seconds) now, from
+    /proc/stat (busy: user, nice, system, irq, softirq and steal time); None where it cannot be read."""
+    import time
+
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    return time.perf_counter(), busy / hz, time.process_time()
+
+
+def busy_elsewhere(start, end=None) -> float | None:
+    """Cores other processes kept busy, on average, since `start` (`cpu_clocks()`), when that left
+    fewer idle cores than this process's threads (its measured times then carry their waits, more
+    at some widths than at others); None when they did not, or when it cannot be told."""
+    end = end if end is not None else cpu_clocks()
+    if start is None or end is None or end[0] - start[0] < MIN_WINDOW_S:
+        return None
+    wall = end[0] - start[0]
+    others = max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall
+    spare = (os.cpu_count() or 1) - torch.get_num_threads()
+    return others if others > spare + 0.25 else None
 SETTLE_CALLS, TIMED_CALLS = 3, 2  # per point and sweep: untimed calls of its shape, then timed ones
 
 
