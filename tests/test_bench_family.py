@@ -156,6 +156,19 @@ def test_profile_measures_a_curve_of_its_own_and_prints_it(tmp_path, capsys):
     assert json.loads(lines[-1])["path"] == str(out)
 
 
+def test_profile_measured_beside_other_work_says_so_and_still_writes(tmp_path, capsys, monkeypatch):
+    from selfspec.engine.measure import cost
+
+    readings = iter([(0.0, 0.0, 0.0), (2.0, 9.0, 1.0)])  # others: 4 cores for 2 s, more than any spare here
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cost, "cpu_clocks", lambda: next(readings))
+    out = tmp_path / "curve.json"
+    assert main(["profile", "--model", NLD9M, "--widths", "1", "--cache", "16", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "other processes kept 4.0 of this machine's cores busy" in err and "again when" in err
+    assert json.loads(out.read_text())["widths"] == [1]
+
+
 def test_a_profile_curve_of_its_own_never_replaces_the_cached_cost_model(tmp_path, capsys):
     assert main(["profile", "--model", NLD9M, "--widths", "1", "4"]) == 2
     assert "--out" in capsys.readouterr().err
