@@ -295,3 +295,23 @@ def test_only_other_processes_on_this_process_s_cores_count_as_busy(monkeypatch)
         a = cost.cpu_clocks()
         b = cost.cpu_clocks()
         assert len(a) == 3 and b[0] >= a[0] and b[1] >= a[1] and b[2] >= a[2]
+
+
+def test_a_weight_format_choice_timed_beside_other_work_is_not_cached(tmp_path, monkeypatch, capsys):
+    """`weights="auto"`'s timing (`formats.choose`) follows the cost model's rule: beside other
+    work the choice serves this process only, with one line; timed quietly, it is cached."""
+    from selfspec.engine.measure import formats
+
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    report = {f: {"seconds": 1.0 / (i + 1), "invariant": f != "fp32", "agreement": 1.0, "kl": 0.0}
+              for i, f in enumerate(formats.FORMATS)}
+    monkeypatch.setattr(formats, "measure", lambda *a, **k: report)
+    m = tiny_model()
+    monkeypatch.setattr(cost, "cpu_clocks", _clocks((0.0, 0.0, 0.0), (2.0, 9.0, 1.0)))  # others: 4 cores
+    assert formats.choose(m, torch.tensor([[1, 2]]), progress=False) == "w4a8"
+    assert "while the weight formats were timed" in capsys.readouterr().err
+    assert not os.path.exists(formats._cache_path(m))
+    monkeypatch.setattr(cost, "cpu_clocks", _clocks((0.0, 0.0, 0.0), (2.0, 2.0, 2.0)))
+    assert formats.choose(m, torch.tensor([[1, 2]]), progress=False) == "w4a8"
+    assert capsys.readouterr().err == "" and os.path.exists(formats._cache_path(m))
