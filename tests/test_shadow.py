@@ -1,6 +1,6 @@
-"""Lookup chains `auto` read but did not verify are followed in hindsight (`engine/planning/calibration.py`, `Shadow`): the
-calibration learns from them, and what the bet the ledger could not afford would have won may
-fund the next lookup bet, within a bound."""
+"""Lookup chains `auto` read but did not verify are followed in hindsight
+(`engine/planning/calibration.py`, `Shadow`): the calibration learns from them, and what the bet
+the ledger could not afford would have won may fund the next lookup bet, within a bound."""
 
 from types import SimpleNamespace
 

@@ -1,7 +1,8 @@
-"""The exact formats' layer in C: its elementwise steps (`layer.c`), one C call each where torch runs
-five to fifteen small ops, with the same numerics in torch ops (the fallback, `fallback=True`; tests
-compare the bits), and every layer of a narrow round in one C call (`block.c`, `run_block`). `layer.c`'s header gives every step's sequence of IEEE operations; the token choice after
-the head (argmax, gumbel_candidates, uniforms) calls `sample.c`.
+"""The exact formats' layer in C: its elementwise steps (`layer.c`), one C call each where torch
+runs five to fifteen small ops, with the same numerics in torch ops (the fallback, `fallback=True`;
+tests compare the bits), and every layer of a narrow round in one C call (`block.c`, `run_block`).
+`layer.c`'s header gives every step's sequence of IEEE operations; the token choice after the head
+(argmax, gumbel_candidates, uniforms) calls `sample.c`.
 
     y = rms(h, w, eps)                  # h [M, H] fp32 -> bf16 [M, H] (out_dtype fp32: the final norm)
     y = add_rms(h, o, w, eps)           # h += o (in place), then rms(h)
@@ -263,8 +264,8 @@ class _Kernels(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("direct", "rms", "add_rms", "rope", "silu_mul", "linear")]
 
 
-_BLOCK_ARGS = [_P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _P, _I64, _I64, _P, _P, _D, _D,
-         _P, _P, _P, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
+_BLOCK_ARGS = [_P, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _P,
+               _I64, _P, _I64, _I64, _P, _P, _D, _D, _P, _P, _P, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
 _block_state: dict = {}
 
 
@@ -371,8 +372,8 @@ def run_block(weights, h: torch.Tensor, positions: torch.Tensor, tables, R: int,
     out = torch.empty(M, H, dtype=torch.float32)
     mp, mrs, mts = attn16._mask_args(mask)
     at = ctypes.addressof
-    if fn(at(_block_state["kn"]), len(cache.k), R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid), crs,
-          chs, srs, shs, at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
+    if fn(at(_block_state["kn"]), len(cache.k), R, w, H, nq, kv, D, F, at(ws), at(norms), at(nxt), at(kvp), at(grid),
+          crs, chs, srs, shs, at(st), max(starts) + w, mp, mrs, mts, positions.data_ptr(), at(tab), rope_vscale, eps,
           h.data_ptr(), out.data_ptr(), None if lora is None else at(lora[0][0]),
           None if lora is None else at(lora[0][1]), None if lora is None else lora[1].data_ptr(),
           0 if lora is None else int(lora[1].shape[0]), torch.get_num_threads(), kb):

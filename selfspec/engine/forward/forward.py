@@ -240,9 +240,9 @@ class FastForward:
         if lora is not None and lora.enabled:
             lora_args = lora.block_args(len(self.layers), R, q, lora_rows)
         tab = self.rope.full(end, self.devices[0])
-        out = kl.run_block(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), pos.contiguous(), tab, R, q,
-                     self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask, 2.0 ** self.grids[0].v, self.eps,
-                     lora_args)
+        out = kl.run_block(self._block[0], h.reshape(R * q, H).to(torch.float32, copy=True), pos.contiguous(), tab,
+                           R, q, self.n_heads, self.n_kv, self.head_dim, cache, row, starts, mask,
+                           2.0 ** self.grids[0].v, self.eps, lora_args)
         return None if out is None else out.view(R, q, H)
 
     def split_heads(self, xs: torch.Tensor) -> tuple:

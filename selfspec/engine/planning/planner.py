@@ -37,8 +37,8 @@ import math
 
 import torch
 
-from selfspec.engine.planning.calibration import (Calibrator, Forecast, PositionCalibrator, Shadow, acceptance, follow,
-                                                  local_scores, walked)
+from selfspec.engine.planning.calibration import (Calibrator, Forecast, PositionCalibrator, Shadow, acceptance,
+                                                  follow, local_scores, walked)
 from selfspec.engine.planning.choice import (PROBE_MAX, PROBE_MIN, PROBE_SHARE, Choice, last_rows, nothing_to_offer, plain,
                                     round_value)
 from selfspec.engine.round.rounds import AR, Option, Seen

@@ -2,10 +2,11 @@
 prompt chunk (`chunk_price`, `pick_chunk`) and a bet against the floor (`Ledger`, `planner.ledger`).
 
 A round's cost: the device's cost model f(rows, width, cache) (`cost.CostModel`, memoised per 32
-cached tokens) at the cheapest width the round can be padded to, times a scale per kind of round measured from the rounds that ran, plus a measured overhead
-per row and a measured time per target token drawn. AR rounds that a forecast preceded keep their
-own scale and overhead ("ar-forecast"): what they take beyond a bare AR round is the forecast's
-drag on the forward (`forecast_drag`), which the ledger charges to speculation.
+cached tokens) at the cheapest width the round can be padded to, times a scale per kind of round
+measured from the rounds that ran, plus a measured overhead per row and a measured time per target
+token drawn. AR rounds that a forecast preceded keep their own scale and overhead ("ar-forecast"):
+what they take beyond a bare AR round is the forecast's drag on the forward (`forecast_drag`), which
+the ledger charges to speculation.
 
 Only AR's scale is absolute (the machine's speed now against the cost model's); every other kind
 keeps its scale relative to AR's at the time it ran. The machine's speed drifts within a minute,
