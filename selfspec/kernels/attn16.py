@@ -68,6 +68,16 @@ def direct_fits(R: int, KV: int, G: int, S: int) -> bool:
 
 
 def _fn(name: str):
+    fn = _fns.get(name, False)  # asked per layer and round: the library's lock taken once per entry point
+    if fn is False:
+        fn = _fns[name] = _load_fn(name)
+    return fn
+
+
+_fns: dict = {}
+
+
+def _load_fn(name: str):
     lib = build.load("attn16")
     if lib is None:
         return None
