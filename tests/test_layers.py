@@ -343,3 +343,80 @@ def test_only_the_prefill_decides_which_kv_a_row_keeps():
 def test_the_prefix_check_finds_a_second_caller(tmp_path):
     (tmp_path / "decoder.py").write_text("def take(cache, t):\n    cache.hold(0, t)\n    self.cache.retain(1, t, 2)\n")
     assert prefix_callers(str(tmp_path)) == ["decoder.py:2 hold", "decoder.py:3 retain"]
+
+
+# -- the files one round reads, as the architecture page lists them -----------------------------------
+ROUND_DOC = os.path.join(os.path.dirname(PKG), "docs", "architecture.md")
+LAYOUTS = {"`ar`": dict(mode="ar"), "`linear`": dict(mode="linear"),
+           "`presto` one-pass": dict(mode="presto", schedule="one-pass"),
+           "`presto` two-pass": dict(mode="presto", schedule="two-pass")}
+
+
+def documented_round_files() -> dict[str, set[str]]:
+    """The "Reading one round" table: layout -> its files ("the `x` files and ..." read as x's plus those)."""
+    import re
+
+    section = open(ROUND_DOC).read().split("### Reading one round", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in LAYOUTS:
+            base = re.match(r"the (`\w+`) files", cells[1])
+            out[cells[0]] = (out[base.group(1)] if base else set()) | set(re.findall(r"`([\w/]+\.py)`", cells[1]))
+    return out
+
+
+def traced_round_files(model, tok, **layout) -> set[str]:
+    """The package's files whose functions run during the sixth round of a generation (a decode round)."""
+    import sys
+
+    import selfspec
+    from selfspec.engine.round import step as st
+
+    seen, count, real = set(), [0], st.Stepper.step
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PKG + os.sep):
+            seen.add(os.path.relpath(frame.f_code.co_filename, PKG).replace(os.sep, "/"))
+
+    def step(self, *a, **k):
+        count[0] += 1
+        if count[0] != 6:
+            return real(self, *a, **k)
+        sys.setprofile(tracer)
+        try:
+            return real(self, *a, **k)
+        finally:
+            sys.setprofile(None)
+
+    st.Stepper.step = step
+    try:
+        selfspec.generate(model, tok, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", max_new_tokens=64,
+                          eos_token_id=[], **layout)
+    finally:
+        st.Stepper.step = real
+    assert count[0] > 6, "the generation ran too few rounds to trace the sixth"
+    return seen
+
+
+def test_one_round_reads_the_files_the_architecture_page_lists():
+    import selfspec
+    from selfspec.kernels import layer
+
+    from conftest import SHIPPED
+
+    if not layer.block_available():
+        pytest.skip("the C kernels are not built here: a round runs the torch twins' files instead")
+    documented = documented_round_files()
+    assert set(documented) == set(LAYOUTS)
+    model, tok = selfspec.load(SHIPPED, weights="w4a8", progress=False)
+    for name, layout in LAYOUTS.items():
+        assert traced_round_files(model, tok, **layout) == documented[name], name
+
+
+def test_the_round_table_reads_a_row_built_on_another(tmp_path, monkeypatch):
+    doc = tmp_path / "a.md"
+    doc.write_text("### Reading one round\n| layout | files |\n|---|---|\n| `ar` | `a.py`, `b/c.py` |\n"
+                   "| `linear` | the `ar` files and `d.py` |\n\n## Next\n| `presto` one-pass | `x.py` |\n")
+    monkeypatch.setitem(globals(), "ROUND_DOC", str(doc))
+    assert documented_round_files() == {"`ar`": {"a.py", "b/c.py"}, "`linear`": {"a.py", "b/c.py", "d.py"}}
