@@ -315,3 +315,20 @@ def test_a_weight_format_choice_timed_beside_other_work_is_not_cached(tmp_path, 
     monkeypatch.setattr(cost, "cpu_clocks", _clocks((0.0, 0.0, 0.0), (2.0, 2.0, 2.0)))
     assert formats.choose(m, torch.tensor([[1, 2]]), progress=False) == "w4a8"
     assert capsys.readouterr().err == "" and os.path.exists(formats._cache_path(m))
+
+
+def test_a_gpu_cost_model_is_cached_whatever_the_cpu_was_doing(tmp_path, monkeypatch):
+    """A GPU's forward times are the GPU's: other processes on the CPU do not keep its cost model
+    out of the cache (a shared GPU server's CPU is seldom idle)."""
+    monkeypatch.setattr(cost, "WIDTHS", (1, 2))
+    monkeypatch.setattr(cost, "CACHE", (8,))
+    monkeypatch.setenv("SELFSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    real = cost.identity
+    monkeypatch.setattr(cost, "identity", lambda *a, **k: {**real(*a, **k), "device": "cuda: a test GPU"})
+    monkeypatch.setattr(cost, "cpu_clocks", _clocks((10.0, 50.0, 7.0), (12.0, 55.0, 9.0)))  # as busy as above
+    m = tiny_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cost_model(m, progress=False)
+    assert caught == [] and CostModel.load(default_path(m)).device == "cuda: a test GPU"

@@ -238,7 +238,7 @@ def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=
         need = [r for r in ROWS if prof is None or r > prof.max_rows]
         need = need[: next((i + 1 for i, r in enumerate(need) if r >= rows), len(need))]
         if need and (prof is None or prof.max_rows < rows):
-            start = cpu_clocks()
+            start = cpu_clocks() if want["device"].startswith("cpu") else None  # a GPU's times are its own
             prof = merge_rows(prof, measure(model, rows=tuple(need), progress=progress))
             others = busy_elsewhere(start)
             if others is not None:  # times taken beside other work: right for this process at most
