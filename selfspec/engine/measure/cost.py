@@ -298,6 +298,8 @@ def busy_elsewhere(start, end=None) -> float | None:
     others = max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall
     spare = (os.cpu_count() or 1) - torch.get_num_threads()
     return others if others > spare + 0.25 else None
+
+
 SETTLE_CALLS, TIMED_CALLS = 3, 2  # per point and sweep: untimed calls of its shape, then timed ones
 
 
