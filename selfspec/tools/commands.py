@@ -68,7 +68,7 @@ def add_trace_parser(sub, add_common_args) -> None:
 
 def cmd_profile(a) -> int:
     from selfspec.loading import load
-    from selfspec.engine.measure.cost import ROWS, busy_elsewhere, cpu_clocks, default_path, measure
+    from selfspec.engine.measure.cost import ROWS, beside_others, default_path, measure
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {a.batch_size}")
@@ -85,10 +85,8 @@ def cmd_profile(a) -> int:
     model, _ = load(a.model, weights=a.weights, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype)
     t0 = time.time()
     rows = tuple(r for r in ROWS if r < a.batch_size) + (next((r for r in ROWS if r >= a.batch_size), ROWS[-1]),)
-    start = cpu_clocks()
-    prof = measure(model, rows=rows, widths=sorted(set(a.widths)) if a.widths else None,
-                   cache=sorted(set(a.cache)) if a.cache else None)
-    others = busy_elsewhere(start)
+    prof, others = beside_others(lambda: measure(model, rows=rows, widths=sorted(set(a.widths)) if a.widths else None,
+                                                 cache=sorted(set(a.cache)) if a.cache else None))
     if others is not None:  # asked for: written, with the reason to measure again
         print(f"selfspec: other processes kept {others:.1f} of this machine's cores busy while measuring, which "
               f"skews the curve's shape: run it again when the machine is quiet", file=sys.stderr)

@@ -238,14 +238,14 @@ def cost_model(model, profile=None, *, rows: int = 1, progress: bool = True, ff=
         need = [r for r in ROWS if prof is None or r > prof.max_rows]
         need = need[: next((i + 1 for i, r in enumerate(need) if r >= rows), len(need))]
         if need and (prof is None or prof.max_rows < rows):
-            start = cpu_clocks() if want["device"].startswith("cpu") else None  # a GPU's times are its own
-            prof = merge_rows(prof, measure(model, rows=tuple(need), progress=progress))
-            others = busy_elsewhere(start)
+            new, others = beside_others(lambda: measure(model, rows=tuple(need), progress=progress),
+                                        check=want["device"].startswith("cpu"))  # a GPU's times are its own
+            prof = merge_rows(prof, new)
             if others is not None:  # times taken beside other work: right for this process at most
                 warnings.warn(f"other processes kept {others:.1f} of this machine's {os.cpu_count()} cores busy while "
-                              f"the cost model was measured, which skews its shape: it is used for this process only "
-                              f"and measured again next time (or run `python -m selfspec profile` when the machine "
-                              f"is quiet)", stacklevel=2)
+                              f"the cost model was measured, which skews its shape: it serves this process only and "
+                              f"is measured again next time (or run `python -m selfspec profile` when quiet)",
+                              stacklevel=2)
             else:
                 try:
                     prof.save(path)
@@ -288,16 +288,20 @@ def cpu_clocks() -> tuple[float, float, float] | None:
 
 
 def busy_elsewhere(start, end=None) -> float | None:
-    """Cores other processes kept busy, on average, since `start` (`cpu_clocks()`), when that left
-    fewer idle cores than this process's threads (its measured times then carry their waits, more
-    at some widths than at others); None when they did not, or when it cannot be told."""
-    end = end if end is not None else cpu_clocks()
+    """Cores other processes kept busy since `start` (`cpu_clocks()`) when that left fewer idle cores than
+    this process's threads (its times then carry their waits, unevenly); else, or when unknown, None."""
+    end = end or (cpu_clocks() if start is not None else None)
     if start is None or end is None or end[0] - start[0] < MIN_WINDOW_S:
         return None
-    wall = end[0] - start[0]
-    others = max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall
+    others = max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0])
     spare = (os.cpu_count() or 1) - torch.get_num_threads()
     return others if others > spare + 0.25 else None
+
+
+def beside_others(run, *, check: bool = True):
+    """(run(), `busy_elsewhere` over it; None too when `check` is False)."""
+    start = cpu_clocks() if check else None
+    return run(), busy_elsewhere(start)
 
 
 SETTLE_CALLS, TIMED_CALLS = 3, 2  # per point and sweep: untimed calls of its shape, then timed ones

@@ -102,11 +102,9 @@ def choose(model, probe_ids: torch.Tensor, *, progress: bool = True, candidates=
             pass  # unreadable: measured again
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "bf16"
-    from selfspec.engine.measure.cost import busy_elsewhere, cpu_clocks
+    from selfspec.engine.measure.cost import beside_others
 
-    start = cpu_clocks()
-    report = measure(model, probe_ids, candidates=candidates, progress=progress)
-    others = busy_elsewhere(start)
+    report, others = beside_others(lambda: measure(model, probe_ids, candidates=candidates, progress=progress))
     if others is not None:  # times taken beside other work: this process's choice only (as `cost.cost_model`)
         print(f"selfspec: other processes kept {others:.1f} of this machine's cores busy while the weight formats "
               f"were timed: the choice serves this process only and is timed again next time", file=sys.stderr)
